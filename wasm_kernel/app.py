@@ -1,0 +1,23 @@
+"""The kernel application: ipykernel's launcher with our kernel class and config file."""
+
+from __future__ import annotations
+
+from ipykernel.kernelapp import IPKernelApp
+from jupyter_core.paths import jupyter_config_path
+from traitlets import Type
+from traitlets.config import Application
+
+from .kernel import WasmKernel
+
+CONFIG_FILE = "jupyter_wasm_kernel_config"
+
+
+class WasmKernelApp(IPKernelApp):
+    name = "wasm-kernel"
+    description = "A Jupyter kernel running Python in a WebAssembly sandbox."
+    classes = [*IPKernelApp.classes, WasmKernel]
+    kernel_class = Type(WasmKernel, klass="ipykernel.kernelbase.Kernel").tag(config=True)
+
+    def load_config_file(self, suppress_errors: object = None) -> None:
+        """Read ``jupyter_wasm_kernel_config.py`` from the Jupyter config path, not IPython's."""
+        Application.load_config_file(self, CONFIG_FILE, path=[".", *jupyter_config_path()])

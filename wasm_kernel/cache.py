@@ -1,0 +1,221 @@
+"""The on-disk cache of compiled runtimes.
+
+Compiling the fuel-metered CPython module takes a minute or more; loading the serialized
+native code takes tens of milliseconds. An entry holds the serialized module plus the files
+the guest needs next to it (the stdlib zip under its guest name and matplotlib's data
+extracted), and is keyed by everything that makes serialized code reusable: the runtime's
+sha256 digests, the wasmtime version and the engine settings.
+
+Entries are built in a temporary folder and renamed into place, so a reader never sees half
+an entry. Each entry records the size and mtime of its big files; when they no longer match,
+the files are hashed again before use, and an entry that fails that check, or that wasmtime
+refuses to load, is deleted and rebuilt. Lookups never write to a healthy entry, so a
+pre-baked read-only cache works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import shutil
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import platformdirs
+import wasmtime
+
+from .runtime import Runtime, sha256_file, verify
+
+CACHE_DIR_ENV = "WASM_KERNEL_CACHE_DIR"
+
+#: Engine settings the compiled code depends on. Changing any of them changes the cache key.
+ENGINE_SETTINGS: dict[str, object] = {
+    "wasm_exceptions": True,  # the runtime uses the exception-handling proposal
+    "consume_fuel": True,  # per-cell fuel limits
+    "epoch_interruption": True,  # wall-clock deadlines and hard interrupts
+    "max_wasm_stack": 2 << 20,  # larger values abort the process in wasmtime-py 49
+}
+
+Progress = Callable[[str], AbstractContextManager[object]]
+
+
+def _no_progress(_: str) -> AbstractContextManager[object]:
+    return contextlib.nullcontext()
+
+
+def make_engine() -> wasmtime.Engine:
+    config = wasmtime.Config()
+    for name, value in ENGINE_SETTINGS.items():
+        setattr(config, name, value)
+    return wasmtime.Engine(config)
+
+
+def default_cache_dir() -> Path:
+    """``$WASM_KERNEL_CACHE_DIR`` if set, else the per-user cache folder."""
+    override = os.environ.get(CACHE_DIR_ENV)
+    return Path(override) if override else Path(platformdirs.user_cache_dir("wasm-kernel"))
+
+
+def cache_key(runtime: Runtime) -> str:
+    identity = {
+        "runtime": runtime.key,
+        "wasmtime": metadata.version("wasmtime"),
+        "machine": platform.machine(),
+        "engine": ENGINE_SETTINGS,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class CompiledRuntime:
+    """A loaded cache entry: native code plus the folders the guest sees read-only."""
+
+    runtime: Runtime
+    engine: wasmtime.Engine
+    module: wasmtime.Module
+    lib_dir: Path  # holds the stdlib zip under its guest file name
+    mpl_data_dir: Path
+
+
+class CorruptEntry(Exception):
+    pass
+
+
+class RuntimeCache:
+    MODULE = "module.cwasm"
+    RECORD = "entry.json"
+    LIB = "lib"
+    MPL_DATA = "mpl-data"
+
+    def __init__(self, directory: Path | None = None, engine: wasmtime.Engine | None = None):
+        self.directory = Path(directory) if directory else default_cache_dir()
+        self.engine = engine or make_engine()
+
+    def entry_dir(self, runtime: Runtime) -> Path:
+        return self.directory / f"{runtime.name}-{cache_key(runtime)[:24]}"
+
+    def _stdlib_name(self, runtime: Runtime) -> str:
+        return runtime.stdlib_guest_path.rsplit("/", 1)[1]
+
+    def _stamped_files(self, runtime: Runtime) -> list[str]:
+        """The entry's big files, whose size, mtime and digest the record keeps."""
+        return [self.MODULE, f"{self.LIB}/{self._stdlib_name(runtime)}"]
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def lookup(self, runtime: Runtime) -> CompiledRuntime | None:
+        """Load the entry for ``runtime`` if present and sound; drop it if it is damaged."""
+        entry = self.entry_dir(runtime)
+        if not (entry / self.RECORD).exists():
+            return None
+        try:
+            self._check(entry, runtime)
+            module = wasmtime.Module.deserialize_file(self.engine, str(entry / self.MODULE))
+        except (CorruptEntry, OSError, ValueError, wasmtime.WasmtimeError):
+            self._discard(entry)
+            return None
+        return CompiledRuntime(
+            runtime, self.engine, module, entry / self.LIB, entry / self.MPL_DATA
+        )
+
+    def _check(self, entry: Path, runtime: Runtime) -> None:
+        record = json.loads((entry / self.RECORD).read_text())
+        if record.get("key") != cache_key(runtime):
+            raise CorruptEntry("entry was written for another runtime or engine")
+        for rel, stamp in record["files"].items():
+            stat = (entry / rel).stat()
+            if [stat.st_size, stat.st_mtime_ns] == stamp[:2]:
+                continue
+            # Touched since it was written (copied into an image, restored from backup...):
+            # trust it only if its content is still what was recorded.
+            if stat.st_size != stamp[0] or sha256_file(entry / rel) != stamp[2]:
+                raise CorruptEntry(f"{rel} changed since it was cached")
+
+    def _discard(self, entry: Path) -> None:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(entry)
+
+    # -- building --------------------------------------------------------------------------
+
+    def load(self, runtime: Runtime, progress: Progress = _no_progress) -> CompiledRuntime:
+        """Return the compiled runtime, building the entry first if needed."""
+        found = self.lookup(runtime)
+        if found:
+            return found
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with self._build_lock(runtime):
+            # Another process may have finished the same build while we waited.
+            found = self.lookup(runtime)
+            if found:
+                return found
+            self._build(runtime, progress)
+        self._prune_stale(runtime)
+        found = self.lookup(runtime)
+        if found is None:
+            raise CorruptEntry(f"the cache entry just built in {self.entry_dir(runtime)} is unreadable")
+        return found
+
+    @contextlib.contextmanager
+    def _build_lock(self, runtime: Runtime) -> Iterator[None]:
+        with open(self.directory / f"{runtime.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _build(self, runtime: Runtime, progress: Progress) -> None:
+        final = self.entry_dir(runtime)
+        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=self.directory))
+        try:
+            with progress("verifying runtime files"):
+                verify(runtime.module)
+                verify(runtime.stdlib)
+            with progress("compiling the Python runtime to native code (one time)"):
+                module = wasmtime.Module.from_file(self.engine, str(runtime.module.path))
+            with progress("writing the compiled runtime"):
+                (staging / self.MODULE).write_bytes(module.serialize())
+                del module
+                lib = staging / self.LIB
+                lib.mkdir()
+                shutil.copyfile(runtime.stdlib.path, lib / self._stdlib_name(runtime))
+                self._extract_mpl_data(runtime, staging / self.MPL_DATA)
+                files = {}
+                for rel in self._stamped_files(runtime):
+                    stat = (staging / rel).stat()
+                    files[rel] = [stat.st_size, stat.st_mtime_ns, sha256_file(staging / rel)]
+                record = {"key": cache_key(runtime), "runtime": runtime.name, "files": files}
+                (staging / self.RECORD).write_text(json.dumps(record, indent=1))
+            self._discard(final)
+            os.rename(staging, final)
+        except BaseException:
+            self._discard(staging)
+            raise
+
+    def _extract_mpl_data(self, runtime: Runtime, target: Path) -> None:
+        """matplotlib's data ships as a zip inside the stdlib zip; the guest needs it unpacked."""
+        target.mkdir()
+        with zipfile.ZipFile(runtime.stdlib.path) as outer:
+            with outer.open(runtime.mpl_data_member) as inner_file:
+                with zipfile.ZipFile(inner_file) as inner:
+                    for member in inner.infolist():
+                        dest = (target / member.filename).resolve()
+                        if not dest.is_relative_to(target.resolve()):
+                            raise CorruptEntry(f"unsafe member {member.filename!r} in mpl-data")
+                        inner.extract(member, target)
+
+    def _prune_stale(self, runtime: Runtime) -> None:
+        """Remove entries of this runtime built for another wasmtime or engine setting."""
+        keep = self.entry_dir(runtime).name
+        for path in self.directory.glob(f"{runtime.name}-*"):
+            if path.is_dir() and path.name != keep:
+                self._discard(path)

@@ -1,0 +1,425 @@
+"""Guest side of wasm-kernel: this file runs inside the sandboxed CPython, never on the host.
+
+The host loads it once per interpreter as the module ``_wasm_kernel`` and then drives every
+cell and request through its functions. Everything that must reach the kernel as a Jupyter
+message (results, display data, errors, input requests, replies) goes through ``_host.call``
+as one JSON object; plain stdout and stderr stay ordinary file writes that the host streams.
+"""
+
+import ast
+import base64
+import builtins
+import codeop
+import getpass
+import json
+import keyword
+import linecache
+import pprint
+import sys
+import time
+import tokenize
+import traceback
+import types
+
+import _host
+
+CELL_PREFIX = "Cell In["
+
+MIME_METHODS = {
+    "text/html": "_repr_html_",
+    "text/markdown": "_repr_markdown_",
+    "text/latex": "_repr_latex_",
+    "image/svg+xml": "_repr_svg_",
+    "image/png": "_repr_png_",
+    "image/jpeg": "_repr_jpeg_",
+    "application/json": "_repr_json_",
+    "application/javascript": "_repr_javascript_",
+    "application/pdf": "_repr_pdf_",
+}
+
+
+class StdinNotImplementedError(NotImplementedError):
+    """Raised by input() when the Jupyter client does not accept input requests."""
+
+
+def call_host(op, **fields):
+    """Send one structured message to the kernel and return its JSON reply."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    reply = _host.call(json.dumps({"op": op, **fields}).encode())
+    return json.loads(reply) if reply else {}
+
+
+# -- rich representations -------------------------------------------------------------------
+
+
+def _encode(value):
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    return value
+
+
+def mime_bundle(obj, include=None, exclude=None):
+    """Return (data, metadata) the way IPython's formatter would for ``obj``."""
+    data, metadata = {}, {}
+    is_instance = not isinstance(obj, type)
+    bundle_method = getattr(obj, "_repr_mimebundle_", None) if is_instance else None
+    if callable(bundle_method):
+        try:
+            result = bundle_method(include=include, exclude=exclude)
+        except Exception:
+            result = None
+        if isinstance(result, tuple) and len(result) == 2:
+            result, extra = result
+            metadata.update(extra or {})
+        if isinstance(result, dict):
+            data.update({mime: _encode(value) for mime, value in result.items()})
+    for mime, method_name in MIME_METHODS.items():
+        method = getattr(obj, method_name, None) if is_instance else None
+        if mime in data or not callable(method):
+            continue
+        try:
+            value = method()
+        except Exception:
+            continue
+        if isinstance(value, tuple) and len(value) == 2:
+            value, extra = value
+            if extra:
+                metadata[mime] = extra
+        if value is not None:
+            data[mime] = _encode(value)
+    if "text/plain" not in data:
+        data["text/plain"] = plain_text(obj)
+    if include:
+        data = {mime: value for mime, value in data.items() if mime in include}
+    if exclude:
+        data = {mime: value for mime, value in data.items() if mime not in exclude}
+    return data, metadata
+
+
+def plain_text(obj):
+    if isinstance(obj, (dict, list, tuple, set, frozenset)):
+        return pprint.pformat(obj, sort_dicts=False)
+    return repr(obj)
+
+
+def display(*objs, raw=False, include=None, exclude=None, metadata=None, transient=None,
+            display_id=None, update=False, clear=False):
+    """Send each object as display_data, like IPython.display.display."""
+    if display_id is True:
+        display_id = _new_display_id()
+    if clear:
+        clear_output(wait=True)
+    for obj in objs:
+        if raw:
+            data, meta = obj, {}
+        else:
+            data, meta = mime_bundle(obj, include, exclude)
+        meta.update(metadata or {})
+        extra = dict(transient or {})
+        if display_id:
+            extra["display_id"] = display_id
+        call_host("display", data=data, metadata=meta, transient=extra, update=bool(update))
+    return DisplayHandle(display_id) if display_id else None
+
+
+_display_counter = [0]
+
+
+def _new_display_id():
+    _display_counter[0] += 1
+    return f"wasm-{time.time_ns():x}-{_display_counter[0]}"
+
+
+class DisplayHandle:
+    def __init__(self, display_id=None):
+        self.display_id = display_id or _new_display_id()
+
+    def __repr__(self):
+        return f"<DisplayHandle display_id={self.display_id}>"
+
+    def display(self, obj, **kwargs):
+        display(obj, display_id=self.display_id, **kwargs)
+
+    def update(self, obj, **kwargs):
+        display(obj, display_id=self.display_id, update=True, **kwargs)
+
+
+def clear_output(wait=False):
+    call_host("clear", wait=bool(wait))
+
+
+def displayhook(value):
+    """sys.displayhook: the value of a cell's last expression becomes its execute_result."""
+    if value is None:
+        return
+    builtins._ = value
+    data, metadata = mime_bundle(value)
+    call_host("result", data=data, metadata=metadata)
+
+
+# -- running cells --------------------------------------------------------------------------
+
+
+def _ends_with_semicolon(source):
+    """True when the last meaningful token of the cell is ';' (IPython's output suppression)."""
+    last = None
+    try:
+        for token in tokenize.generate_tokens(iter(source.splitlines(True)).__next__):
+            if token.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE,
+                                  tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER):
+                last = token
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    return last is not None and last.string == ";"
+
+
+def _user_traceback(exc):
+    """Frames from the cell onwards: hides this module's own frames."""
+    tb = exc.__traceback__
+    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith(CELL_PREFIX):
+        tb = tb.tb_next
+    return tb
+
+
+def report_error(exc):
+    tb = _user_traceback(exc)
+    if isinstance(exc, SyntaxError):
+        lines = traceback.format_exception_only(type(exc), exc)
+    else:
+        lines = traceback.format_exception(type(exc), exc, tb)
+    call_host(
+        "error",
+        ename=type(exc).__name__,
+        evalue=str(exc),
+        traceback=[line.rstrip("\n") for line in lines],
+    )
+
+
+def _compile_cell(source, filename):
+    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    tree = compile(source, filename, "exec", ast.PyCF_ONLY_AST | flags)
+    body = tree.body
+    show_last = bool(body) and isinstance(body[-1], ast.Expr) and not _ends_with_semicolon(source)
+    units = []
+    if show_last:
+        head = ast.Module(body=body[:-1], type_ignores=[])
+        units.append(compile(head, filename, "exec", flags))
+        units.append(compile(ast.Interactive(body=[body[-1]]), filename, "single", flags))
+    else:
+        units.append(compile(tree, filename, "exec", flags))
+    return units
+
+
+def _run_code(code, namespace):
+    result = eval(code, namespace)
+    if code.co_flags & 0x80:  # CO_COROUTINE: the cell used top-level await
+        import asyncio
+
+        asyncio.run(result)
+
+
+def run_cell(source, execution_count):
+    """Run one notebook cell in ``__main__``; report its outcome through the host."""
+    filename = f"{CELL_PREFIX}{execution_count}]"
+    lines = source.splitlines(True)
+    linecache.cache[filename] = (len(source), None, lines, filename)
+    namespace = sys.modules["__main__"].__dict__
+    try:
+        for code in _compile_cell(source, filename):
+            _run_code(code, namespace)
+    except BaseException as exc:  # noqa: BLE001 - every failure is the user's to see
+        report_error(exc)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+
+
+# -- input, getpass and sleep that talk to the kernel ---------------------------------------
+
+
+def _read_line(prompt, password):
+    reply = call_host("input", prompt=str(prompt), password=password)
+    failure = reply.get("error")
+    if failure == "no-stdin":
+        raise StdinNotImplementedError(
+            "input() was called, but this frontend does not support input requests."
+        )
+    if failure == "eof":
+        raise EOFError("EOF when reading a line")
+    if failure == "interrupted":
+        raise KeyboardInterrupt("Interrupted by user")
+    return reply.get("value", "")
+
+
+def input(prompt=""):  # noqa: A001 - replaces the builtin on purpose
+    return _read_line(prompt, password=False)
+
+
+def getpass_(prompt="Password: ", stream=None):
+    return _read_line(prompt, password=True)
+
+
+def sleep(seconds):
+    """time.sleep that the kernel can cut short with an interrupt."""
+    seconds = float(seconds)
+    if seconds < 0:
+        raise ValueError("sleep length must be non-negative")
+    if call_host("sleep", seconds=seconds).get("interrupted"):
+        raise KeyboardInterrupt
+
+
+def evaluate_expressions(expressions):
+    """user_expressions of an execute_request: each evaluated in the user's namespace."""
+    results = {}
+    for name, source in expressions.items():
+        try:
+            data, metadata = mime_bundle(eval(source, _namespace()))
+            results[name] = {"status": "ok", "data": data, "metadata": metadata}
+        except Exception as exc:
+            results[name] = {"status": "error", "ename": type(exc).__name__,
+                             "evalue": str(exc), "traceback": []}
+    call_host("reply", content=results)
+
+
+# -- completion, inspection, completeness -----------------------------------------------------
+
+
+def _namespace():
+    return sys.modules["__main__"].__dict__
+
+
+def _resolve(dotted):
+    """Follow a dotted name through the user's namespace without calling anything."""
+    head, *rest = dotted.split(".")
+    namespace = _namespace()
+    if head in namespace:
+        obj = namespace[head]
+    elif hasattr(builtins, head):
+        obj = getattr(builtins, head)
+    else:
+        raise LookupError(head)
+    for part in rest:
+        obj = getattr(obj, part)
+    return obj
+
+
+def _token_bounds(code, cursor, allow_after):
+    start = cursor
+    while start > 0 and (code[start - 1].isidentifier() or code[start - 1].isdigit()
+                         or code[start - 1] in "._"):
+        start -= 1
+    end = cursor
+    if allow_after:
+        while end < len(code) and (code[end].isalnum() or code[end] == "_"):
+            end += 1
+    return start, end
+
+
+def complete(code, cursor):
+    start, _ = _token_bounds(code, cursor, allow_after=False)
+    token = code[start:cursor]
+    if "." in token:
+        base, _, prefix = token.rpartition(".")
+        try:
+            candidates = dir(_resolve(base))
+        except Exception:
+            candidates = []
+        start = cursor - len(prefix)
+    else:
+        prefix = token
+        candidates = list(_namespace()) + dir(builtins) + keyword.kwlist
+    show_private = prefix.startswith("_")
+    matches = sorted(
+        {name for name in candidates
+         if name.startswith(prefix) and (show_private or not name.startswith("_"))}
+    )
+    call_host("reply", content={"matches": matches, "cursor_start": start, "cursor_end": cursor})
+
+
+def _call_context(code, cursor):
+    """The name being called at the cursor, as in ``f(a, |``, for inspection."""
+    depth = 0
+    for index in range(cursor - 1, -1, -1):
+        char = code[index]
+        if char == ")":
+            depth += 1
+        elif char == "(":
+            if depth == 0:
+                return _token_bounds(code, index, allow_after=False)
+            depth -= 1
+    return None
+
+
+def inspect_object(code, cursor, detail_level):
+    import inspect
+
+    start, end = _token_bounds(code, cursor, allow_after=True)
+    name = code[start:end].strip(".")
+    if not name and (context := _call_context(code, cursor)):
+        name = code[context[0]:context[1]].strip(".")
+    try:
+        obj = _resolve(name)
+    except Exception:
+        call_host("reply", content={"found": False, "data": {}})
+        return
+    fields = [("Type", type(obj).__name__)]
+    try:
+        fields.append(("Signature", name + str(inspect.signature(obj))))
+    except (TypeError, ValueError):
+        if not callable(obj):
+            fields.append(("String form", _shorten(repr(obj))))
+    doc = inspect.getdoc(obj)
+    if doc:
+        fields.append(("Docstring", doc))
+    if detail_level:
+        try:
+            fields.append(("Source", inspect.getsource(obj)))
+        except (OSError, TypeError):
+            pass
+        source_file = getattr(inspect.getmodule(obj), "__file__", None)
+        if source_file:
+            fields.append(("File", source_file))
+    text = "\n".join(f"{label}: {value}" if "\n" not in value else f"{label}:\n{value}"
+                     for label, value in fields)
+    call_host("reply", content={"found": True, "data": {"text/plain": text}})
+
+
+def _shorten(text, limit=200):
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def is_complete(code):
+    try:
+        compiled = codeop.compile_command(code, "<input>", "exec")
+    except (SyntaxError, OverflowError, ValueError):
+        call_host("reply", content={"status": "invalid"})
+        return
+    if compiled is not None and not code.rstrip("\n").endswith("\\"):
+        call_host("reply", content={"status": "complete"})
+        return
+    last = code.rstrip("\n").splitlines()[-1] if code.strip() else ""
+    indent = last[: len(last) - len(last.lstrip())]
+    if last.rstrip().endswith(":"):
+        indent += "    "
+    call_host("reply", content={"status": "incomplete", "indent": indent})
+
+
+# -- boot -------------------------------------------------------------------------------------
+
+
+def boot():
+    # Line-buffered, write-through streams: output reaches the kernel as it is printed.
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True, write_through=True)
+    sys.displayhook = displayhook
+    builtins.display = display
+    builtins.input = input
+    getpass.getpass = getpass_
+    time.sleep = sleep
+    sys.modules["__main__"].__dict__.setdefault("__builtins__", builtins)
+    # SIGINT gets Python's default handler, as in a native interpreter.
+    import signal  # noqa: F401
+
+
+boot()

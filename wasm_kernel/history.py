@@ -1,0 +1,89 @@
+"""Input history for history_request: one numbered session per kernel, kept in SQLite.
+
+Like IPython's history, sessions persist across kernels (so `jupyter console` can recall
+earlier work) and session 0 / negative numbers mean "this one" / "n sessions back". If the
+history file cannot be opened (read-only home, locked file) history lives in memory only.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from datetime import datetime, timezone
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+Entry = tuple[int, int, str]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (session INTEGER PRIMARY KEY AUTOINCREMENT, start TEXT);
+CREATE TABLE IF NOT EXISTS history (
+    session INTEGER, line INTEGER, source TEXT, PRIMARY KEY (session, line));
+"""
+
+
+class History:
+    def __init__(self, path: str):
+        self.db = self._open(path)
+        with self.db:
+            cursor = self.db.execute(
+                "INSERT INTO sessions (start) VALUES (?)", (datetime.now(timezone.utc).isoformat(),)
+            )
+        self.session = cursor.lastrowid
+
+    @staticmethod
+    def _open(path: str) -> sqlite3.Connection:
+        if path != ":memory:":
+            try:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                db = sqlite3.connect(path, check_same_thread=False, timeout=2)
+                db.executescript(_SCHEMA)
+                return db
+            except (OSError, sqlite3.Error) as exc:
+                log.warning("history file %s unusable (%s); keeping history in memory", path, exc)
+        db = sqlite3.connect(":memory:", check_same_thread=False)
+        db.executescript(_SCHEMA)
+        return db
+
+    def store(self, line: int, source: str) -> None:
+        try:
+            with self.db:
+                self.db.execute(
+                    "INSERT OR REPLACE INTO history VALUES (?, ?, ?)", (self.session, line, source)
+                )
+        except sqlite3.Error as exc:
+            log.warning("could not record history: %s", exc)
+
+    def tail(self, n: int, unique: bool = False) -> list[Entry]:
+        query = "SELECT session, line, source FROM history"
+        if unique:
+            query += " GROUP BY source HAVING rowid = MAX(rowid)"
+        rows = self.db.execute(query + " ORDER BY session DESC, line DESC LIMIT ?", (max(n, 0),))
+        return list(reversed(rows.fetchall()))
+
+    def range(self, session: int, start: int, stop: int | None) -> list[Entry]:
+        """Lines [start, stop) of a session; 0 is this session, -k is k sessions back."""
+        if session <= 0:
+            session += self.session
+        query = "SELECT session, line, source FROM history WHERE session = ? AND line >= ?"
+        params: list[int] = [session, start]
+        if stop is not None:
+            query += " AND line < ?"
+            params.append(stop)
+        return self.db.execute(query + " ORDER BY line", params).fetchall()
+
+    def search(self, pattern: str, n: int | None, unique: bool = False) -> list[Entry]:
+        """Entries whose source matches the glob ``pattern``, newest last."""
+        query = "SELECT session, line, source FROM history WHERE source GLOB ?"
+        if unique:
+            query += " GROUP BY source HAVING rowid = MAX(rowid)"
+        query += " ORDER BY session DESC, line DESC"
+        params: list[object] = [pattern]
+        if n:
+            query += " LIMIT ?"
+            params.append(n)
+        return list(reversed(self.db.execute(query, params).fetchall()))
+
+    def close(self) -> None:
+        self.db.close()

@@ -1,0 +1,404 @@
+"""The Jupyter side: an ipykernel ``Kernel`` whose cells run in the WebAssembly sandbox.
+
+Messages, history and configuration live here; everything about wasmtime lives in
+``sandbox``. The sandbox boots on a worker thread while the kernel already answers
+kernel_info, and every guest turn runs on that same single worker, so the event loop stays
+free for control messages and SIGINT while a cell runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+from ipykernel.kernelbase import Kernel
+from traitlets import Float, Int, Unicode, default
+
+from . import __version__
+from .cache import RuntimeCache
+from .history import History
+from .runtime import DEFAULT_RUNTIME, load_runtime
+from .sandbox import CellStopped, Interrupts, Limits, Sandbox, memory_limit_text
+
+ENV_PREFIX = "WASM_KERNEL_"
+INPUT_POLL = 0.05  # seconds between checks for an input_reply or an interrupt
+
+
+def _from_env(trait: str, cast: type, fallback: Any) -> Any:
+    """Default of a trait: ``WASM_KERNEL_<TRAIT>`` from the kernel's environment, else fallback."""
+    raw = os.environ.get(ENV_PREFIX + trait.upper())
+    return fallback if raw is None else cast(raw)
+
+
+class WasmKernel(Kernel):
+    implementation = "wasm-kernel"
+    implementation_version = __version__
+    language = "python"
+    help_links = [{"text": "Python", "url": "https://docs.python.org/3/"}]
+
+    fuel = Int(
+        help="Fuel per cell (about one unit per WebAssembly instruction; ~1e10 per second of"
+        " pure-Python work). A cell that runs out stops with FuelExhausted. Env: WASM_KERNEL_FUEL."
+    ).tag(config=True)
+    time_limit = Float(
+        help="Wall-clock seconds a cell may run, 0 for no limit. Env: WASM_KERNEL_TIME_LIMIT."
+    ).tag(config=True)
+    memory_limit = Int(
+        help="Bytes of linear memory the guest interpreter may use. Env: WASM_KERNEL_MEMORY_LIMIT."
+    ).tag(config=True)
+    output_limit = Int(
+        help="Bytes of output (streams and display data) shown per cell; the rest is dropped"
+        " with a notice. Env: WASM_KERNEL_OUTPUT_LIMIT."
+    ).tag(config=True)
+    interrupt_grace = Float(
+        help="Seconds an interrupted cell gets to stop by itself (KeyboardInterrupt) before it"
+        " is stopped hard. Env: WASM_KERNEL_INTERRUPT_GRACE."
+    ).tag(config=True)
+    runtime_name = Unicode(DEFAULT_RUNTIME, help="Runtime manifest to load.").tag(config=True)
+    cache_dir = Unicode(
+        help="Folder of compiled runtimes. Env: WASM_KERNEL_CACHE_DIR; default: the per-user"
+        " cache folder."
+    ).tag(config=True)
+    history_file = Unicode(
+        help="SQLite file of input history (':memory:' to keep none). Env: WASM_KERNEL_HISTORY_FILE."
+    ).tag(config=True)
+
+    @default("fuel")
+    def _fuel_default(self) -> int:
+        return _from_env("fuel", int, 5_000_000_000_000)
+
+    @default("time_limit")
+    def _time_limit_default(self) -> float:
+        return _from_env("time_limit", float, 600.0)
+
+    @default("memory_limit")
+    def _memory_limit_default(self) -> int:
+        return _from_env("memory_limit", int, 2 << 30)
+
+    @default("output_limit")
+    def _output_limit_default(self) -> int:
+        return _from_env("output_limit", int, 10 << 20)
+
+    @default("interrupt_grace")
+    def _interrupt_grace_default(self) -> float:
+        return _from_env("interrupt_grace", float, 1.0)
+
+    @default("history_file")
+    def _history_file_default(self) -> str:
+        fallback = str(Path(platformdirs.user_data_dir("wasm-kernel")) / "history.sqlite")
+        return _from_env("history_file", str, fallback)
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.runtime = load_runtime(self.runtime_name)
+        self.limits = Limits(
+            fuel=self.fuel,
+            seconds=self.time_limit,
+            memory=self.memory_limit,
+            output=self.output_limit,
+            interrupt_grace=self.interrupt_grace,
+        )
+        self.history = History(self.history_file)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wasm-kernel-guest")
+        self._boot_stage = "starting"
+        self._boot: Future[Sandbox] = self._worker.submit(self._start_sandbox)
+
+    # -- sandbox start-up ---------------------------------------------------------------------
+
+    def _start_sandbox(self) -> Sandbox:
+        cache = RuntimeCache(Path(self.cache_dir) if self.cache_dir else None)
+
+        @contextmanager
+        def stage(description: str):
+            self._boot_stage = description
+            yield
+
+        compiled = cache.load(self.runtime, progress=stage)
+        self._boot_stage = "starting the interpreter"
+        return Sandbox(compiled, self.limits)
+
+    async def _sandbox(self, notify: Any) -> Sandbox:
+        """The booted sandbox; while a one-time compile runs, say so through ``notify``."""
+        boot = asyncio.wrap_future(self._boot)
+        told = False
+        while not self._boot.done():
+            if not told and "compil" in self._boot_stage:
+                notify(
+                    "wasm-kernel: compiling the Python runtime for this machine. This happens"
+                    " once (about 1-4 minutes); later kernels start in well under a second.\n"
+                )
+                told = True
+            await asyncio.wait([boot], timeout=0.2)
+        return await boot
+
+    @property
+    def language_info(self) -> dict[str, Any]:  # type: ignore[override]
+        return {
+            "name": "python",
+            "version": self.runtime.python_version,
+            "mimetype": "text/x-python",
+            "file_extension": ".py",
+            "pygments_lexer": "ipython3",
+            "codemirror_mode": {"name": "ipython", "version": 3},
+            "nbconvert_exporter": "python",
+        }
+
+    @property
+    def banner(self) -> str:  # type: ignore[override]
+        limits = self.limits
+        return (
+            f"Python {self.runtime.python_version} in a WebAssembly sandbox"
+            f" (wasm-kernel {__version__}, runtime {self.runtime.name})\n"
+            f"Per cell: fuel {limits.fuel:,}, time {limits.seconds:g} s,"
+            f" memory {limits.memory >> 20} MiB, output {limits.output >> 20} MiB.\n"
+            "No host files, environment, network or processes; /tmp is private to this kernel."
+        )
+
+    # -- execution --------------------------------------------------------------------------------
+
+    async def do_execute(  # type: ignore[override]
+        self,
+        code: str,
+        silent: bool,
+        store_history: bool = True,
+        user_expressions: dict | None = None,
+        allow_stdin: bool = False,
+        *,
+        cell_meta: Any = None,
+        cell_id: Any = None,
+    ) -> dict:
+        cell = CellHost(self, silent=silent, allow_stdin=allow_stdin)
+        if not isinstance(code, str):
+            return cell.fail("TypeError", "the code of an execute_request must be a string")
+        try:
+            sandbox = await self._sandbox(lambda text: cell.stream("stderr", text))
+        except Exception as exc:
+            return cell.fail("SandboxUnavailable", f"the sandbox could not start: {exc}")
+        if store_history and not silent:
+            self.history.store(self.execution_count, code)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(
+                self._worker, sandbox.run_cell, code, self.execution_count, cell
+            )
+        except CellStopped as stop:
+            return cell.fail(stop.ename, stop.evalue)
+        if cell.error:
+            return cell.reply()
+        expressions = {}
+        if user_expressions and isinstance(user_expressions, dict):
+            expressions = await self._service(
+                "evaluate_expressions", {str(k): str(v) for k, v in user_expressions.items()}
+            )
+        return cell.reply(expressions)
+
+    async def _service(self, function: str, *args: Any) -> dict:
+        """Run a guest service function (completion, inspection...) and return its reply."""
+        sandbox = await self._sandbox(lambda _: None)
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(
+                self._worker, lambda: sandbox.request(function, *args, host=QuietHost())
+            )
+        except CellStopped as stop:
+            self.log.warning("%s request stopped: %s", function, stop)
+            return {}
+
+    # Jupyter interrupts (signal mode, or interrupt_request, which ipykernel turns into a
+    # SIGINT to this process) reach the sandbox while a handler runs.
+    def pre_handler_hook(self) -> None:
+        self.saved_sigint_handler = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, _signum: int, _frame: Any) -> None:
+        if self._boot.done() and not self._boot.exception():
+            self._boot.result().interrupt()
+
+    # -- introspection requests ------------------------------------------------------------
+
+    async def do_complete(self, code: str, cursor_pos: int | None) -> dict:  # type: ignore[override]
+        code, cursor = _clean_request(code, cursor_pos)
+        reply = await self._service("complete", code, cursor)
+        return {
+            "status": "ok",
+            "matches": [m for m in reply.get("matches", []) if isinstance(m, str)],
+            "cursor_start": _clamp(reply.get("cursor_start"), cursor, len(code)),
+            "cursor_end": _clamp(reply.get("cursor_end"), cursor, len(code)),
+            "metadata": {},
+        }
+
+    async def do_inspect(  # type: ignore[override]
+        self, code: str, cursor_pos: int | None, detail_level: int = 0, omit_sections: Any = ()
+    ) -> dict:
+        code, cursor = _clean_request(code, cursor_pos)
+        reply = await self._service("inspect_object", code, cursor, 1 if detail_level else 0)
+        data = reply.get("data") if isinstance(reply.get("data"), dict) else {}
+        return {"status": "ok", "found": bool(reply.get("found")), "data": data, "metadata": {}}
+
+    async def do_is_complete(self, code: str) -> dict:  # type: ignore[override]
+        code, _ = _clean_request(code, 0)
+        reply = await self._service("is_complete", code)
+        status = reply.get("status")
+        if status not in ("complete", "incomplete", "invalid"):
+            return {"status": "unknown"}
+        result = {"status": status}
+        if status == "incomplete":
+            result["indent"] = str(reply.get("indent", ""))
+        return result
+
+    async def do_history(  # type: ignore[override]
+        self,
+        hist_access_type: str,
+        output: bool,
+        raw: bool,
+        session: int | None = None,
+        start: int | None = None,
+        stop: int | None = None,
+        n: int | None = None,
+        pattern: str | None = None,
+        unique: bool = False,
+    ) -> dict:
+        if hist_access_type == "tail":
+            entries = self.history.tail(int(n or 10), unique)
+        elif hist_access_type == "range":
+            entries = self.history.range(int(session or 0), int(start or 0), stop)
+        elif hist_access_type == "search":
+            entries = self.history.search(pattern or "*", n, unique)
+        else:
+            entries = []
+        if output:
+            return {"status": "ok", "history": [(s, n_, (src, None)) for s, n_, src in entries]}
+        return {"status": "ok", "history": entries}
+
+    async def do_shutdown(self, restart: bool) -> dict:  # type: ignore[override]
+        if self._boot.done() and not self._boot.exception():
+            self._boot.result().close()
+        self._worker.shutdown(wait=False, cancel_futures=True)
+        self.history.close()
+        return {"status": "ok", "restart": restart}
+
+
+def _clean_request(code: Any, cursor_pos: Any) -> tuple[str, int]:
+    """Malformed introspection requests get a harmless, empty answer rather than an error."""
+    code = code if isinstance(code, str) else ""
+    cursor = cursor_pos if isinstance(cursor_pos, int) else len(code)
+    return code, min(max(cursor, 0), len(code))
+
+
+def _clamp(value: Any, fallback: int, upper: int) -> int:
+    return min(max(value, 0), upper) if isinstance(value, int) else fallback
+
+
+class QuietHost:
+    """Guest host for service calls: their prints and messages are not shown."""
+
+    def stream(self, name: str, text: str) -> None:
+        pass
+
+    def message(self, message: dict, interrupts: Interrupts) -> dict:
+        return {}
+
+
+class CellHost:
+    """Turns what the guest produces during one execute_request into Jupyter messages.
+
+    Runs on the worker thread (and, for output, wasmtime's threads): the parent header and
+    stdin identity are captured up front, because the kernel's context variables are not
+    visible there. ipykernel's iopub socket is safe to send on from any thread.
+    """
+
+    def __init__(self, kernel: WasmKernel, silent: bool, allow_stdin: bool):
+        self.kernel = kernel
+        self.session = kernel.session
+        self.parent = kernel.get_parent("shell")
+        self.stdin_ident = kernel._get_shell_context_var(kernel._shell_parent_ident)
+        self.silent = silent
+        self.allow_stdin = allow_stdin
+        self.execution_count = kernel.execution_count
+        self.error: dict | None = None
+
+    def _publish(self, msg_type: str, content: dict) -> None:
+        self.session.send(
+            self.kernel.iopub_socket, msg_type, content, self.parent,
+            ident=self.kernel._topic(msg_type),
+        )
+
+    def stream(self, name: str, text: str) -> None:
+        if not self.silent:
+            self._publish("stream", {"name": name, "text": text})
+
+    def message(self, message: dict, interrupts: Interrupts) -> dict:
+        op = message["op"]
+        if op == "result":
+            if not self.silent:
+                self._publish("execute_result", {
+                    "execution_count": self.execution_count,
+                    "data": message["data"],
+                    "metadata": message["metadata"],
+                })
+        elif op == "display":
+            msg_type = "update_display_data" if message["update"] else "display_data"
+            self._publish(msg_type, {
+                "data": message["data"],
+                "metadata": message["metadata"],
+                "transient": message["transient"],
+            })
+        elif op == "clear":
+            self._publish("clear_output", {"wait": message["wait"]})
+        elif op == "error":
+            ename, evalue = message["ename"], message["evalue"]
+            if ename == "MemoryError":
+                ename = "MemoryLimitExceeded"
+                evalue = memory_limit_text(self.kernel.limits.memory)
+            self._record_error(ename, evalue, message["traceback"])
+        elif op == "input":
+            return self._input(message["prompt"], message["password"], interrupts)
+        return {}
+
+    def _record_error(self, ename: str, evalue: str, traceback: list[str]) -> None:
+        self.error = {"ename": ename, "evalue": evalue, "traceback": traceback}
+        self._publish("error", self.error)
+
+    def fail(self, ename: str, evalue: str) -> dict:
+        """End the cell with an error raised by the kernel rather than by the user's code."""
+        self._record_error(ename, evalue, [f"{ename}: {evalue}"])
+        return self.reply()
+
+    def reply(self, user_expressions: dict | None = None) -> dict:
+        if self.error:
+            return {"status": "error", "execution_count": self.execution_count, **self.error}
+        return {
+            "status": "ok",
+            "execution_count": self.execution_count,
+            "payload": [],
+            "user_expressions": user_expressions or {},
+        }
+
+    def _input(self, prompt: str, password: bool, interrupts: Interrupts) -> dict:
+        """input_request over stdin; the wait ends early on interrupt."""
+        if not self.allow_stdin:
+            return {"error": "no-stdin"}
+        kernel = self.kernel
+        socket = kernel.stdin_socket
+        while self.session.recv(socket)[1] is not None:  # drop stale replies
+            pass
+        self.session.send(
+            socket, "input_request", {"prompt": prompt, "password": password},
+            self.parent, ident=self.stdin_ident,
+        )
+        while True:
+            if interrupts.take():
+                return {"error": "interrupted"}
+            if socket.poll(int(INPUT_POLL * 1000)):
+                _, reply = self.session.recv(socket)
+                if reply is None or reply.get("msg_type") != "input_reply":
+                    continue
+                value = reply.get("content", {}).get("value", "")
+                if not isinstance(value, str):
+                    value = ""
+                return {"error": "eof"} if value == "\x04" else {"value": value}

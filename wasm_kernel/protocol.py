@@ -1,0 +1,121 @@
+"""Validation of the structured messages the guest sends through ``host.call``.
+
+Every byte here is written by code running in the sandbox, so nothing is trusted: the
+payload must be a JSON object of a known operation whose fields have the expected types
+and sizes. Anything else is refused before it can reach Jupyter messages.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+MAX_ERROR_TEXT = 256 * 1024  # characters kept of an error's value and traceback
+OUTPUT_OPS = frozenset({"display", "result"})  # messages that count against the output budget
+
+
+class ProtocolError(ValueError):
+    """The guest sent something that is not a valid message."""
+
+
+def _check(condition: bool, what: str) -> None:
+    if not condition:
+        raise ProtocolError(what)
+
+
+def _is_str_dict(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(key, str) for key in value)
+
+
+def _mime_data(value: Any) -> dict:
+    _check(_is_str_dict(value) and bool(value), "data must be a non-empty object keyed by mime type")
+    for mime, payload in value.items():
+        _check("/" in mime and len(mime) < 256, f"bad mime type {mime[:64]!r}")
+        _check(isinstance(payload, (str, dict, list)), f"{mime} payload must be text or JSON")
+    return value
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT] + "\n[... truncated]"
+
+
+def parse(raw: bytes) -> dict:
+    """Decode and validate one guest message; raise ProtocolError if it is not acceptable."""
+    try:
+        message = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError(f"not JSON: {exc}") from None
+    _check(_is_str_dict(message), "message must be a JSON object")
+    op = message.get("op")
+    validator = _VALIDATORS.get(op) if isinstance(op, str) else None
+    _check(validator is not None, f"unknown operation {str(op)[:64]!r}")
+    return validator(message)
+
+
+def _display(message: dict) -> dict:
+    metadata = message.get("metadata", {})
+    transient = message.get("transient", {})
+    _check(_is_str_dict(metadata), "metadata must be an object")
+    _check(_is_str_dict(transient), "transient must be an object")
+    display_id = transient.get("display_id")
+    _check(display_id is None or isinstance(display_id, str), "display_id must be a string")
+    update = message.get("update", False)
+    _check(isinstance(update, bool), "update must be a boolean")
+    _check(not update or display_id is not None, "an update needs a display_id")
+    return {
+        "op": message["op"],
+        "data": _mime_data(message.get("data")),
+        "metadata": metadata,
+        "transient": transient,
+        "update": update,
+    }
+
+
+def _clear(message: dict) -> dict:
+    wait = message.get("wait", False)
+    _check(isinstance(wait, bool), "wait must be a boolean")
+    return {"op": "clear", "wait": wait}
+
+
+def _error(message: dict) -> dict:
+    ename, evalue, tb = message.get("ename"), message.get("evalue"), message.get("traceback")
+    _check(isinstance(ename, str) and len(ename) < 1024, "ename must be a short string")
+    _check(isinstance(evalue, str), "evalue must be a string")
+    _check(isinstance(tb, list) and all(isinstance(line, str) for line in tb), "bad traceback")
+    return {"op": "error", "ename": ename, "evalue": _clip(evalue),
+            "traceback": _clip("\n".join(tb)).split("\n")}
+
+
+def _input(message: dict) -> dict:
+    prompt, password = message.get("prompt", ""), message.get("password", False)
+    _check(isinstance(prompt, str) and len(prompt) <= MAX_ERROR_TEXT, "prompt must be a string")
+    _check(isinstance(password, bool), "password must be a boolean")
+    return {"op": "input", "prompt": prompt, "password": password}
+
+
+def _sleep(message: dict) -> dict:
+    seconds = message.get("seconds")
+    _check(
+        isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+        and math.isfinite(seconds) and seconds >= 0,
+        "seconds must be a finite, non-negative number",
+    )
+    return {"op": "sleep", "seconds": float(seconds)}
+
+
+def _reply(message: dict) -> dict:
+    content = message.get("content")
+    _check(_is_str_dict(content), "content must be an object")
+    return {"op": "reply", "content": content}
+
+
+_VALIDATORS = {
+    "display": _display,
+    "result": _display,
+    "clear": _clear,
+    "error": _error,
+    "input": _input,
+    "sleep": _sleep,
+    "reply": _reply,
+}

@@ -1,0 +1,431 @@
+"""One sandboxed CPython interpreter: a wasmtime store and instance, its limits and interrupts.
+
+The sandbox owns everything that touches wasmtime after compilation: the WASI context (no
+host files but the read-only runtime folders and a private /tmp, no host environment, no
+sockets, no processes), the host functions the guest imports, fuel and epoch deadlines, the
+memory cap, and the guest's turns. It knows nothing about Jupyter: a ``GuestHost`` supplied
+per turn receives the guest's output and structured messages.
+
+When a turn traps (fuel, deadline, hard interrupt, memory, stack, anything), the interpreter
+cannot take further turns, so the sandbox starts a fresh one and raises ``CellStopped``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import struct
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Protocol
+
+import wasmtime
+
+from . import protocol
+from .cache import CompiledRuntime
+from .output import OutputPump
+
+log = logging.getLogger(__name__)
+
+GUEST_ARGV = ["/usr/local/bin/python.wasm"]
+GUEST_MODULE = "_wasm_kernel"
+MAX_MESSAGE = 64 << 20  # largest host.call payload we read from the guest
+WASI_EINVAL = 28
+TURN_REFUSED = -1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-cell budgets. ``seconds`` of 0 means no wall-clock limit."""
+
+    fuel: int
+    seconds: float
+    memory: int
+    output: int
+    interrupt_grace: float = 1.0
+
+
+class GuestHost(Protocol):
+    """Receives what the guest produces during one turn (implemented by the kernel)."""
+
+    def stream(self, name: str, text: str) -> None: ...
+
+    def message(self, message: dict, interrupts: Interrupts) -> dict: ...
+
+
+class CellStopped(Exception):
+    """A turn ended in a trap; the interpreter was replaced by a fresh one."""
+
+    def __init__(self, ename: str, evalue: str):
+        super().__init__(f"{ename}: {evalue}")
+        self.ename = ename
+        self.evalue = evalue
+
+
+class Interrupts:
+    """Interrupt and stop requests for the running turn, shared with host-side waits.
+
+    A soft interrupt is delivered to the guest as KeyboardInterrupt the next time it waits
+    on the host (sleep, input). A hard stop ends the turn with an epoch trap.
+    """
+
+    def __init__(self, engine: wasmtime.Engine):
+        self._engine = engine
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self._soft = False
+        self.stop_reason: str | None = None
+
+    def reset(self) -> None:
+        with self._lock:
+            self._soft, self.stop_reason = False, None
+            self._event.clear()
+
+    def request_soft(self) -> None:
+        with self._lock:
+            self._soft = True
+            self._event.set()
+
+    def request_stop(self, reason: str) -> None:
+        with self._lock:
+            if self.stop_reason is None:
+                self.stop_reason = reason
+            self._event.set()
+        self._engine.increment_epoch()
+
+    def take(self) -> bool:
+        """True (once) if the guest should now raise KeyboardInterrupt."""
+        with self._lock:
+            if self.stop_reason is not None:
+                return True
+            if self._soft:
+                self._soft = False
+                self._event.clear()
+                return True
+            return False
+
+    def wait(self, timeout: float) -> None:
+        """Sleep up to ``timeout`` seconds, waking early on any interrupt or stop."""
+        self._event.wait(timeout)
+
+
+def bootstrap_source() -> str:
+    return (resources.files("wasm_kernel") / "guest" / "bootstrap.py").read_text()
+
+
+class Sandbox:
+    def __init__(self, compiled: CompiledRuntime, limits: Limits):
+        self.compiled = compiled
+        self.limits = limits
+        self.interrupts = Interrupts(compiled.engine)
+        self._output = OutputPump()
+        self._turn_lock = threading.Lock()
+        self._tmp = Path(tempfile.mkdtemp(prefix="wasm-kernel-tmp-"))
+        self._host: GuestHost | None = None
+        self._reply: dict | None = None
+        self._store: wasmtime.Store | None = None
+        self._start_interpreter()
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    def _wasi(self) -> wasmtime.WasiConfig:
+        wasi = wasmtime.WasiConfig()
+        wasi.argv = GUEST_ARGV
+        wasi.env = [
+            ("HOME", "/tmp"),
+            ("TMPDIR", "/tmp"),
+            ("PYTHONTZPATH", ""),
+            ("MPLBACKEND", "Agg"),
+        ]
+        runtime = self.compiled.runtime
+        lib_guest_dir, _ = runtime.stdlib_guest_path.rsplit("/", 1)
+        wasi.preopen_dir(str(self.compiled.lib_dir), lib_guest_dir, False)
+        wasi.preopen_dir(
+            str(self.compiled.mpl_data_dir), f"{runtime.stdlib_guest_path}/matplotlib/mpl-data", False
+        )
+        wasi.preopen_dir(str(self._tmp), "/tmp", True)
+        wasi.stdout_custom = lambda data: self._guest_output("stdout", data)
+        wasi.stderr_custom = lambda data: self._guest_output("stderr", data)
+        return wasi
+
+    def _start_interpreter(self) -> None:
+        engine = self.compiled.engine
+        store = wasmtime.Store(engine)
+        store.set_wasi(self._wasi())
+        store.set_limits(memory_size=self.limits.memory)
+        store.set_fuel(self.limits.fuel)
+        store.set_epoch_deadline(1 << 62)
+        linker = wasmtime.Linker(engine)
+        linker.define_wasi()
+        linker.allow_shadowing = True
+        i32 = wasmtime.ValType.i32()
+        i64 = wasmtime.ValType.i64()
+        linker.define_func(
+            "host", "call", wasmtime.FuncType([i32] * 4, [i32]), self._host_call, access_caller=True
+        )
+        linker.define_func(
+            "wasi_snapshot_preview1", "poll_oneoff",
+            wasmtime.FuncType([i32] * 4, [i32]), self._poll_oneoff, access_caller=True,
+        )
+        linker.define_func(
+            "wasi_snapshot_preview1", "clock_time_get",
+            wasmtime.FuncType([i32, i64, i32], [i32]), self._clock_time_get, access_caller=True,
+        )
+        instance = linker.instantiate(store, self.compiled.module)
+        exports = instance.exports(store)
+        self._store = store
+        self._memory: wasmtime.Memory = exports["memory"]
+        self._turn_func: wasmtime.Func = exports["turn"]
+        self._alloc: wasmtime.Func = exports["host_alloc"]
+        if not self.compiled.runtime.preinitialized:
+            exports["_initialize"](store)
+        boot = (
+            f"exec(compile({bootstrap_source()!r}, '<wasm-kernel>', 'exec'), "
+            f"__import__('sys').modules.setdefault({GUEST_MODULE!r}, "
+            f"__import__('types').ModuleType({GUEST_MODULE!r})).__dict__)"
+        )
+        if self._call_turn(boot) != 0:
+            raise RuntimeError("the guest bootstrap failed to load")
+
+    def restart(self) -> None:
+        """Replace the interpreter with a fresh one (same private /tmp)."""
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        self._start_interpreter()
+
+    def close(self) -> None:
+        self._output.close()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def memory_bytes(self) -> int:
+        assert self._store is not None
+        return self._memory.data_len(self._store)
+
+    # -- turns ----------------------------------------------------------------------------------
+
+    def _call_turn(self, source: str) -> int:
+        data = source.encode("utf-8", "surrogatepass")
+        store = self._store
+        pointer = self._alloc(store, len(data))
+        self._memory.write(store, data, pointer)
+        return self._turn_func(store, pointer, len(data))
+
+    def run_cell(self, source: str, execution_count: int, host: GuestHost) -> None:
+        """Run a notebook cell; output and messages go to ``host``. Raises CellStopped."""
+        call = f"__import__({GUEST_MODULE!r}).run_cell({source!r}, {int(execution_count)})"
+        self._turn(call, host, self.limits)
+
+    def request(self, function: str, *args: object, host: GuestHost) -> dict:
+        """Call a guest service function (completion, inspection...) and return its reply."""
+        arguments = ", ".join(repr(arg) for arg in args)
+        service_limits = Limits(
+            fuel=min(self.limits.fuel, 20_000_000_000),
+            seconds=min(self.limits.seconds or 10.0, 10.0),
+            memory=self.limits.memory,
+            output=MAX_MESSAGE,
+        )
+        self._reply = None
+        self._turn(f"__import__({GUEST_MODULE!r}).{function}({arguments})", host, service_limits)
+        return self._reply or {}
+
+    def _turn(self, source: str, host: GuestHost, limits: Limits) -> None:
+        with self._turn_lock:
+            store = self._store
+            assert store is not None
+            self._host = host
+            self.interrupts.reset()
+            self._output.begin(host.stream, limits.output, self._output_notice(limits.output))
+            store.set_fuel(limits.fuel)
+            store.set_epoch_deadline(1)
+            deadline = None
+            if limits.seconds:
+                deadline = threading.Timer(limits.seconds, self.interrupts.request_stop, ("time",))
+                deadline.daemon = True
+                deadline.start()
+            try:
+                status = self._call_turn(source)
+            except wasmtime.ExitTrap as exit_trap:
+                stopped = CellStopped(
+                    "GuestExited", f"the interpreter exited with status {exit_trap.code}."
+                )
+            except wasmtime.Trap as trap:
+                stopped = self._explain_trap(trap, limits)
+            else:
+                stopped = None if status != TURN_REFUSED else CellStopped(
+                    "GuestRefused", "the interpreter refused to run after an earlier failure."
+                )
+            finally:
+                if deadline is not None:
+                    deadline.cancel()
+                store.set_epoch_deadline(1 << 62)
+                self._output.end()
+                self._host = None
+            if stopped is not None:
+                self.restart()
+                stopped.evalue += (
+                    " The interpreter was restarted: variables, imports and objects from"
+                    " earlier cells are gone."
+                )
+                raise stopped
+
+    def interrupt(self) -> None:
+        """Jupyter interrupt: KeyboardInterrupt in the cell, or a hard stop after the grace time."""
+        if not self._turn_lock.locked():
+            return
+        self.interrupts.request_soft()
+        timer = threading.Timer(self.limits.interrupt_grace, self._escalate)
+        timer.daemon = True
+        timer.start()
+
+    def _escalate(self) -> None:
+        if self._turn_lock.locked() and self.interrupts.stop_reason is None:
+            self.interrupts.request_stop("interrupt")
+
+    def _explain_trap(self, trap: wasmtime.Trap, limits: Limits) -> CellStopped:
+        code = trap.trap_code
+        if code == wasmtime.TrapCode.OUT_OF_FUEL:
+            return CellStopped(
+                "FuelExhausted",
+                f"the cell used up its fuel budget of {limits.fuel:,} units (about one per"
+                " WebAssembly instruction). Raise it with --WasmKernel.fuel=N in the"
+                " kernelspec argv or c.WasmKernel.fuel in jupyter_wasm_kernel_config.py.",
+            )
+        if code == wasmtime.TrapCode.INTERRUPT:
+            if self.interrupts.stop_reason == "time":
+                return CellStopped(
+                    "TimeLimitExceeded",
+                    f"the cell ran longer than its wall-clock limit of {limits.seconds:g} s."
+                    " Raise it with --WasmKernel.time_limit=SECONDS (0 for none).",
+                )
+            return CellStopped(
+                "KeyboardInterrupt",
+                "the cell did not stop within"
+                f" {limits.interrupt_grace:g} s of the interrupt, so it was stopped hard.",
+            )
+        if code == wasmtime.TrapCode.STACK_OVERFLOW:
+            return CellStopped(
+                "StackOverflow", "the cell overflowed the interpreter's native stack."
+            )
+        if self.memory_bytes() + (64 << 20) >= limits.memory:
+            return CellStopped("MemoryLimitExceeded", memory_limit_text(limits.memory))
+        return CellStopped("GuestCrashed", f"the interpreter trapped: {trap.message}.")
+
+    @staticmethod
+    def _output_notice(budget: int) -> str:
+        return (
+            f"\n[wasm-kernel] output limit reached: this cell printed more than {budget:,} bytes;"
+            " the rest is not shown. Raise it with --WasmKernel.output_limit=BYTES.\n"
+        )
+
+    # -- host functions the guest imports --------------------------------------------------
+
+    def _guest_output(self, name: str, data: bytes) -> int:
+        try:
+            self._output.write(name, data)
+        except Exception:  # a raising callback would abort the process inside wasmtime
+            log.exception("dropping guest %s output", name)
+        return len(data)
+
+    def _host_call(self, caller: wasmtime.Caller, ptr: int, length: int,
+                   out_ptr: int, out_len_ptr: int) -> int:
+        try:
+            if not 0 <= length <= MAX_MESSAGE:
+                return -2
+            message = protocol.parse(bytes(self._memory.read(caller, ptr, ptr + length)))
+            reply = self._dispatch(message, length)
+            data = json.dumps(reply).encode()
+            pointer = self._alloc(caller, len(data))
+            self._memory.write(caller, data, pointer)
+            self._memory.write(caller, struct.pack("<I", pointer), out_ptr)
+            self._memory.write(caller, struct.pack("<I", len(data)), out_len_ptr)
+            return 0
+        except protocol.ProtocolError as exc:
+            log.warning("refused a guest message: %s", exc)
+            return -2
+        except wasmtime.Trap:
+            raise
+        except Exception:
+            log.exception("host.call failed")
+            return -2
+
+    def _dispatch(self, message: dict, size: int) -> dict:
+        op = message["op"]
+        if op in protocol.OUTPUT_OPS and not self._output.charge(size):
+            return {}  # over the cell's output budget: accepted and dropped
+        if op == "sleep":
+            return {"interrupted": self._sleep(message["seconds"])}
+        if op == "reply":
+            self._reply = message["content"]
+            return {}
+        host = self._host
+        if host is None:
+            return {}
+        self._output.flush()  # keep printed text ahead of what the message shows
+        return host.message(message, self.interrupts)
+
+    def _sleep(self, seconds: float) -> bool:
+        end = time.monotonic() + seconds
+        while True:
+            if self.interrupts.take():
+                return True
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                return False
+            self.interrupts.wait(remaining)
+
+    def _clock_time_get(self, caller: wasmtime.Caller, clock_id: int, _precision: int,
+                        out_ptr: int) -> int:
+        """The guest's clocks, from the host's, so that poll deadlines agree with them."""
+        now = _CLOCKS.get(clock_id)
+        if now is None:
+            return WASI_EINVAL
+        self._memory.write(caller, struct.pack("<Q", now()), out_ptr)
+        return 0
+
+    def _poll_oneoff(self, caller: wasmtime.Caller, in_ptr: int, out_ptr: int,
+                     count: int, nevents_ptr: int) -> int:
+        """WASI poll that an interrupt or stop can wake (wasmtime's own cannot be woken)."""
+        if count <= 0 or count > 4096:
+            return WASI_EINVAL
+        raw = bytes(self._memory.read(caller, in_ptr, in_ptr + 48 * count))
+        ready: list[tuple[int, int]] = []  # (userdata, event type)
+        timers: list[tuple[float, int]] = []  # (seconds from now, userdata)
+        for index in range(count):
+            userdata, tag = struct.unpack_from("<QB", raw, 48 * index)
+            if tag == 0:
+                clock_id, timeout, _precision, flags = struct.unpack_from("<I4xQQH", raw, 48 * index + 16)
+                now = _CLOCKS.get(clock_id)
+                if now is None:
+                    return WASI_EINVAL
+                delay_ns = timeout - now() if flags & 1 else timeout
+                timers.append((max(delay_ns, 0) / 1e9, userdata))
+            else:  # fd readiness: the guest has no real streams to wait on
+                ready.append((userdata, tag))
+        if not ready and timers:
+            delay, userdata = min(timers)
+            if self.interrupts.stop_reason is None:
+                self.interrupts.wait(delay)
+            ready.append((userdata, 0))
+        events = b"".join(struct.pack("<QHBx4xQH6x", userdata, 0, kind, 0, 0) for userdata, kind in ready)
+        self._memory.write(caller, events, out_ptr)
+        self._memory.write(caller, struct.pack("<I", len(ready)), nevents_ptr)
+        return 0
+
+
+_CLOCKS = {0: time.time_ns, 1: time.monotonic_ns, 2: time.process_time_ns, 3: time.thread_time_ns}
+
+
+def memory_limit_text(limit: int) -> str:
+    return (
+        f"the cell needed more than the sandbox's memory limit of {limit / (1 << 20):,.0f} MiB."
+        " Raise it with --WasmKernel.memory_limit=BYTES."
+    )

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 GUEST_ARGV = ["/usr/local/bin/python.wasm"]
 GUEST_MODULE = "_wasm_kernel"
+GUEST_FILE = "<wasm-kernel>"  # file name of the bootstrap; its frames are hidden from users
 MAX_MESSAGE = 64 << 20  # largest host.call payload we read from the guest
 WASI_EINVAL = 28
 TURN_REFUSED = -1
@@ -71,7 +72,8 @@ class Interrupts:
     """Interrupt and stop requests for the running turn, shared with host-side waits.
 
     A soft interrupt is delivered to the guest as KeyboardInterrupt the next time it waits
-    on the host (sleep, input). A hard stop ends the turn with an epoch trap.
+    on the host (sleep, input). A hard stop ends the turn with an epoch trap. Requests carry
+    the turn they were made for, so a late timer can never stop a later turn.
     """
 
     def __init__(self, engine: wasmtime.Engine):
@@ -79,27 +81,43 @@ class Interrupts:
         self._lock = threading.Lock()
         self._event = threading.Event()
         self._soft = False
+        self._turn = 0
+        self._active = False
         self.stop_reason: str | None = None
 
-    def reset(self) -> None:
+    def begin(self) -> int:
+        """A turn starts; returns its number."""
         with self._lock:
+            self._turn += 1
+            self._active = True
             self._soft, self.stop_reason = False, None
             self._event.clear()
+            return self._turn
 
-    def request_soft(self) -> None:
+    def end(self) -> None:
         with self._lock:
+            self._active = False
+
+    def request_soft(self) -> int | None:
+        """Ask the running turn to raise KeyboardInterrupt; returns its number, None if idle."""
+        with self._lock:
+            if not self._active:
+                return None
             self._soft = True
             self._event.set()
+            return self._turn
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: str, turn: int) -> None:
+        """Stop turn ``turn`` with an epoch trap, if it is still running."""
         with self._lock:
-            if self.stop_reason is None:
-                self.stop_reason = reason
+            if not self._active or turn != self._turn or self.stop_reason is not None:
+                return
+            self.stop_reason = reason
             self._event.set()
-        self._engine.increment_epoch()
+            self._engine.increment_epoch()
 
     def take(self) -> bool:
-        """True (once) if the guest should now raise KeyboardInterrupt."""
+        """True (once per request) if the guest should now raise KeyboardInterrupt."""
         with self._lock:
             if self.stop_reason is not None:
                 return True
@@ -185,7 +203,7 @@ class Sandbox:
         if not self.compiled.runtime.preinitialized:
             exports["_initialize"](store)
         boot = (
-            f"exec(compile({bootstrap_source()!r}, '<wasm-kernel>', 'exec'), "
+            f"exec(compile({bootstrap_source()!r}, {GUEST_FILE!r}, 'exec'), "
             f"__import__('sys').modules.setdefault({GUEST_MODULE!r}, "
             f"__import__('types').ModuleType({GUEST_MODULE!r})).__dict__)"
         )
@@ -242,13 +260,15 @@ class Sandbox:
             store = self._store
             assert store is not None
             self._host = host
-            self.interrupts.reset()
+            turn = self.interrupts.begin()
             self._output.begin(host.stream, limits.output, self._output_notice(limits.output))
             store.set_fuel(limits.fuel)
             store.set_epoch_deadline(1)
             deadline = None
             if limits.seconds:
-                deadline = threading.Timer(limits.seconds, self.interrupts.request_stop, ("time",))
+                deadline = threading.Timer(
+                    limits.seconds, self.interrupts.request_stop, ("time", turn)
+                )
                 deadline.daemon = True
                 deadline.start()
             try:
@@ -264,6 +284,7 @@ class Sandbox:
                     "GuestRefused", "the interpreter refused to run after an earlier failure."
                 )
             finally:
+                self.interrupts.end()
                 if deadline is not None:
                     deadline.cancel()
                 store.set_epoch_deadline(1 << 62)
@@ -279,16 +300,14 @@ class Sandbox:
 
     def interrupt(self) -> None:
         """Jupyter interrupt: KeyboardInterrupt in the cell, or a hard stop after the grace time."""
-        if not self._turn_lock.locked():
+        turn = self.interrupts.request_soft()
+        if turn is None:
             return
-        self.interrupts.request_soft()
-        timer = threading.Timer(self.limits.interrupt_grace, self._escalate)
-        timer.daemon = True
-        timer.start()
-
-    def _escalate(self) -> None:
-        if self._turn_lock.locked() and self.interrupts.stop_reason is None:
-            self.interrupts.request_stop("interrupt")
+        escalate = threading.Timer(
+            self.limits.interrupt_grace, self.interrupts.request_stop, ("interrupt", turn)
+        )
+        escalate.daemon = True
+        escalate.start()
 
     def _explain_trap(self, trap: wasmtime.Trap, limits: Limits) -> CellStopped:
         code = trap.trap_code

@@ -24,6 +24,7 @@ import types
 import _host
 
 CELL_PREFIX = "Cell In["
+BOOTSTRAP_FILE = "<wasm-kernel>"  # the file name the host compiles this module under
 
 MIME_METHODS = {
     "text/html": "_repr_html_",
@@ -40,6 +41,9 @@ MIME_METHODS = {
 
 class StdinNotImplementedError(NotImplementedError):
     """Raised by input() when the Jupyter client does not accept input requests."""
+
+
+StdinNotImplementedError.__module__ = "builtins"  # shown by its bare name, as in IPython
 
 
 def call_host(op, **fields):
@@ -174,20 +178,24 @@ def _ends_with_semicolon(source):
     return last is not None and last.string == ";"
 
 
-def _user_traceback(exc):
-    """Frames from the cell onwards: hides this module's own frames."""
-    tb = exc.__traceback__
-    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith(CELL_PREFIX):
-        tb = tb.tb_next
-    return tb
+def _hide_bootstrap_frames(report, seen):
+    """Drop this module's frames from a traceback report and from its chained causes."""
+    if report is None or id(report) in seen:
+        return
+    seen.add(id(report))
+    report.stack = traceback.StackSummary.from_list(
+        [frame for frame in report.stack if frame.filename != BOOTSTRAP_FILE]
+    )
+    _hide_bootstrap_frames(report.__cause__, seen)
+    _hide_bootstrap_frames(report.__context__, seen)
+    for member in getattr(report, "exceptions", None) or ():
+        _hide_bootstrap_frames(member, seen)
 
 
 def report_error(exc):
-    tb = _user_traceback(exc)
-    if isinstance(exc, SyntaxError):
-        lines = traceback.format_exception_only(type(exc), exc)
-    else:
-        lines = traceback.format_exception(type(exc), exc, tb)
+    report = traceback.TracebackException.from_exception(exc)
+    _hide_bootstrap_frames(report, set())
+    lines = list(report.format())
     call_host(
         "error",
         ename=type(exc).__name__,

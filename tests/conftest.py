@@ -1,0 +1,102 @@
+"""Shared fixtures: real wasm-kernel processes started through jupyter_client over ZMQ.
+
+The kernelspec must be installed (``python -m wasm_kernel install``) and the runtime
+precompiled; the README's test command does both.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.manager import KernelManager
+
+KERNEL_NAME = os.environ.get("WASM_KERNEL_TEST_KERNEL", "wasm-python")
+
+
+@dataclass
+class CellRun:
+    """Everything one execute_request produced: the reply and the iopub messages in order."""
+
+    reply: dict
+    messages: list[dict] = field(default_factory=list)
+    arrival: list[float] = field(default_factory=list)  # seconds after the request was sent
+
+    @property
+    def content(self) -> dict:
+        return self.reply["content"]
+
+    def of_type(self, msg_type: str) -> list[dict]:
+        return [m["content"] for m in self.messages if m["msg_type"] == msg_type]
+
+    def stream_text(self, name: str = "stdout") -> str:
+        return "".join(c["text"] for c in self.of_type("stream") if c["name"] == name)
+
+    def result_text(self) -> str | None:
+        results = self.of_type("execute_result")
+        return results[-1]["data"]["text/plain"] if results else None
+
+
+class Kernel:
+    """A started kernel and its blocking client, with a helper to run a cell to completion."""
+
+    def __init__(self, extra_arguments: list[str] | None = None, env: dict[str, str] | None = None):
+        self.manager = KernelManager(kernel_name=KERNEL_NAME)
+        kwargs: dict[str, Any] = {"extra_arguments": extra_arguments or []}
+        if env is not None:
+            kwargs["env"] = {**os.environ, **env}
+        self.manager.start_kernel(**kwargs)
+        self.client: BlockingKernelClient = self.manager.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=120)
+
+    def execute(self, code: str, timeout: float = 120, **kwargs: Any) -> CellRun:
+        """Run ``code`` and collect iopub messages until the kernel is idle again."""
+        kwargs.setdefault("allow_stdin", False)
+        start = time.monotonic()
+        msg_id = self.client.execute(code, **kwargs)
+        run = CellRun(reply={})
+        idle = False
+        while not idle:
+            msg = self.client.get_iopub_msg(timeout=timeout)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "status":
+                idle = msg["content"]["execution_state"] == "idle"
+                continue
+            run.messages.append(msg)
+            run.arrival.append(time.monotonic() - start)
+        run.reply = self.client.get_shell_msg(timeout=timeout)
+        assert run.reply["parent_header"]["msg_id"] == msg_id
+        return run
+
+    def shutdown(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=False)
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[Kernel]:
+    """One kernel shared by a test module: for tests that leave its state usable."""
+    started = Kernel()
+    yield started
+    started.shutdown()
+
+
+@pytest.fixture
+def start_kernel() -> Iterator[Any]:
+    """Factory for kernels with their own settings; all are shut down after the test."""
+    started: list[Kernel] = []
+
+    def start(extra_arguments: list[str] | None = None, env: dict[str, str] | None = None) -> Kernel:
+        started.append(Kernel(extra_arguments, env))
+        return started[-1]
+
+    yield start
+    for item in started:
+        item.shutdown()

@@ -1,7 +1,8 @@
 """Input history for history_request: one numbered session per kernel, kept in SQLite.
 
 Like IPython's history, sessions persist across kernels (so `jupyter console` can recall
-earlier work) and session 0 / negative numbers mean "this one" / "n sessions back". If the
+earlier work) and session 0 / negative numbers mean "this one" / "n sessions back". Writes use
+SQLite's WAL mode without a sync per cell, which keeps recording off the round trip. If the
 history file cannot be opened (read-only home, locked file) history lives in memory only.
 """
 
@@ -17,6 +18,8 @@ log = logging.getLogger(__name__)
 Entry = tuple[int, int, str]
 
 _SCHEMA = """
+PRAGMA journal_mode = WAL;
+PRAGMA synchronous = NORMAL;
 CREATE TABLE IF NOT EXISTS sessions (session INTEGER PRIMARY KEY AUTOINCREMENT, start TEXT);
 CREATE TABLE IF NOT EXISTS history (
     session INTEGER, line INTEGER, source TEXT, PRIMARY KEY (session, line));

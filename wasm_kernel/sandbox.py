@@ -36,6 +36,7 @@ GUEST_ARGV = ["/usr/local/bin/python.wasm"]
 GUEST_MODULE = "_wasm_kernel"
 GUEST_FILE = "<wasm-kernel>"  # file name of the bootstrap; its frames are hidden from users
 MAX_MESSAGE = 64 << 20  # largest host.call payload we read from the guest
+WASI_EFAULT = 21
 WASI_EINVAL = 28
 TURN_REFUSED = -1
 
@@ -234,7 +235,7 @@ class Sandbox:
         data = source.encode("utf-8", "surrogatepass")
         store = self._store
         pointer = self._alloc(store, len(data))
-        self._memory.write(store, data, pointer)
+        self._write(store, pointer, data)
         return self._turn_func(store, pointer, len(data))
 
     def run_cell(self, source: str, execution_count: int, host: GuestHost) -> None:
@@ -354,18 +355,28 @@ class Sandbox:
             log.exception("dropping guest %s output", name)
         return len(data)
 
+    def _read(self, store: wasmtime.Caller | wasmtime.Store, pointer: int, length: int) -> bytes:
+        """Exactly ``length`` bytes at a guest pointer; wasm i32 values arrive signed."""
+        pointer, length = pointer & 0xFFFFFFFF, length & 0xFFFFFFFF
+        if pointer + length > self._memory.data_len(store):
+            raise IndexError("guest pointer out of bounds")
+        return bytes(self._memory.read(store, pointer, pointer + length))
+
+    def _write(self, store: wasmtime.Caller | wasmtime.Store, pointer: int, data: bytes) -> None:
+        self._memory.write(store, data, pointer & 0xFFFFFFFF)  # raises IndexError out of bounds
+
     def _host_call(self, caller: wasmtime.Caller, ptr: int, length: int,
                    out_ptr: int, out_len_ptr: int) -> int:
         try:
             if not 0 <= length <= MAX_MESSAGE:
                 return -2
-            message = protocol.parse(bytes(self._memory.read(caller, ptr, ptr + length)))
+            message = protocol.parse(self._read(caller, ptr, length))
             reply = self._dispatch(message, length)
             data = json.dumps(reply).encode()
             pointer = self._alloc(caller, len(data))
-            self._memory.write(caller, data, pointer)
-            self._memory.write(caller, struct.pack("<I", pointer), out_ptr)
-            self._memory.write(caller, struct.pack("<I", len(data)), out_len_ptr)
+            self._write(caller, pointer, data)
+            self._write(caller, out_ptr, struct.pack("<I", pointer & 0xFFFFFFFF))
+            self._write(caller, out_len_ptr, struct.pack("<I", len(data)))
             return 0
         except protocol.ProtocolError as exc:
             log.warning("refused a guest message: %s", exc)
@@ -407,7 +418,10 @@ class Sandbox:
         now = _CLOCKS.get(clock_id)
         if now is None:
             return WASI_EINVAL
-        self._memory.write(caller, struct.pack("<Q", now()), out_ptr)
+        try:
+            self._write(caller, out_ptr, struct.pack("<Q", now()))
+        except (IndexError, ValueError, wasmtime.WasmtimeError):
+            return WASI_EFAULT
         return 0
 
     def _poll_oneoff(self, caller: wasmtime.Caller, in_ptr: int, out_ptr: int,
@@ -415,7 +429,14 @@ class Sandbox:
         """WASI poll that an interrupt or stop can wake (wasmtime's own cannot be woken)."""
         if count <= 0 or count > 4096:
             return WASI_EINVAL
-        raw = bytes(self._memory.read(caller, in_ptr, in_ptr + 48 * count))
+        try:
+            return self._poll(caller, in_ptr, out_ptr, count, nevents_ptr)
+        except (IndexError, ValueError, struct.error, wasmtime.WasmtimeError):
+            return WASI_EFAULT
+
+    def _poll(self, caller: wasmtime.Caller, in_ptr: int, out_ptr: int,
+              count: int, nevents_ptr: int) -> int:
+        raw = self._read(caller, in_ptr, 48 * count)
         ready: list[tuple[int, int]] = []  # (userdata, event type)
         timers: list[tuple[float, int]] = []  # (seconds from now, userdata)
         for index in range(count):
@@ -435,8 +456,8 @@ class Sandbox:
                 self.interrupts.wait(delay)
             ready.append((userdata, 0))
         events = b"".join(struct.pack("<QHBx4xQH6x", userdata, 0, kind, 0, 0) for userdata, kind in ready)
-        self._memory.write(caller, events, out_ptr)
-        self._memory.write(caller, struct.pack("<I", len(ready)), nevents_ptr)
+        self._write(caller, out_ptr, events)
+        self._write(caller, nevents_ptr, struct.pack("<I", len(ready)))
         return 0
 
 

@@ -1,0 +1,186 @@
+"""Per-cell limits over jupyter_client: fuel, wall-clock time, memory, output, stack.
+
+Every limit that stops a cell must leave a kernel that answers the next one. Kernels with
+non-default settings are started once per setting; the default one is conftest's ``kernel``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Kernel
+
+from wasm_kernel.kernel import WasmKernel
+
+SMALL_FUEL = 2_000_000_000
+RESTART_NOTICE = "interpreter was restarted"
+
+
+def default_of(trait: str):
+    """A WasmKernel trait's default as the kernel computes it (same environment as ours)."""
+    return WasmKernel._trait_default_generators[trait](None)
+
+
+def assert_answers(kernel: Kernel) -> None:
+    """The kernel runs a fresh cell normally after whatever happened before."""
+    run = kernel.execute("6 * 7")
+    assert run.content["status"] == "ok", run.content
+    assert run.result_text() == "42"
+
+
+def banner_of(kernel: Kernel) -> str:
+    reply = kernel.client.kernel_info(reply=True, timeout=30)
+    return reply["content"]["banner"]
+
+
+@pytest.fixture(scope="module")
+def small_fuel_kernel() -> Iterator[Kernel]:
+    started = Kernel([f"--WasmKernel.fuel={SMALL_FUEL}"])
+    yield started
+    started.shutdown()
+
+
+@pytest.fixture(scope="module")
+def timed_kernel() -> Iterator[Kernel]:
+    started = Kernel(["--WasmKernel.time_limit=2"])
+    yield started
+    started.shutdown()
+
+
+def assert_fuel_exhausted(kernel: Kernel, fuel: int) -> None:
+    run = kernel.execute("while True: pass")
+    content = run.content
+    assert content["status"] == "error"
+    assert content["ename"] == "FuelExhausted"
+    assert f"{fuel:,}" in content["evalue"]
+    assert "WasmKernel.fuel" in content["evalue"]
+    assert RESTART_NOTICE in content["evalue"]
+    assert [e["ename"] for e in run.of_type("error")] == ["FuelExhausted"]
+
+
+def test_fuel_exhaustion_stops_the_cell_and_says_how_to_raise_it(small_fuel_kernel: Kernel) -> None:
+    assert_fuel_exhausted(small_fuel_kernel, SMALL_FUEL)
+    assert_answers(small_fuel_kernel)
+
+
+def test_fuel_exhaustion_restarts_the_interpreter(small_fuel_kernel: Kernel) -> None:
+    """The message says state is gone; check that it really is (a trap cannot keep it)."""
+    assert small_fuel_kernel.execute("before_fuel = 1").content["status"] == "ok"
+    assert small_fuel_kernel.execute("while True: pass").content["ename"] == "FuelExhausted"
+    after = small_fuel_kernel.execute("before_fuel")
+    assert after.content["status"] == "error"
+    assert after.content["ename"] == "NameError"
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["import time\nwhile True: time.sleep(0.1)", "while True: pass"],
+    ids=["sleeping", "busy"],
+)
+def test_time_limit_stops_the_cell(timed_kernel: Kernel, code: str) -> None:
+    start = time.monotonic()
+    run = timed_kernel.execute(code, timeout=60)
+    elapsed = time.monotonic() - start
+    content = run.content
+    assert content["status"] == "error"
+    assert content["ename"] == "TimeLimitExceeded"
+    assert "time_limit" in content["evalue"]
+    assert RESTART_NOTICE in content["evalue"]
+    assert 1.9 <= elapsed < 10, f"a 2 s limit stopped the cell after {elapsed:.1f} s"
+    assert_answers(timed_kernel)
+
+
+def test_time_limit_does_not_stop_a_short_cell(timed_kernel: Kernel) -> None:
+    """A cell well under the limit finishes, output and all."""
+    run = timed_kernel.execute("import time\ntime.sleep(0.5)\nprint('done')")
+    assert run.content["status"] == "ok"
+    assert run.stream_text() == "done\n"
+
+
+def test_memory_bomb_raises_memory_limit_and_keeps_state(start_kernel) -> None:
+    """Running out of memory is a MemoryError inside Python: earlier variables survive."""
+    kernel = start_kernel(["--WasmKernel.memory_limit=268435456"])
+    assert kernel.execute("kept_before_bomb = 'still here'").content["status"] == "ok"
+    run = kernel.execute("x = [bytearray(10**6) for _ in range(1000)]")
+    content = run.content
+    assert content["status"] == "error"
+    assert content["ename"] == "MemoryLimitExceeded"
+    assert "256 MiB" in content["evalue"]
+    assert "memory_limit" in content["evalue"]
+    assert_answers(kernel)
+    kept = kernel.execute("kept_before_bomb")
+    assert kept.content["status"] == "ok"
+    assert kept.result_text() == "'still here'"
+    freed = kernel.execute("y = bytearray(100 * 10**6); len(y)")
+    assert freed.content["status"] == "ok", "memory of the failed cell was not given back"
+    assert freed.result_text() == str(100 * 10**6)
+
+
+def test_huge_print_is_cut_at_the_output_limit(kernel: Kernel) -> None:
+    limit = default_of("output_limit")
+    run = kernel.execute("print('x' * (100 * 1024 * 1024))")
+    assert run.content["status"] == "ok"
+    stdout = run.stream_text("stdout")
+    assert 0 < len(stdout.encode()) <= limit
+    assert set(stdout) <= {"x", "\n"}
+    assert "output limit" in run.stream_text("stderr")
+    assert f"{limit:,}" in run.stream_text("stderr")
+    assert_answers(kernel)
+
+
+def test_small_output_limit_cuts_a_printing_loop(start_kernel) -> None:
+    kernel = start_kernel(["--WasmKernel.output_limit=1000"])
+    run = kernel.execute("for i in range(10000):\n    print(i)")
+    assert run.content["status"] == "ok"
+    stdout = run.stream_text("stdout")
+    assert 0 < len(stdout.encode()) <= 1000
+    assert stdout.startswith("0\n1\n2\n")
+    assert "9999" not in stdout
+    notice = run.stream_text("stderr")
+    assert "output limit" in notice
+    assert notice.count("output limit") == 1
+    assert_answers(kernel)
+    small = kernel.execute("print('fits')")
+    assert small.stream_text() == "fits\n", "the budget is per cell, not per kernel"
+    assert "output limit" not in small.stream_text("stderr")
+
+
+def test_fuel_set_by_environment_variable(start_kernel) -> None:
+    fuel = 1_800_000_000
+    kernel = start_kernel(env={"WASM_KERNEL_FUEL": str(fuel)})
+    assert f"fuel {fuel:,}" in banner_of(kernel)
+    assert_fuel_exhausted(kernel, fuel)
+    assert_answers(kernel)
+
+
+def test_limits_set_by_config_file(start_kernel, tmp_path: Path) -> None:
+    """jupyter_wasm_kernel_config.py in JUPYTER_CONFIG_DIR is read by the kernel."""
+    fuel = 1_600_000_000
+    (tmp_path / "jupyter_wasm_kernel_config.py").write_text(
+        f"c.WasmKernel.fuel = {fuel}\nc.WasmKernel.time_limit = 37\n"
+    )
+    kernel = start_kernel(env={"JUPYTER_CONFIG_DIR": str(tmp_path)})
+    banner = banner_of(kernel)
+    assert f"fuel {fuel:,}" in banner
+    assert "time 37 s" in banner
+    assert_fuel_exhausted(kernel, fuel)
+    assert_answers(kernel)
+
+
+def test_command_line_overrides_environment(start_kernel) -> None:
+    """The environment variable is only a default: an explicit --WasmKernel.fuel wins."""
+    kernel = start_kernel(
+        [f"--WasmKernel.fuel={SMALL_FUEL}"], env={"WASM_KERNEL_FUEL": "1700000000"}
+    )
+    assert f"fuel {SMALL_FUEL:,}" in banner_of(kernel)
+
+
+def test_deep_recursion_is_stopped_and_kernel_answers(kernel: Kernel) -> None:
+    run = kernel.execute("def f(n): return f(n+1)\nf(0)")
+    content = run.content
+    assert content["status"] == "error"
+    assert content["ename"] in ("RecursionError", "StackOverflow")
+    assert_answers(kernel)

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import tempfile
 import zipfile
@@ -36,6 +37,7 @@ import wasmtime
 from .runtime import Runtime, sha256_file, verify
 
 CACHE_DIR_ENV = "WASM_KERNEL_CACHE_DIR"
+KEY_CHARS = 24  # hex digits of the cache key in an entry's folder name
 
 #: Engine settings the compiled code depends on. Changing any of them changes the cache key.
 ENGINE_SETTINGS: dict[str, object] = {
@@ -85,6 +87,11 @@ class CompiledRuntime:
     lib_dir: Path  # holds the stdlib zip under its guest file name
     mpl_data_dir: Path
 
+    def close(self) -> None:
+        """Free the native code now rather than in a finalizer during interpreter exit."""
+        self.module.close()
+        self.engine.close()
+
 
 class CorruptEntry(Exception):
     pass
@@ -101,7 +108,7 @@ class RuntimeCache:
         self.engine = engine or make_engine()
 
     def entry_dir(self, runtime: Runtime) -> Path:
-        return self.directory / f"{runtime.name}-{cache_key(runtime)[:24]}"
+        return self.directory / f"{runtime.name}-{cache_key(runtime)[:KEY_CHARS]}"
 
     def _stdlib_name(self, runtime: Runtime) -> str:
         return runtime.stdlib_guest_path.rsplit("/", 1)[1]
@@ -115,9 +122,9 @@ class RuntimeCache:
     def lookup(self, runtime: Runtime) -> CompiledRuntime | None:
         """Load the entry for ``runtime`` if present and sound; drop it if it is damaged."""
         entry = self.entry_dir(runtime)
-        if not (entry / self.RECORD).exists():
-            return None
         try:
+            if not (entry / self.RECORD).exists():
+                return None
             self._check(entry, runtime)
             module = wasmtime.Module.deserialize_file(self.engine, str(entry / self.MODULE))
         except (CorruptEntry, OSError, ValueError, wasmtime.WasmtimeError):
@@ -177,6 +184,9 @@ class RuntimeCache:
         final = self.entry_dir(runtime)
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=self.directory))
         try:
+            # mkdtemp's folder is private; an entry must be readable by every user of a
+            # shared or pre-baked cache.
+            staging.chmod(0o755)
             with progress("verifying runtime files"):
                 verify(runtime.module)
                 verify(runtime.stdlib)
@@ -216,6 +226,7 @@ class RuntimeCache:
     def _prune_stale(self, runtime: Runtime) -> None:
         """Remove entries of this runtime built for another wasmtime or engine setting."""
         keep = self.entry_dir(runtime).name
-        for path in self.directory.glob(f"{runtime.name}-*"):
-            if path.is_dir() and path.name != keep:
+        own_entry = re.compile(re.escape(runtime.name) + f"-[0-9a-f]{{{KEY_CHARS}}}")
+        for path in self.directory.iterdir():
+            if path.is_dir() and path.name != keep and own_entry.fullmatch(path.name):
                 self._discard(path)

@@ -277,7 +277,9 @@ class WasmKernel(Kernel):
 
     async def do_shutdown(self, restart: bool) -> dict:  # type: ignore[override]
         if self._boot.done() and not self._boot.exception():
-            self._boot.result().close()
+            sandbox = self._boot.result()
+            sandbox.close()
+            sandbox.compiled.close()
         self._worker.shutdown(wait=False, cancel_futures=True)
         self.history.close()
         return {"status": "ok", "restart": restart}

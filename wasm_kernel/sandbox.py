@@ -12,6 +12,7 @@ cannot take further turns, so the sandbox starts a fresh one and raises ``CellSt
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import shutil
@@ -19,7 +20,9 @@ import struct
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Protocol
@@ -108,9 +111,10 @@ class Interrupts:
             self._event.set()
             return self._turn
 
-    def request_stop(self, reason: str, turn: int) -> None:
-        """Stop turn ``turn`` with an epoch trap, if it is still running."""
+    def request_stop(self, reason: str, turn: int | None = None) -> None:
+        """Stop turn ``turn`` (default: whichever runs) with an epoch trap, if it still runs."""
         with self._lock:
+            turn = self._turn if turn is None else turn
             if not self._active or turn != self._turn or self.stop_reason is not None:
                 return
             self.stop_reason = reason
@@ -133,6 +137,50 @@ class Interrupts:
         self._event.wait(timeout)
 
 
+class Watchdog:
+    """Runs callbacks at deadlines on one thread (a Timer thread per cell costs a thread start)."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition()
+        self._jobs: dict[int, tuple[float, Callable[[], None]]] = {}
+        self._tokens = itertools.count()
+        self._closed = False
+        threading.Thread(target=self._run, name="wasm-kernel-watchdog", daemon=True).start()
+
+    def arm(self, seconds: float, callback: Callable[[], None]) -> int:
+        with self._ready:
+            token = next(self._tokens)
+            self._jobs[token] = (time.monotonic() + seconds, callback)
+            self._ready.notify()
+            return token
+
+    def disarm(self, token: int) -> None:
+        with self._ready:
+            self._jobs.pop(token, None)
+
+    def close(self) -> None:
+        with self._ready:
+            self._closed = True
+            self._ready.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._closed:
+                    if not self._jobs:
+                        self._ready.wait()
+                        continue
+                    token, (due, callback) = min(self._jobs.items(), key=lambda job: job[1][0])
+                    delay = due - time.monotonic()
+                    if delay <= 0:
+                        del self._jobs[token]
+                        break
+                    self._ready.wait(delay)
+                else:
+                    return
+            callback()
+
+
 def bootstrap_source() -> str:
     return (resources.files("wasm_kernel") / "guest" / "bootstrap.py").read_text()
 
@@ -142,12 +190,14 @@ class Sandbox:
         self.compiled = compiled
         self.limits = limits
         self.interrupts = Interrupts(compiled.engine)
+        self._watchdog = Watchdog()
         self._output = OutputPump()
         self._turn_lock = threading.Lock()
         self._tmp = Path(tempfile.mkdtemp(prefix="wasm-kernel-tmp-"))
         self._host: GuestHost | None = None
         self._reply: dict | None = None
         self._store: wasmtime.Store | None = None
+        self._closing = False
         self._start_interpreter()
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -219,11 +269,16 @@ class Sandbox:
         self._start_interpreter()
 
     def close(self) -> None:
-        self._output.close()
-        if self._store is not None:
-            self._store.close()
-            self._store = None
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        """Stop any running turn, then free the interpreter and its private /tmp."""
+        self._closing = True
+        self.interrupts.request_stop("shutdown")
+        with self._turn_lock:
+            self._output.close()
+            self._watchdog.close()
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+            shutil.rmtree(self._tmp, ignore_errors=True)
 
     def memory_bytes(self) -> int:
         assert self._store is not None
@@ -267,11 +322,9 @@ class Sandbox:
             store.set_epoch_deadline(1)
             deadline = None
             if limits.seconds:
-                deadline = threading.Timer(
-                    limits.seconds, self.interrupts.request_stop, ("time", turn)
+                deadline = self._watchdog.arm(
+                    limits.seconds, partial(self.interrupts.request_stop, "time", turn)
                 )
-                deadline.daemon = True
-                deadline.start()
             try:
                 status = self._call_turn(source)
             except wasmtime.ExitTrap as exit_trap:
@@ -287,12 +340,13 @@ class Sandbox:
             finally:
                 self.interrupts.end()
                 if deadline is not None:
-                    deadline.cancel()
+                    self._watchdog.disarm(deadline)
                 store.set_epoch_deadline(1 << 62)
                 self._output.end()
                 self._host = None
             if stopped is not None:
-                self.restart()
+                if not self._closing:
+                    self.restart()
                 stopped.evalue += (
                     " The interpreter was restarted: variables, imports and objects from"
                     " earlier cells are gone."
@@ -304,11 +358,9 @@ class Sandbox:
         turn = self.interrupts.request_soft()
         if turn is None:
             return
-        escalate = threading.Timer(
-            self.limits.interrupt_grace, self.interrupts.request_stop, ("interrupt", turn)
+        self._watchdog.arm(
+            self.limits.interrupt_grace, partial(self.interrupts.request_stop, "interrupt", turn)
         )
-        escalate.daemon = True
-        escalate.start()
 
     def _explain_trap(self, trap: wasmtime.Trap, limits: Limits) -> CellStopped:
         code = trap.trap_code

@@ -17,7 +17,6 @@ import linecache
 import pprint
 import sys
 import time
-import tokenize
 import traceback
 import types
 
@@ -165,17 +164,12 @@ def displayhook(value):
 # -- running cells --------------------------------------------------------------------------
 
 
-def _ends_with_semicolon(source):
-    """True when the last meaningful token of the cell is ';' (IPython's output suppression)."""
-    last = None
-    try:
-        for token in tokenize.generate_tokens(iter(source.splitlines(True)).__next__):
-            if token.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE,
-                                  tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER):
-                last = token
-    except (tokenize.TokenError, SyntaxError):
-        return False
-    return last is not None and last.string == ";"
+def _ends_with_semicolon(source, node):
+    """True when ';' follows the cell's last expression (IPython's output suppression)."""
+    lines = source.splitlines(True)
+    tail = lines[node.end_lineno - 1].encode()[node.end_col_offset:].decode(errors="replace")
+    rest = "".join([tail, *lines[node.end_lineno:]]).lstrip()
+    return rest.startswith(";")
 
 
 def _hide_bootstrap_frames(report, seen):
@@ -208,7 +202,10 @@ def _compile_cell(source, filename):
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     tree = compile(source, filename, "exec", ast.PyCF_ONLY_AST | flags)
     body = tree.body
-    show_last = bool(body) and isinstance(body[-1], ast.Expr) and not _ends_with_semicolon(source)
+    show_last = (
+        bool(body) and isinstance(body[-1], ast.Expr)
+        and not _ends_with_semicolon(source, body[-1])
+    )
     units = []
     if show_last:
         head = ast.Module(body=body[:-1], type_ignores=[])

@@ -1,0 +1,236 @@
+"""Jupyter interrupts while a cell runs: sleeping, waiting for input, catching it, busy loops.
+
+The interrupt is sent from a timer thread only after the cell has shown it is running (a
+marker on stdout, or its input_request), so it can never hit an idle kernel by accident.
+Both ways Jupyter delivers it are covered: SIGINT (the kernelspec's signal mode) and
+interrupt_request on the control channel (message mode).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+from conftest import KERNEL_NAME, Kernel
+from jupyter_client.manager import KernelManager
+
+from wasm_kernel.kernel import WasmKernel
+
+MARKER = "cell-is-running"
+TRIGGER_DELAY = 0.2  # seconds between seeing the cell run and interrupting it
+SOFT_BOUND = 3.0  # generous: a soft interrupt ends a sleep or input() almost at once
+
+
+def default_of(trait: str):
+    """A WasmKernel trait's default as the kernel computes it (same environment as ours)."""
+    return WasmKernel._trait_default_generators[trait](None)
+
+
+@dataclass
+class Interrupted:
+    """One cell that was interrupted while running."""
+
+    reply: dict
+    messages: list[dict] = field(default_factory=list)
+    interrupted_at: float | None = None  # monotonic time the interrupt was sent
+    replied_at: float = 0.0
+
+    @property
+    def content(self) -> dict:
+        return self.reply["content"]
+
+    @property
+    def stop_delay(self) -> float:
+        assert self.interrupted_at is not None, "the interrupt was never sent"
+        return self.replied_at - self.interrupted_at
+
+    def stdout(self) -> str:
+        return "".join(
+            m["content"]["text"] for m in self.messages
+            if m["msg_type"] == "stream" and m["content"]["name"] == "stdout"
+        )
+
+
+def run_and_interrupt(
+    kernel, code: str, interrupt: Callable[[], object], allow_stdin: bool = False,
+    timeout: float = 60,
+) -> Interrupted:
+    """Run ``code``; once it is running (MARKER printed or input requested), interrupt it.
+
+    Our own message loop: the cell must not wait for idle before we can see its
+    input_request, and the stdin channel is watched alongside iopub.
+    """
+    client = kernel.client
+    msg_id = client.execute(code, allow_stdin=allow_stdin)
+    result = Interrupted(reply={})
+    timer: threading.Timer | None = None
+
+    def send_interrupt() -> None:
+        result.interrupted_at = time.monotonic()
+        interrupt()
+
+    def arm() -> None:
+        nonlocal timer
+        if timer is None:
+            timer = threading.Timer(TRIGGER_DELAY, send_interrupt)
+            timer.start()
+
+    deadline = time.monotonic() + timeout
+    idle = False
+    try:
+        while not idle:
+            assert time.monotonic() < deadline, "the interrupted cell never finished"
+            if allow_stdin:
+                try:
+                    request = client.get_stdin_msg(timeout=0.01)
+                except queue.Empty:
+                    pass
+                else:
+                    if request["msg_type"] == "input_request":
+                        arm()  # and never answer it
+            try:
+                msg = client.get_iopub_msg(timeout=0.05)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "status":
+                idle = msg["content"]["execution_state"] == "idle"
+                continue
+            result.messages.append(msg)
+            if msg["msg_type"] == "stream" and MARKER in msg["content"]["text"]:
+                arm()
+        result.reply = client.get_shell_msg(timeout=timeout)
+        result.replied_at = time.monotonic()
+    finally:
+        if timer is not None:
+            timer.join()
+    assert result.reply["parent_header"]["msg_id"] == msg_id
+    return result
+
+
+def assert_answers(kernel) -> None:
+    run = kernel.execute("6 * 7")
+    assert run.content["status"] == "ok", run.content
+    assert run.result_text() == "42"
+
+
+SLEEP_CELL = f"import time\nprint({MARKER!r})\ntime.sleep(60)\nprint('slept through')"
+
+
+def test_interrupt_ends_sleep_and_keeps_state(kernel: Kernel) -> None:
+    assert kernel.execute("kept = 'before the interrupt'").content["status"] == "ok"
+    run = run_and_interrupt(kernel, SLEEP_CELL, kernel.manager.interrupt_kernel)
+    assert run.content["status"] == "error"
+    assert run.content["ename"] == "KeyboardInterrupt"
+    assert run.stop_delay < SOFT_BOUND
+    assert "slept through" not in run.stdout()
+    kept = kernel.execute("kept")
+    assert kept.content["status"] == "ok"
+    assert kept.result_text() == "'before the interrupt'"
+    assert_answers(kernel)
+
+
+def test_user_code_can_catch_the_interrupt(kernel: Kernel) -> None:
+    code = (
+        f"import time\nprint({MARKER!r})\n"
+        "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('caught')\n"
+        "print('after')"
+    )
+    run = run_and_interrupt(kernel, code, kernel.manager.interrupt_kernel)
+    assert run.content["status"] == "ok", run.content
+    assert run.stdout().endswith("caught\nafter\n")
+    assert run.stop_delay < SOFT_BOUND
+    assert_answers(kernel)
+
+
+def test_interrupt_ends_a_pending_input(kernel: Kernel) -> None:
+    assert kernel.execute("kept_input = 'x'").content["status"] == "ok"
+    run = run_and_interrupt(
+        kernel, "answer = input('never answered: ')", kernel.manager.interrupt_kernel,
+        allow_stdin=True,
+    )
+    assert run.content["status"] == "error"
+    assert run.content["ename"] == "KeyboardInterrupt"
+    assert run.stop_delay < SOFT_BOUND
+    state = kernel.execute("kept_input, 'answer' in dir()")
+    assert state.result_text() == "('x', False)"
+    assert_answers(kernel)
+
+
+def test_interrupt_stops_a_busy_loop_hard_after_the_grace_period(kernel: Kernel) -> None:
+    """Pure-Python loops never wait on the host, so only the hard stop can end them."""
+    grace = default_of("interrupt_grace")
+    code = f"print({MARKER!r})\nwhile True:\n    pass"
+    run = run_and_interrupt(kernel, code, kernel.manager.interrupt_kernel)
+    content = run.content
+    assert content["status"] == "error"
+    assert content["ename"] == "KeyboardInterrupt"
+    assert "stopped hard" in content["evalue"]
+    assert "interpreter was restarted" in content["evalue"]
+    assert grace * 0.9 <= run.stop_delay < grace + 6
+    assert_answers(kernel)
+
+
+class MessageModeKernel:
+    """A kernel whose manager interrupts with interrupt_request instead of SIGINT."""
+
+    def __init__(self) -> None:
+        self.manager = KernelManager(kernel_name=KERNEL_NAME)
+        assert self.manager.kernel_spec is not None
+        self.manager.kernel_spec.interrupt_mode = "message"
+        self.manager.start_kernel()
+        self.client = self.manager.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=120)
+
+    execute = Kernel.execute
+
+    def shutdown(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=False)
+
+
+@pytest.fixture(scope="module")
+def message_mode_kernel() -> Iterator[MessageModeKernel]:
+    started = MessageModeKernel()
+    yield started
+    started.shutdown()
+
+
+def test_message_mode_interrupt_ends_sleep(message_mode_kernel: MessageModeKernel) -> None:
+    kernel = message_mode_kernel
+    assert kernel.manager.kernel_spec.interrupt_mode == "message"
+    assert kernel.execute("kept = 1").content["status"] == "ok"
+    run = run_and_interrupt(kernel, SLEEP_CELL, kernel.manager.interrupt_kernel)
+    assert run.content["status"] == "error"
+    assert run.content["ename"] == "KeyboardInterrupt"
+    assert run.stop_delay < SOFT_BOUND
+    assert kernel.execute("kept").result_text() == "1"
+    assert_answers(kernel)
+
+
+def test_interrupt_request_from_the_client_is_acknowledged(
+    message_mode_kernel: MessageModeKernel,
+) -> None:
+    """A client's own interrupt_request gets an ok interrupt_reply and stops the sleep."""
+    kernel = message_mode_kernel
+    sent: list[str] = []
+
+    def request_interrupt() -> None:
+        message = kernel.client.session.msg("interrupt_request", {})
+        sent.append(message["header"]["msg_id"])
+        kernel.client.control_channel.send(message)
+
+    run = run_and_interrupt(kernel, SLEEP_CELL, request_interrupt)
+    assert run.content["ename"] == "KeyboardInterrupt"
+    assert run.stop_delay < SOFT_BOUND
+    reply = kernel.client.get_control_msg(timeout=10)
+    assert reply["msg_type"] == "interrupt_reply"
+    assert reply["parent_header"]["msg_id"] == sent[0]
+    assert reply["content"]["status"] == "ok"
+    assert_answers(kernel)

@@ -1,22 +1,26 @@
 """What a Jupyter user expects of a Python kernel, checked over ZMQ through jupyter_client.
 
-Tests that leave the interpreter usable share the module's ``kernel``; tests that restart,
-shut down or need their own history file start their own through ``start_kernel``.
+Tests that leave the interpreter usable share the module's ``kernel``. Tests that need a
+fresh interpreter or restart one use ``start_kernel``; the history tests get a kernel with a
+private history file, and the shutdown test owns its KernelManager outright, since it ends
+the kernel itself.
 """
 
 from __future__ import annotations
 
 import ast
 import base64
+import subprocess
 import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from jupyter_client.manager import KernelManager
 
 import wasm_kernel
-from conftest import CellRun, Kernel
+from conftest import KERNEL_NAME, CellRun, Kernel
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 HOST_PATHS = [str(Path(wasm_kernel.__file__).resolve().parent), sys.prefix, str(Path.home())]
@@ -119,12 +123,12 @@ def test_last_value_is_available_as_underscore(kernel: Kernel) -> None:
 
 def test_stream_output_is_live(kernel: Kernel) -> None:
     """Output flushed before a long step must reach the notebook before the step ends."""
-    run = ok(kernel.execute("print('first', flush=True); import time; time.sleep(1); print('second')"))
+    code = "print('first', flush=True); import time; time.sleep(1); print('second')"
+    run = ok(kernel.execute(code))
     streams = [
-        (text, at)
+        (msg["content"]["text"], at)
         for msg, at in zip(run.messages, run.arrival)
         if msg["msg_type"] == "stream"
-        for text in [msg["content"]["text"]]
     ]
     first_at = next(at for text, at in streams if "first" in text)
     second_at = next(at for text, at in streams if "second" in text)
@@ -257,8 +261,8 @@ def test_traceback_spans_cells(kernel: Kernel) -> None:
     text = "\n".join(error["traceback"])
     assert "ratio(1, 0)" in text
     assert "return a / b" in text
-    assert f"[{definition.content['execution_count']}]" in text
-    assert f"[{run.content['execution_count']}]" in text
+    assert f"In[{definition.content['execution_count']}]" in text
+    assert f"In[{run.content['execution_count']}]" in text
     assert_no_kernel_frames(error["traceback"])
 
 
@@ -291,7 +295,9 @@ def test_display_handle_update_reuses_display_id(kernel: Kernel) -> None:
 
 
 def test_clear_output_message(kernel: Kernel) -> None:
-    run = ok(kernel.execute("import _wasm_kernel\nprint('gone')\n_wasm_kernel.clear_output(wait=True)"))
+    run = ok(kernel.execute(
+        "import _wasm_kernel\nprint('gone')\n_wasm_kernel.clear_output(wait=True)"
+    ))
     assert run.of_type("clear_output") == [{"wait": True}]
 
 
@@ -467,7 +473,7 @@ def test_history_search_glob(history_kernel: Any) -> None:
     assert [entry[2] for entry in reply["content"]["history"]] == [cells[0], cells[2]]
 
 
-# -- kernel information -----------------------------------------------------------------------------
+# -- kernel information ---------------------------------------------------------------------------
 
 
 def test_comm_info(kernel: Kernel) -> None:
@@ -590,17 +596,34 @@ def test_restart_gives_fresh_interpreter(start_kernel: Any) -> None:
     assert plain(ok(own.execute("21 * 2"))) == 42
 
 
-def test_shutdown_request_stops_the_kernel(start_kernel: Any) -> None:
-    import time
+@pytest.mark.parametrize("attempt", range(3))
+def test_shutdown_request_ends_the_process_gracefully(attempt: int) -> None:
+    """After shutdown_reply the kernel must exit by itself within jupyter_client's grace period.
 
-    own = start_kernel()
-    ok(own.execute("1"))
-    msg_id = own.client.shutdown()
-    reply = own.client.get_control_msg(timeout=30)
-    assert reply["parent_header"]["msg_id"] == msg_id
-    assert reply["content"]["status"] == "ok"
-    assert reply["content"]["restart"] is False
-    deadline = time.monotonic() + 30
-    while own.manager.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not own.manager.is_alive()
+    Jupyter waits ``shutdown_wait_time`` and then terminates the process; a kernel that needs
+    that is not shutting down cleanly. Repeated because a race at exit shows only sometimes.
+    """
+    manager = KernelManager(kernel_name=KERNEL_NAME)
+    manager.start_kernel()
+    client = manager.client()
+    process = manager.provisioner.process
+    try:
+        client.start_channels()
+        client.wait_for_ready(timeout=120)
+        assert client.execute_interactive("1", timeout=60, output_hook=lambda _: None)[
+            "content"]["status"] == "ok"
+        msg_id = client.shutdown()
+        reply = client.get_control_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        assert reply["content"] == {"status": "ok", "restart": False}
+        try:
+            exit_code = process.wait(timeout=manager.shutdown_wait_time)
+        except subprocess.TimeoutExpired:
+            exit_code = None
+        assert exit_code == 0, "the kernel did not exit by itself after shutdown_reply"
+    finally:
+        client.stop_channels()
+        if process.poll() is None:
+            manager.shutdown_kernel(now=True)
+        else:
+            manager.cleanup_resources()

@@ -18,6 +18,18 @@ class WasmKernelApp(IPKernelApp):
     classes = [*IPKernelApp.classes, WasmKernel]
     kernel_class = Type(WasmKernel, klass="ipykernel.kernelbase.Kernel").tag(config=True)
 
+    def start(self) -> None:
+        """Run the kernel; once its loop ends, let the control thread finish first.
+
+        After a shutdown_request the control thread still flushes stdout through the iopub
+        thread. At exit ipykernel stops the iopub thread before joining the control thread,
+        so a late flush would wait out its 10 s timeout (or block): join it while iopub runs.
+        """
+        super().start()
+        if self.control_thread and self.control_thread.is_alive():
+            self.control_thread.stop()
+            self.control_thread.join()
+
     def load_config_file(self, suppress_errors: object = None) -> None:
         """Read ``jupyter_wasm_kernel_config.py`` from the Jupyter config path, not IPython's."""
         Application.load_config_file(self, CONFIG_FILE, path=[".", *jupyter_config_path()])

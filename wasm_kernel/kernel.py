@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -138,6 +139,15 @@ class WasmKernel(Kernel):
         return await boot
 
     @property
+    def kernel_info(self) -> dict[str, Any]:  # type: ignore[override]
+        """ipykernel offers its debugger whenever debugpy is installed; the guest has none."""
+        info = super().kernel_info
+        info["supported_features"] = [
+            feature for feature in info["supported_features"] if feature != "debugger"
+        ]
+        return info
+
+    @property
     def language_info(self) -> dict[str, Any]:  # type: ignore[override]
         return {
             "name": "python",
@@ -211,9 +221,15 @@ class WasmKernel(Kernel):
             return {}
 
     # Jupyter interrupts (signal mode, or interrupt_request, which ipykernel turns into a
-    # SIGINT to this process) reach the sandbox while a handler runs.
+    # SIGINT to this process) reach the sandbox while a handler runs. Signal handlers can
+    # only be set on the main thread; subshell handlers run elsewhere and keep the main one's.
     def pre_handler_hook(self) -> None:
-        self.saved_sigint_handler = signal.signal(signal.SIGINT, self._on_sigint)
+        if threading.current_thread() is threading.main_thread():
+            self.saved_sigint_handler = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def post_handler_hook(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self.saved_sigint_handler)
 
     def _on_sigint(self, _signum: int, _frame: Any) -> None:
         if self._boot.done() and not self._boot.exception():

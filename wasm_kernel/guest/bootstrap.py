@@ -15,6 +15,7 @@ import json
 import keyword
 import linecache
 import pprint
+import re
 import sys
 import time
 import traceback
@@ -321,10 +322,54 @@ def _token_bounds(code, cursor, allow_after):
     return start, end
 
 
+_IMPORT_MODULE = re.compile(r"\s*(?:import|from)\s+([\w.]*)$")
+_FROM_IMPORT = re.compile(r"\s*from\s+([\w.]+)\s+import\s+(?:[\w\s,]*,\s*)?(\w*)$")
+
+
+def _submodules(package_name):
+    """Names of the modules inside a package (or top-level modules for ``""``)."""
+    import importlib
+    import pkgutil
+
+    if not package_name:
+        names = {info.name for info in pkgutil.iter_modules()}
+        return names | {name.partition(".")[0] for name in sys.builtin_module_names}
+    package = importlib.import_module(package_name)
+    names = {info.name for info in pkgutil.iter_modules(getattr(package, "__path__", []))}
+    prefix = package_name + "."
+    names |= {name[len(prefix):].partition(".")[0]
+              for name in sys.builtin_module_names if name.startswith(prefix)}
+    return names
+
+
+def _import_candidates(line):
+    """Completions after ``import`` / ``from``: module names, or a module's names."""
+    if match := _FROM_IMPORT.match(line):
+        module, prefix = match.groups()
+        try:
+            import importlib
+
+            names = set(dir(importlib.import_module(module))) | _submodules(module)
+        except Exception:
+            names = set()
+        return prefix, names
+    if match := _IMPORT_MODULE.match(line):
+        parent, _, prefix = match.group(1).rpartition(".")
+        try:
+            return prefix, _submodules(parent)
+        except Exception:
+            return prefix, set()
+    return None
+
+
 def complete(code, cursor):
     start, _ = _token_bounds(code, cursor, allow_after=False)
     token = code[start:cursor]
-    if "." in token:
+    line = code[:cursor].rpartition("\n")[2]
+    if (imports := _import_candidates(line)) is not None:
+        prefix, candidates = imports
+        start = cursor - len(prefix)
+    elif "." in token:
         base, _, prefix = token.rpartition(".")
         try:
             candidates = dir(_resolve(base))

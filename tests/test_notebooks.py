@@ -1,0 +1,44 @@
+"""Every notebook shipped in ``notebooks/`` must run top to bottom on the wasm-python kernel."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+KERNEL_NAME = os.environ.get("WASM_KERNEL_TEST_KERNEL", "wasm-python")
+NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+
+
+def test_there_are_notebooks() -> None:
+    """An empty folder would make the parametrized test below silently vanish."""
+    assert NOTEBOOKS, f"no notebooks found in {NOTEBOOK_DIR}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs_without_errors(path: Path) -> None:
+    notebook = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        notebook,
+        kernel_name=KERNEL_NAME,
+        timeout=600,
+        startup_timeout=120,
+        allow_errors=False,  # a cell error raises, except in cells tagged raises-exception
+        resources={"metadata": {"path": str(path.parent)}},
+    )
+    client.execute()
+    code_cells = [c for c in notebook.cells if c.cell_type == "code" and c.source.strip()]
+    assert code_cells, f"{path.name} has no code to run"
+    assert all(cell.execution_count is not None for cell in code_cells)
+    unexpected = [
+        output
+        for cell in code_cells
+        if "raises-exception" not in cell.metadata.get("tags", [])
+        for output in cell.outputs
+        if output.output_type == "error"
+    ]
+    assert unexpected == []

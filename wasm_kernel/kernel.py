@@ -31,10 +31,20 @@ ENV_PREFIX = "WASM_KERNEL_"
 INPUT_POLL = 0.05  # seconds between checks for an input_reply or an interrupt
 
 
-def _from_env(trait: str, cast: type, fallback: Any) -> Any:
-    """Default of a trait: ``WASM_KERNEL_<TRAIT>`` from the kernel's environment, else fallback."""
-    raw = os.environ.get(ENV_PREFIX + trait.upper())
-    return fallback if raw is None else cast(raw)
+def _env_default(trait: str, fallback: Any) -> Any:
+    """A trait default read from ``WASM_KERNEL_<TRAIT>`` in the environment, else ``fallback``."""
+
+    def read(_self: Any) -> Any:
+        variable = ENV_PREFIX + trait.upper()
+        raw = os.environ.get(variable)
+        if raw is None:
+            return fallback
+        try:
+            return type(fallback)(raw)
+        except ValueError:
+            raise ValueError(f"{variable}={raw!r} is not a valid {type(fallback).__name__}") from None
+
+    return default(trait)(read)
 
 
 class WasmKernel(Kernel):
@@ -70,30 +80,14 @@ class WasmKernel(Kernel):
         help="SQLite file of input history (':memory:' to keep none). Env: WASM_KERNEL_HISTORY_FILE."
     ).tag(config=True)
 
-    @default("fuel")
-    def _fuel_default(self) -> int:
-        return _from_env("fuel", int, 5_000_000_000_000)
-
-    @default("time_limit")
-    def _time_limit_default(self) -> float:
-        return _from_env("time_limit", float, 600.0)
-
-    @default("memory_limit")
-    def _memory_limit_default(self) -> int:
-        return _from_env("memory_limit", int, 2 << 30)
-
-    @default("output_limit")
-    def _output_limit_default(self) -> int:
-        return _from_env("output_limit", int, 10 << 20)
-
-    @default("interrupt_grace")
-    def _interrupt_grace_default(self) -> float:
-        return _from_env("interrupt_grace", float, 1.0)
-
-    @default("history_file")
-    def _history_file_default(self) -> str:
-        fallback = str(Path(platformdirs.user_data_dir("wasm-kernel")) / "history.sqlite")
-        return _from_env("history_file", str, fallback)
+    _fuel_default = _env_default("fuel", 5_000_000_000_000)
+    _time_limit_default = _env_default("time_limit", 600.0)
+    _memory_limit_default = _env_default("memory_limit", 2 << 30)
+    _output_limit_default = _env_default("output_limit", 10 << 20)
+    _interrupt_grace_default = _env_default("interrupt_grace", 1.0)
+    _history_file_default = _env_default(
+        "history_file", str(Path(platformdirs.user_data_dir("wasm-kernel")) / "history.sqlite")
+    )
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)

@@ -4,22 +4,20 @@ The host loads it once per interpreter as the module ``_wasm_kernel`` and then d
 cell and request through its functions. Everything that must reach the kernel as a Jupyter
 message (results, display data, errors, input requests, replies) goes through ``_host.call``
 as one JSON object; plain stdout and stderr stay ordinary file writes that the host streams.
+
+Modules needed only on some paths (traceback, codeop, pprint, base64) are imported where
+they are used: importing them at boot would add tens of milliseconds to every kernel start.
 """
 
 import ast
-import base64
 import builtins
-import codeop
 import getpass
 import json
 import keyword
 import linecache
-import pprint
 import re
 import sys
 import time
-import traceback
-import types
 
 import _host
 
@@ -59,6 +57,8 @@ def call_host(op, **fields):
 
 def _encode(value):
     if isinstance(value, bytes):
+        import base64
+
         return base64.b64encode(value).decode("ascii")
     return value
 
@@ -103,6 +103,8 @@ def mime_bundle(obj, include=None, exclude=None):
 
 def plain_text(obj):
     if isinstance(obj, (dict, list, tuple, set, frozenset)):
+        import pprint
+
         return pprint.pformat(obj, sort_dicts=False)
     return repr(obj)
 
@@ -175,6 +177,8 @@ def _ends_with_semicolon(source, node):
 
 def _hide_bootstrap_frames(report, seen):
     """Drop this module's frames from a traceback report and from its chained causes."""
+    import traceback
+
     if report is None or id(report) in seen:
         return
     seen.add(id(report))
@@ -188,6 +192,8 @@ def _hide_bootstrap_frames(report, seen):
 
 
 def report_error(exc):
+    import traceback
+
     report = traceback.TracebackException.from_exception(exc)
     _hide_bootstrap_frames(report, set())
     lines = list(report.format())
@@ -440,6 +446,8 @@ def _shorten(text, limit=200):
 
 
 def is_complete(code):
+    import codeop
+
     try:
         compiled = codeop.compile_command(code, "<input>", "exec")
     except (SyntaxError, OverflowError, ValueError):
@@ -468,8 +476,6 @@ def boot():
     getpass.getpass = getpass_
     time.sleep = sleep
     sys.modules["__main__"].__dict__.setdefault("__builtins__", builtins)
-    # SIGINT gets Python's default handler, as in a native interpreter.
-    import signal  # noqa: F401
 
 
 boot()

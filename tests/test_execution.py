@@ -296,7 +296,7 @@ def test_display_handle_update_reuses_display_id(kernel: Kernel) -> None:
 
 def test_clear_output_message(kernel: Kernel) -> None:
     run = ok(kernel.execute(
-        "import _wasm_kernel\nprint('gone')\n_wasm_kernel.clear_output(wait=True)"
+        "from IPython.display import clear_output\nprint('gone')\nclear_output(wait=True)"
     ))
     assert run.of_type("clear_output") == [{"wait": True}]
 

@@ -110,7 +110,7 @@ class WasmKernelSpecTests(_PrivateHistory, jupyter_kernel_test.KernelTests):
 
     code_inspect_sample = "print"
 
-    code_clear_output = "import _wasm_kernel; _wasm_kernel.clear_output()"
+    code_clear_output = "from IPython.display import clear_output; clear_output()"
 
 
 class WasmKernelIopubWelcomeTests(jupyter_kernel_test.IopubWelcomeTests):

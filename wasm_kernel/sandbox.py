@@ -185,6 +185,18 @@ def bootstrap_source() -> str:
     return (resources.files("wasm_kernel") / "guest" / "bootstrap.py").read_text()
 
 
+def shipped_modules() -> dict[str, tuple[str, bool]]:
+    """Guest-only modules under ``guest/shims``: dotted name -> (source, is_package)."""
+    root = Path(str(resources.files("wasm_kernel") / "guest" / "shims"))
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        name = ".".join(parts[:-1] if is_package else parts)
+        modules[name] = (path.read_text(), is_package)
+    return modules
+
+
 class Sandbox:
     def __init__(self, compiled: CompiledRuntime, limits: Limits):
         self.compiled = compiled
@@ -256,7 +268,8 @@ class Sandbox:
         boot = (
             f"exec(compile({bootstrap_source()!r}, {GUEST_FILE!r}, 'exec'), "
             f"__import__('sys').modules.setdefault({GUEST_MODULE!r}, "
-            f"__import__('types').ModuleType({GUEST_MODULE!r})).__dict__)"
+            f"__import__('types').ModuleType({GUEST_MODULE!r})).__dict__)\n"
+            f"__import__({GUEST_MODULE!r}).install_modules({shipped_modules()!r})"
         )
         if self._call_turn(boot) != 0:
             raise RuntimeError("the guest bootstrap failed to load")

@@ -109,50 +109,11 @@ def plain_text(obj):
     return repr(obj)
 
 
-def display(*objs, raw=False, include=None, exclude=None, metadata=None, transient=None,
-            display_id=None, update=False, clear=False):
-    """Send each object as display_data, like IPython.display.display."""
-    if display_id is True:
-        display_id = _new_display_id()
-    if clear:
-        clear_output(wait=True)
-    for obj in objs:
-        if raw:
-            data, meta = obj, {}
-        else:
-            data, meta = mime_bundle(obj, include, exclude)
-        meta.update(metadata or {})
-        extra = dict(transient or {})
-        if display_id:
-            extra["display_id"] = display_id
-        call_host("display", data=data, metadata=meta, transient=extra, update=bool(update))
-    return DisplayHandle(display_id) if display_id else None
+def display(*objs, **kwargs):
+    """builtins.display: IPython.display.display, imported on first use."""
+    from IPython.display import display as ipython_display
 
-
-_display_counter = [0]
-
-
-def _new_display_id():
-    _display_counter[0] += 1
-    return f"wasm-{time.time_ns():x}-{_display_counter[0]}"
-
-
-class DisplayHandle:
-    def __init__(self, display_id=None):
-        self.display_id = display_id or _new_display_id()
-
-    def __repr__(self):
-        return f"<DisplayHandle display_id={self.display_id}>"
-
-    def display(self, obj, **kwargs):
-        display(obj, display_id=self.display_id, **kwargs)
-
-    def update(self, obj, **kwargs):
-        display(obj, display_id=self.display_id, update=True, **kwargs)
-
-
-def clear_output(wait=False):
-    call_host("clear", wait=bool(wait))
+    return ipython_display(*objs, **kwargs)
 
 
 def displayhook(value):
@@ -461,6 +422,34 @@ def is_complete(code):
     if last.rstrip().endswith(":"):
         indent += "    "
     call_host("reply", content={"status": "incomplete", "indent": indent})
+
+
+# -- guest-only modules (IPython.display and friends) ------------------------------------------
+
+
+class ShippedModules:
+    """Import finder for modules the host ships as source, such as our own IPython.display."""
+
+    def __init__(self, sources):
+        self.sources = sources  # dotted name -> (source, is_package)
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.sources:
+            return None
+        import importlib.util
+
+        return importlib.util.spec_from_loader(name, self, is_package=self.sources[name][1])
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        source, _ = self.sources[module.__name__]
+        exec(compile(source, f"<wasm-kernel:{module.__name__}>", "exec"), module.__dict__)
+
+
+def install_modules(sources):
+    sys.meta_path.insert(0, ShippedModules(sources))
 
 
 # -- boot -------------------------------------------------------------------------------------

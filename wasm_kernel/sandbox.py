@@ -221,7 +221,7 @@ class Sandbox:
             ("HOME", "/tmp"),
             ("TMPDIR", "/tmp"),
             ("PYTHONTZPATH", ""),
-            ("MPLBACKEND", "Agg"),
+            ("MPLBACKEND", "module://matplotlib_inline.sandbox_backend"),
         ]
         runtime = self.compiled.runtime
         lib_guest_dir, _ = runtime.stdlib_guest_path.rsplit("/", 1)

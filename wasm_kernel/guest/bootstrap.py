@@ -44,8 +44,17 @@ class StdinNotImplementedError(NotImplementedError):
 StdinNotImplementedError.__module__ = "builtins"  # shown by its bare name, as in IPython
 
 
+#: Open ``capture_output`` blocks (IPython.utils.capture): rich output goes to the innermost.
+capture_stack = []
+
+CAPTURABLE = ("display", "clear")
+
+
 def call_host(op, **fields):
     """Send one structured message to the kernel and return its JSON reply."""
+    if capture_stack and op in CAPTURABLE:
+        capture_stack[-1].append({"op": op, **fields})
+        return {}
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     reply = _host.call(json.dumps({"op": op, **fields}).encode())
@@ -166,9 +175,51 @@ def report_error(exc):
     )
 
 
+_MAGIC_LINE = re.compile(r"^([ \t]*)(?:(%{1,2})([A-Za-z_]\w*)|(!{1,2}))(.*)$")
+
+
+def transform_ipython_syntax(source):
+    """Rewrite IPython's magic and shell syntax into calls on the shell object.
+
+    Only used when the cell is not valid Python as it stands, so ordinary code is never
+    touched. ``%%name`` on the first line makes the whole cell a cell magic. Returns None
+    when there is nothing to rewrite.
+    """
+    first, _, body = source.partition("\n")
+    match = _MAGIC_LINE.match(first)
+    if match and match.group(2) == "%%":
+        name, line = match.group(3), match.group(5).strip()
+        return f"get_ipython().run_cell_magic({name!r}, {line!r}, {body!r})\n"
+    lines = []
+    rewritten = False
+    for text in source.splitlines():
+        match = _MAGIC_LINE.match(text)
+        if match is None or match.group(2) == "%%":
+            lines.append(text)
+            continue
+        rewritten = True
+        indent, _, name, bang, rest = match.groups()
+        if bang:
+            call = f"get_ipython().system({rest.strip()!r})"
+        else:
+            call = f"get_ipython().run_line_magic({name!r}, {rest.strip()!r})"
+        lines.append(indent + call)
+    return "\n".join(lines) + "\n" if rewritten else None
+
+
 def _compile_cell(source, filename):
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
-    tree = compile(source, filename, "exec", ast.PyCF_ONLY_AST | flags)
+    try:
+        tree = compile(source, filename, "exec", ast.PyCF_ONLY_AST | flags)
+    except SyntaxError as original:
+        rewritten = transform_ipython_syntax(source)
+        if rewritten is None:
+            raise
+        try:
+            tree = compile(rewritten, filename, "exec", ast.PyCF_ONLY_AST | flags)
+        except SyntaxError:
+            raise original from None
+        source = rewritten
     body = tree.body
     show_last = (
         bool(body) and isinstance(body[-1], ast.Expr)
@@ -198,14 +249,82 @@ def run_cell(source, execution_count):
     lines = source.splitlines(True)
     linecache.cache[filename] = (len(source), None, lines, filename)
     namespace = sys.modules["__main__"].__dict__
+    shell.execution_count = execution_count
+    shell.events.trigger("pre_execute")
+    shell.events.trigger("pre_run_cell")
     try:
         for code in _compile_cell(source, filename):
             _run_code(code, namespace)
     except BaseException as exc:  # noqa: BLE001 - every failure is the user's to see
         report_error(exc)
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
+    for event in ("post_execute", "post_run_cell"):
+        try:
+            shell.events.trigger(event)
+        except BaseException as exc:  # noqa: BLE001 - a failing hook is reported, not fatal
+            report_error(exc)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+
+
+# -- the shell object behind get_ipython() ---------------------------------------------------
+
+
+class EventManager:
+    """IPython-style event callbacks (matplotlib registers post_execute, for one)."""
+
+    def __init__(self):
+        self.callbacks = {name: [] for name in
+                          ("pre_execute", "pre_run_cell", "post_execute", "post_run_cell")}
+
+    def register(self, event, function):
+        if event not in self.callbacks:
+            raise KeyError(f"unknown event {event!r}")
+        if function not in self.callbacks[event]:
+            self.callbacks[event].append(function)
+
+    def unregister(self, event, function):
+        self.callbacks[event].remove(function)
+
+    def trigger(self, event, *args, **kwargs):
+        for function in list(self.callbacks[event]):
+            function(*args, **kwargs)
+
+
+class Shell:
+    """What ``get_ipython()`` returns in the sandbox: namespace, events and magics."""
+
+    def __init__(self):
+        self.events = EventManager()
+        self.execution_count = 0
+        self.config = {}
+        self.initial_names = set()
+
+    @property
+    def user_ns(self):
+        return sys.modules["__main__"].__dict__
+
+    def run_line_magic(self, name, line):
+        import _wasm_kernel_magics
+
+        return _wasm_kernel_magics.run_line_magic(self, name, line)
+
+    def run_cell_magic(self, name, line, cell):
+        import _wasm_kernel_magics
+
+        return _wasm_kernel_magics.run_cell_magic(self, name, line, cell)
+
+    def system(self, command):
+        import _wasm_kernel_magics
+
+        return _wasm_kernel_magics.no_processes(f"!{command}")
+
+    def run_cell(self, source, store_history=False):
+        """Run more code as if it were a cell of its own (used by some magics)."""
+        for code in _compile_cell(source, f"{CELL_PREFIX}{self.execution_count}]"):
+            _run_code(code, self.user_ns)
+
+
+shell = Shell()
 
 
 # -- input, getpass and sleep that talk to the kernel ---------------------------------------
@@ -448,6 +567,10 @@ class ShippedModules:
         exec(compile(source, f"<wasm-kernel:{module.__name__}>", "exec"), module.__dict__)
 
 
+def get_ipython():
+    return shell
+
+
 def install_modules(sources):
     sys.meta_path.insert(0, ShippedModules(sources))
 
@@ -464,7 +587,10 @@ def boot():
     builtins.input = input
     getpass.getpass = getpass_
     time.sleep = sleep
-    sys.modules["__main__"].__dict__.setdefault("__builtins__", builtins)
+    namespace = sys.modules["__main__"].__dict__
+    namespace.setdefault("__builtins__", builtins)
+    namespace["get_ipython"] = get_ipython
+    shell.initial_names = set(namespace)
 
 
 boot()

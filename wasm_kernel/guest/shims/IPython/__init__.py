@@ -4,12 +4,7 @@ Notebook code imports ``IPython.display`` and calls ``get_ipython()``; this pack
 both, written for wasm-kernel, so that such code runs unchanged.
 """
 
+from _wasm_kernel import get_ipython  # noqa: F401 - the public name
+
 version_info = (9, 0, 0, "wasm-kernel")
 __version__ = "9.0.0"
-
-
-def get_ipython():
-    """The running shell, for code that checks whether it runs in a notebook."""
-    import _wasm_kernel
-
-    return _wasm_kernel.shell

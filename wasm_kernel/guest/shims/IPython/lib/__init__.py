@@ -1,0 +1,1 @@
+"""IPython.lib for wasm-kernel's sandbox: only the display module."""

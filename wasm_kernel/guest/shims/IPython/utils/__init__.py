@@ -1,0 +1,1 @@
+"""IPython.utils for the sandbox: only what notebook code commonly imports."""

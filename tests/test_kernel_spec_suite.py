@@ -102,6 +102,15 @@ class WasmKernelSpecTests(_PrivateHistory, jupyter_kernel_test.KernelTests):
         {"code": HTML_CLASS + "display(Bold())", "mime": "text/html"},
         {"code": PNG_CLASS + "display(Pixel())", "mime": "image/png"},
         {"code": "display({'text/markdown': '# Title'}, raw=True)", "mime": "text/markdown"},
+        {"code": "from IPython.display import HTML; display(HTML('<i>html</i>'))",
+         "mime": "text/html"},
+        {"code": "from IPython.display import Image; display(Image(data=b'\\x89PNG\\r\\n\\x1a\\n'))",
+         "mime": "image/png"},
+        {"code": "from IPython.display import Markdown; display(Markdown('**md**'))",
+         "mime": "text/markdown"},
+        {"code": "from IPython.display import Latex; display(Latex(r'$\\alpha$'))",
+         "mime": "text/latex"},
+        {"code": "from IPython.display import Math; display(Math('x^2'))", "mime": "text/latex"},
     ]
 
     # Matches exactly one of the code_execute_result sources (the suite checks unique=True).

@@ -22,7 +22,6 @@ import time
 import _host
 
 CELL_PREFIX = "Cell In["
-BOOTSTRAP_FILE = "<wasm-kernel>"  # the file name the host compiles this module under
 
 MIME_METHODS = {
     "text/html": "_repr_html_",
@@ -145,33 +144,15 @@ def _ends_with_semicolon(source, node):
     return rest.startswith(";")
 
 
-def _hide_bootstrap_frames(report, seen):
-    """Drop this module's frames from a traceback report and from its chained causes."""
-    import traceback
-
-    if report is None or id(report) in seen:
-        return
-    seen.add(id(report))
-    report.stack = traceback.StackSummary.from_list(
-        [frame for frame in report.stack if frame.filename != BOOTSTRAP_FILE]
-    )
-    _hide_bootstrap_frames(report.__cause__, seen)
-    _hide_bootstrap_frames(report.__context__, seen)
-    for member in getattr(report, "exceptions", None) or ():
-        _hide_bootstrap_frames(member, seen)
-
-
 def report_error(exc):
-    import traceback
+    """Send an uncaught exception to the kernel, with an IPython-style traceback."""
+    import _wasm_kernel_traceback
 
-    report = traceback.TracebackException.from_exception(exc)
-    _hide_bootstrap_frames(report, set())
-    lines = list(report.format())
     call_host(
         "error",
         ename=type(exc).__name__,
         evalue=str(exc),
-        traceback=[line.rstrip("\n") for line in lines],
+        traceback=_wasm_kernel_traceback.format_exception(exc),
     )
 
 

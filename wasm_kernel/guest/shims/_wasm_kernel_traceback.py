@@ -1,0 +1,116 @@
+"""Tracebacks the way IPython shows them: coloured, cell-labelled, with source and an arrow.
+
+Frames of the kernel's own guest code (file names starting ``<wasm-kernel``) are left out,
+so users see their cells and the libraries they called, nothing else. Chained exceptions,
+notes and exception groups are kept.
+"""
+
+import linecache
+import traceback
+
+RED, GREEN, CYAN, BOLD, RESET = "\x1b[31m", "\x1b[32m", "\x1b[36m", "\x1b[1m", "\x1b[0m"
+RULE = "-" * 75
+CONTEXT = 2  # source lines shown before and after the failing one
+KERNEL_FILES = "<wasm-kernel"
+CELL_PREFIX = "Cell In["
+
+
+def _user_frames(stack):
+    return [frame for frame in stack if not frame.filename.startswith(KERNEL_FILES)]
+
+
+def _location(frame):
+    if frame.filename.startswith(CELL_PREFIX):
+        return f"{GREEN}{frame.filename}, line {frame.lineno}{RESET}"
+    where = f"{GREEN}File {frame.filename}:{frame.lineno}{RESET}"
+    return where if frame.name == "<module>" else f"{where}, in {CYAN}{frame.name}(){RESET}"
+
+
+def _source_excerpt(frame):
+    lines = []
+    first = max(frame.lineno - CONTEXT, 1)
+    for number in range(first, frame.lineno + CONTEXT + 1):
+        text = linecache.getline(frame.filename, number)
+        if not text:
+            if number >= frame.lineno:
+                break
+            continue
+        text = text.rstrip("\n")
+        if number == frame.lineno:
+            arrow = f"---> {number}".rjust(7, "-") if number < 10 else f"---> {number}"
+            lines.append(f"{GREEN}{arrow}{RESET} {text}")
+        else:
+            lines.append(f"{GREEN}{number:>7}{RESET} {text}")
+    return "\n".join(lines)
+
+
+def _exception_line(report):
+    name = report.exc_type.__qualname__ if report.exc_type else "Exception"
+    module = getattr(report.exc_type, "__module__", "builtins")
+    if module not in ("builtins", "__main__"):
+        name = f"{module}.{name}"
+    text = str(report)
+    first = f"{RED}{name}{RESET}: {text}" if text else f"{RED}{name}{RESET}"
+    notes = getattr(report, "__notes__", None) or []
+    return "\n".join([first, *map(str, notes)])
+
+
+def _syntax_error(report):
+    chunks = []
+    for line in report.format_exception_only():
+        line = line.rstrip("\n")
+        stripped = line.strip()
+        if stripped.startswith('File "') and CELL_PREFIX in stripped:
+            name, _, rest = stripped[len('File "'):].partition('"')
+            line = f"  {GREEN}{name}{rest}{RESET}"
+        elif line.startswith(report.exc_type.__name__):
+            name, _, message = line.partition(":")
+            line = f"{RED}{name}{RESET}:{message}"
+        chunks.append(line)
+    return chunks
+
+
+def _format_one(report):
+    if report.exc_type is not None and issubclass(report.exc_type, SyntaxError):
+        return _syntax_error(report)
+    name = report.exc_type.__name__ if report.exc_type else "Exception"
+    if name == "UsageError":  # IPython shows usage errors without a traceback
+        return [_exception_line(report)]
+    padding = " " * max(42 - len(name), 1)
+    chunks = [f"{RED}{RULE}{RESET}",
+              f"{RED}{name}{RESET}{padding}Traceback (most recent call last)"]
+    for frame in _user_frames(report.stack):
+        excerpt = _source_excerpt(frame)
+        chunks.append(_location(frame) + ("\n" + excerpt + "\n" if excerpt else ""))
+    chunks.append(_exception_line(report))
+    for group_index, member in enumerate(getattr(report, "exceptions", None) or (), start=1):
+        member_text = "\n".join(_format_one(member))
+        chunks.append(f"+---------------- {group_index} ----------------\n"
+                      + "\n".join("| " + line for line in member_text.split("\n")))
+    return chunks
+
+
+def format_exception(exc):
+    """The traceback of ``exc`` as a list of chunks, oldest chained exception first."""
+    report = traceback.TracebackException.from_exception(exc)
+    chain = []
+    seen = set()
+    while report is not None and id(report) not in seen:
+        seen.add(id(report))
+        if report.__cause__ is not None:
+            chain.append((report, "\nThe above exception was the direct cause of the following"
+                                  " exception:\n"))
+            report = report.__cause__
+        elif report.__context__ is not None and not report.__suppress_context__:
+            chain.append((report, "\nDuring handling of the above exception, another exception"
+                                  " occurred:\n"))
+            report = report.__context__
+        else:
+            chain.append((report, None))
+            report = None
+    chunks = []
+    for report, link in reversed(chain):
+        if link:
+            chunks.append(link)
+        chunks.extend(_format_one(report))
+    return chunks

@@ -627,3 +627,16 @@ def test_shutdown_request_ends_the_process_gracefully(attempt: int) -> None:
             manager.shutdown_kernel(now=True)
         else:
             manager.cleanup_resources()
+
+
+def test_carriage_returns_and_long_lines_pass_through(kernel: Kernel) -> None:
+    """tqdm's \\r progress bars and very long lines reach the client unchanged."""
+    run = ok(kernel.execute(
+        "from tqdm import tqdm\n"
+        "for _ in tqdm(range(3), mininterval=0):\n"
+        "    pass\n"
+        "print('y' * 200_000)"
+    ))
+    progress = run.stream_text("stderr")
+    assert "\r" in progress and "100%" in progress and "3/3" in progress
+    assert run.stream_text("stdout") == "y" * 200_000 + "\n"

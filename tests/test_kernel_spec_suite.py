@@ -104,7 +104,8 @@ class WasmKernelSpecTests(_PrivateHistory, jupyter_kernel_test.KernelTests):
         {"code": "display({'text/markdown': '# Title'}, raw=True)", "mime": "text/markdown"},
         {"code": "from IPython.display import HTML; display(HTML('<i>html</i>'))",
          "mime": "text/html"},
-        {"code": "from IPython.display import Image; display(Image(data=b'\\x89PNG\\r\\n\\x1a\\n'))",
+        {"code": "from IPython.display import Image; "
+                 "display(Image(data=b'\\x89PNG\\r\\n\\x1a\\n' + bytes(8)))",
          "mime": "image/png"},
         {"code": "from IPython.display import Markdown; display(Markdown('**md**'))",
          "mime": "text/markdown"},

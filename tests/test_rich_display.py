@@ -72,7 +72,8 @@ def test_display_object_as_last_expression_is_execute_result(kernel: Kernel) -> 
 
 
 def test_pretty_is_plain_text(kernel: Kernel) -> None:
-    content = one(kernel, "from IPython.display import Pretty\ndisplay(Pretty('just text\\nline 2'))")
+    content = one(kernel, "from IPython.display import Pretty\n"
+                          "display(Pretty('just text\\nline 2'))")
     assert content["data"] == {"text/plain": "just text\nline 2"}
 
 
@@ -96,7 +97,8 @@ def test_text_object_rejects_non_text(kernel: Kernel) -> None:
 
 def test_json_expanded_root_and_extra_metadata(kernel: Kernel) -> None:
     content = one(kernel, "from IPython.display import JSON\n"
-                          "display(JSON({'k': 1}, expanded=True, root='data', metadata={'m': 2}, x=3))")
+                          "display(JSON({'k': 1}, expanded=True, root='data',"
+                          " metadata={'m': 2}, x=3))")
     assert content["data"]["application/json"] == {"k": 1}
     assert content["metadata"] == {
         "application/json": {"expanded": True, "root": "data", "m": 2, "x": 3}
@@ -138,7 +140,8 @@ def test_svg_from_a_file_in_the_sandbox(kernel: Kernel) -> None:
     content = one(kernel, (
         "from IPython.display import SVG\n"
         "with open('/tmp/drawing.svg', 'w') as f:\n"
-        "    f.write('<?xml version=\"1.0\"?><svg xmlns=\"http://www.w3.org/2000/svg\"><g/></svg>')\n"
+        "    f.write('<?xml version=\"1.0\"?>'\n"
+        "            '<svg xmlns=\"http://www.w3.org/2000/svg\"><g/></svg>')\n"
         "display(SVG(filename='/tmp/drawing.svg'))"
     ))
     assert content["data"]["image/svg+xml"] == '<svg xmlns="http://www.w3.org/2000/svg"><g/></svg>'
@@ -164,8 +167,9 @@ def test_javascript_loads_css_and_libraries_first(kernel: Kernel) -> None:
         " css='https://cdn.example/s.css'))"
     ))
     script = content["data"]["application/javascript"]
-    css, lib_a, lib_b, body = (script.index(part) for part in (
-        "https://cdn.example/s.css", "https://cdn.example/a.js", "https://cdn.example/b.js", "draw()"))
+    parts = ("https://cdn.example/s.css", "https://cdn.example/a.js", "https://cdn.example/b.js",
+             "draw()")
+    css, lib_a, lib_b, body = (script.index(part) for part in parts)
     assert css < lib_a < lib_b < body
     assert script.rstrip().endswith("});")
     assert script.count("});") == 2  # each library's promise is closed after the body
@@ -221,7 +225,8 @@ def test_code_iframe_and_filelink(kernel: Kernel) -> None:
     ],
 )
 def test_image_format_from_magic_bytes(kernel: Kernel, header: str, mime: str) -> None:
-    content = one(kernel, f"from IPython.display import Image\ndisplay(Image(data={header} + bytes(16)))")
+    content = one(kernel, "from IPython.display import Image\n"
+                          f"display(Image(data={header} + bytes(16)))")
     raw = base64.b64decode(content["data"][mime])
     assert raw.endswith(bytes(16))
     assert set(content["data"]) == {mime, "text/plain"}
@@ -259,7 +264,8 @@ def test_image_from_a_file_in_the_sandbox(kernel: Kernel) -> None:
 
 def test_image_url_is_kept_as_a_link(kernel: Kernel) -> None:
     content = one(kernel, "from IPython.display import Image\n"
-                          "display(Image(url='https://example.com/cat.png', width=64, alt='a <cat>'))")
+                          "display(Image(url='https://example.com/cat.png', width=64,"
+                          " alt='a <cat>'))")
     assert content["data"]["text/html"] == (
         '<img src="https://example.com/cat.png" width="64" alt="a &lt;cat&gt;"/>'
     )
@@ -331,7 +337,8 @@ def test_display_id_and_update_display(kernel: Kernel) -> None:
 def test_display_id_true_makes_a_fresh_id_each_time(kernel: Kernel) -> None:
     run = ok(kernel.execute(
         "a = display('a', display_id=True)\nb = display('b', display_id=True)\n"
-        "print(a.display_id == b.display_id, repr(a) == f'<DisplayHandle display_id={a.display_id}>')"
+        "print(a.display_id == b.display_id,"
+        " repr(a) == f'<DisplayHandle display_id={a.display_id}>')"
     ))
     ids = [c["transient"]["display_id"] for c in run.of_type("display_data")]
     assert len(ids) == 2 and ids[0] != ids[1]
@@ -523,7 +530,8 @@ def test_repr_mimebundle_dict_only(kernel: Kernel) -> None:
         ("_repr_pdf_", "b'%PDF-1.4'", "application/pdf", base64.b64encode(b"%PDF-1.4").decode()),
     ],
 )
-def test_repr_methods(kernel: Kernel, method: str, returned: str, mime: str, expected: object) -> None:
+def test_repr_methods(kernel: Kernel, method: str, returned: str, mime: str,
+                      expected: object) -> None:
     code = (
         f"class Shape:\n    def {method}(self):\n        return {returned}\n"
         "    def __repr__(self):\n        return 'Shape()'\n"

@@ -290,7 +290,9 @@ class JSON(DisplayObject):
 
     def _check_data(self):
         if self.data is not None and not isinstance(self.data, (dict, list)):
-            raise TypeError(f"{type(self).__name__} expects JSONable dict or list, not {self.data!r}")
+            raise TypeError(
+                f"{type(self).__name__} expects JSONable dict or list, not {self.data!r}"
+            )
 
     def _data_and_metadata(self):
         return self.data, self.metadata

@@ -33,7 +33,9 @@ def _wire_value(mime, value):
 def _wire_bundle(data):
     """Check a mime bundle before it leaves the sandbox (the kernel refuses malformed ones)."""
     if not isinstance(data, dict):
-        raise TypeError(f"display data must be a dict of mime type -> data, not {type(data).__name__}")
+        raise TypeError(
+            f"display data must be a dict of mime type -> data, not {type(data).__name__}"
+        )
     bundle = {}
     for mime, value in data.items():
         if not isinstance(mime, str) or "/" not in mime:
@@ -56,7 +58,9 @@ def publish_display_data(data, metadata=None, *, transient=None, update=False, *
     if "source" in kwargs:
         kwargs.pop("source")  # accepted and ignored, as IPython has done for years
     if kwargs:
-        raise TypeError(f"publish_display_data() got unexpected keyword arguments: {', '.join(kwargs)}")
+        raise TypeError(
+            f"publish_display_data() got unexpected keyword arguments: {', '.join(kwargs)}"
+        )
     metadata = {} if metadata is None else metadata
     transient = {} if transient is None else transient
     for name, value in (("metadata", metadata), ("transient", transient)):
@@ -130,7 +134,10 @@ def update_display(obj, *, display_id, **kwargs):
 
 
 class DisplayHandle:
-    """A handle on an updatable display: ``.update(obj)`` replaces it, ``.display(obj)`` shows it again."""
+    """A handle on an updatable display.
+
+    ``.update(obj)`` replaces the outputs with its id; ``.display(obj)`` adds one more.
+    """
 
     def __init__(self, display_id=None):
         self.display_id = _new_id() if display_id is None else display_id

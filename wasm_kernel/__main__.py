@@ -33,9 +33,10 @@ def progress(description: str) -> Iterator[None]:
     done = threading.Event()
 
     def tick() -> None:
-        while not done.wait(0.5):
+        while not done.wait(interval):
             bar.refresh()
 
+    interval = 0.5 if sys.stderr.isatty() else 15.0  # a log file gets a line now and then
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
     try:

@@ -1,7 +1,7 @@
 """The on-disk cache of compiled runtimes.
 
-Compiling the fuel-metered CPython module takes a minute or more; loading the serialized
-native code takes tens of milliseconds. An entry holds the serialized module plus the files
+Compiling the fuel-metered CPython module (after ``rewrite.make_restorable``) takes a minute
+or more; loading the serialized native code takes tens of milliseconds. An entry holds the serialized module plus the files
 the guest needs next to it (the stdlib zip under its guest name and matplotlib's data
 extracted), and is keyed by everything that makes serialized code reusable: the runtime's
 sha256 digests, the wasmtime version and the engine settings.
@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import platform
 import re
@@ -34,7 +35,10 @@ from pathlib import Path
 import platformdirs
 import wasmtime
 
+from . import rewrite
 from .runtime import Runtime, sha256_file, verify
+
+log = logging.getLogger(__name__)
 
 CACHE_DIR_ENV = "WASM_KERNEL_CACHE_DIR"
 KEY_CHARS = 24  # hex digits of the cache key in an entry's folder name
@@ -73,6 +77,7 @@ def cache_key(runtime: Runtime) -> str:
         "wasmtime": metadata.version("wasmtime"),
         "machine": platform.machine(),
         "engine": ENGINE_SETTINGS,
+        "rewrite": rewrite.VERSION if runtime.restorable else None,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
@@ -86,6 +91,7 @@ class CompiledRuntime:
     module: wasmtime.Module
     lib_dir: Path  # holds the stdlib zip under its guest file name
     mpl_data_dir: Path
+    interrupt_cells: rewrite.InterruptCells | None  # None: interrupts end in a hard stop
 
     def close(self) -> None:
         """Free the native code now rather than in a finalizer during interpreter exit."""
@@ -125,16 +131,19 @@ class RuntimeCache:
         try:
             if not (entry / self.RECORD).exists():
                 return None
-            self._check(entry, runtime)
+            record = self._check(entry, runtime)
+            cells = record.get("interrupt_cells")
+            interrupt_cells = rewrite.InterruptCells(**cells) if cells else None
             module = wasmtime.Module.deserialize_file(self.engine, str(entry / self.MODULE))
-        except (CorruptEntry, OSError, ValueError, wasmtime.WasmtimeError):
+        except (CorruptEntry, OSError, ValueError, TypeError, wasmtime.WasmtimeError):
             self._discard(entry)
             return None
         return CompiledRuntime(
-            runtime, self.engine, module, entry / self.LIB, entry / self.MPL_DATA
+            runtime, self.engine, module, entry / self.LIB, entry / self.MPL_DATA,
+            interrupt_cells,
         )
 
-    def _check(self, entry: Path, runtime: Runtime) -> None:
+    def _check(self, entry: Path, runtime: Runtime) -> dict:
         record = json.loads((entry / self.RECORD).read_text())
         if record.get("key") != cache_key(runtime):
             raise CorruptEntry("entry was written for another runtime or engine")
@@ -146,6 +155,7 @@ class RuntimeCache:
             # trust it only if its content is still what was recorded.
             if stat.st_size != stamp[0] or sha256_file(entry / rel) != stamp[2]:
                 raise CorruptEntry(f"{rel} changed since it was cached")
+        return record
 
     def _discard(self, entry: Path) -> None:
         with contextlib.suppress(OSError):
@@ -191,7 +201,13 @@ class RuntimeCache:
                 verify(runtime.module)
                 verify(runtime.stdlib)
             with progress("compiling the Python runtime to native code (one time)"):
-                module = wasmtime.Module.from_file(self.engine, str(runtime.module.path))
+                wasm = runtime.module.path.read_bytes()
+                interrupt_cells = None
+                if runtime.restorable:
+                    interrupt_cells = self._interrupt_cells(wasm)
+                    wasm = rewrite.make_restorable(wasm)
+                module = wasmtime.Module(self.engine, wasm)
+                del wasm
             with progress("writing the compiled runtime"):
                 (staging / self.MODULE).write_bytes(module.serialize())
                 del module
@@ -203,13 +219,27 @@ class RuntimeCache:
                 for rel in self._stamped_files(runtime):
                     stat = (staging / rel).stat()
                     files[rel] = [stat.st_size, stat.st_mtime_ns, sha256_file(staging / rel)]
-                record = {"key": cache_key(runtime), "runtime": runtime.name, "files": files}
+                record = {
+                    "key": cache_key(runtime),
+                    "runtime": runtime.name,
+                    "files": files,
+                    "interrupt_cells": interrupt_cells.as_dict() if interrupt_cells else None,
+                }
                 (staging / self.RECORD).write_text(json.dumps(record, indent=1))
             self._discard(final)
             os.rename(staging, final)
         except BaseException:
             self._discard(staging)
             raise
+
+    @staticmethod
+    def _interrupt_cells(wasm: bytes) -> rewrite.InterruptCells | None:
+        """Where to write a soft interrupt; None (hard stops only) for an unknown build."""
+        try:
+            return rewrite.find_interrupt_cells(wasm)
+        except rewrite.UnsupportedModule as exc:
+            log.warning("soft interrupts unavailable for this runtime: %s", exc)
+            return None
 
     def _extract_mpl_data(self, runtime: Runtime, target: Path) -> None:
         """matplotlib's data ships as a zip inside the stdlib zip; the guest needs it unpacked."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import platformdirs
 from ipykernel.kernelbase import Kernel
-from traitlets import Float, Int, Unicode, default
+from traitlets import Bool, Float, Int, Unicode, default
 
 from . import __version__
 from .cache import RuntimeCache
@@ -31,6 +31,15 @@ ENV_PREFIX = "WASM_KERNEL_"
 INPUT_POLL = 0.05  # seconds between checks for an input_reply or an interrupt
 
 
+def _parse_bool(raw: str) -> bool:
+    word = raw.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
+
+
 def _env_default(trait: str, fallback: Any) -> Any:
     """A trait default read from ``WASM_KERNEL_<TRAIT>`` in the environment, else ``fallback``."""
 
@@ -40,7 +49,7 @@ def _env_default(trait: str, fallback: Any) -> Any:
         if raw is None:
             return fallback
         try:
-            return type(fallback)(raw)
+            return _parse_bool(raw) if isinstance(fallback, bool) else type(fallback)(raw)
         except ValueError:
             raise ValueError(f"{variable}={raw!r} is not a valid {type(fallback).__name__}") from None
 
@@ -71,6 +80,12 @@ class WasmKernel(Kernel):
         help="Seconds an interrupted cell gets to stop by itself (KeyboardInterrupt) before it"
         " is stopped hard. Env: WASM_KERNEL_INTERRUPT_GRACE."
     ).tag(config=True)
+    rollback = Bool(
+        help="Checkpoint the interpreter after each cell and roll back to it when a cell traps"
+        " (fuel, time, memory, stack, hard interrupt). Costs a copy of guest memory per cell"
+        " and as much host memory again; off: a trap restarts the interpreter."
+        " Env: WASM_KERNEL_ROLLBACK.",
+    ).tag(config=True)
     runtime_name = Unicode(DEFAULT_RUNTIME, help="Runtime manifest to load.").tag(config=True)
     cache_dir = Unicode(
         help="Folder of compiled runtimes. Env: WASM_KERNEL_CACHE_DIR; default: the per-user"
@@ -85,6 +100,7 @@ class WasmKernel(Kernel):
     _memory_limit_default = _env_default("memory_limit", 2 << 30)
     _output_limit_default = _env_default("output_limit", 10 << 20)
     _interrupt_grace_default = _env_default("interrupt_grace", 1.0)
+    _rollback_default = _env_default("rollback", True)
     _history_file_default = _env_default(
         "history_file", str(Path(platformdirs.user_data_dir("wasm-kernel")) / "history.sqlite")
     )
@@ -116,7 +132,7 @@ class WasmKernel(Kernel):
 
         compiled = cache.load(self.runtime, progress=stage)
         self._boot_stage = "starting the interpreter"
-        return Sandbox(compiled, self.limits)
+        return Sandbox(compiled, self.limits, rollback=self.rollback)
 
     async def _sandbox(self, notify: Any) -> Sandbox:
         """The booted sandbox; while a one-time compile runs, say so through ``notify``."""
@@ -193,6 +209,8 @@ class WasmKernel(Kernel):
             )
         except CellStopped as stop:
             return cell.fail(stop.ename, stop.evalue)
+        # Checkpoint while the user reads the output; the next cell queues behind it.
+        self._worker.submit(sandbox.checkpoint)
         if cell.error:
             return cell.reply()
         expressions = {}

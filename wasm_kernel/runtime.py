@@ -42,6 +42,7 @@ class Runtime:
     preinitialized: bool
     stdlib_guest_path: str
     mpl_data_member: str
+    restorable: bool = False  # rewrite the module for in-place rollback (see rewrite.py)
 
     @property
     def key(self) -> str:
@@ -109,4 +110,5 @@ def load_runtime(name: str = DEFAULT_RUNTIME, directory: Path | None = None) -> 
         preinitialized=bool(spec["preinitialized"]),
         stdlib_guest_path=spec["stdlib_guest_path"],
         mpl_data_member=spec["mpl_data_member"],
+        restorable=bool(spec.get("restorable", False)),
     )

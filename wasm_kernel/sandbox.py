@@ -32,6 +32,7 @@ import wasmtime
 from . import protocol
 from .cache import CompiledRuntime
 from .output import OutputPump
+from .snapshot import CheckpointStats, GuestState, SignalFlags, memory_address
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +103,19 @@ class Interrupts:
         with self._lock:
             self._active = False
 
-    def request_soft(self) -> int | None:
-        """Ask the running turn to raise KeyboardInterrupt; returns its number, None if idle."""
+    def request_soft(self, deliver: Callable[[], None] | None = None) -> int | None:
+        """Ask the running turn to raise KeyboardInterrupt; returns its number, None if idle.
+
+        ``deliver`` (which trips CPython's own signal flags) runs under the lock, so it can
+        never land in the next turn.
+        """
         with self._lock:
             if not self._active:
                 return None
             self._soft = True
             self._event.set()
+            if deliver is not None:
+                deliver()
             return self._turn
 
     def request_stop(self, reason: str, turn: int | None = None) -> None:
@@ -198,9 +205,13 @@ def shipped_modules() -> dict[str, tuple[str, bool]]:
 
 
 class Sandbox:
-    def __init__(self, compiled: CompiledRuntime, limits: Limits):
+    """One guest interpreter. With a restorable runtime, a trap rolls it back to the state
+    checkpointed after the last cell; otherwise it is replaced by a fresh one."""
+
+    def __init__(self, compiled: CompiledRuntime, limits: Limits, rollback: bool = True):
         self.compiled = compiled
         self.limits = limits
+        self.rollback = rollback and compiled.runtime.restorable
         self.interrupts = Interrupts(compiled.engine)
         self._watchdog = Watchdog()
         self._output = OutputPump()
@@ -209,6 +220,9 @@ class Sandbox:
         self._host: GuestHost | None = None
         self._reply: dict | None = None
         self._store: wasmtime.Store | None = None
+        self._state: GuestState | None = None
+        self._signals: SignalFlags | None = None
+        self._changed = False  # turns ran since the last checkpoint
         self._closing = False
         self._start_interpreter()
 
@@ -273,6 +287,10 @@ class Sandbox:
         )
         if self._call_turn(boot) != 0:
             raise RuntimeError("the guest bootstrap failed to load")
+        if self.rollback:
+            named = {export.name: exports[export.name] for export in self.compiled.module.exports}
+            self._state = GuestState(self._memory, named)
+            self._state.take(store)
 
     def restart(self) -> None:
         """Replace the interpreter with a fresh one (same private /tmp)."""
@@ -292,6 +310,17 @@ class Sandbox:
                 self._store.close()
                 self._store = None
             shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def checkpoint(self) -> None:
+        """Keep the current state as the one a trapping cell rolls back to."""
+        with self._turn_lock:
+            if self._state is not None and self._changed and self._store is not None:
+                self._state.take(self._store)
+                self._changed = False
+
+    @property
+    def checkpoint_stats(self) -> CheckpointStats | None:
+        return self._state.last if self._state is not None else None
 
     def memory_bytes(self) -> int:
         assert self._store is not None
@@ -329,6 +358,8 @@ class Sandbox:
             store = self._store
             assert store is not None
             self._host = host
+            self._changed = True
+            self._signals = self._signal_flags(store)
             turn = self.interrupts.begin()
             self._output.begin(host.stream, limits.output, self._output_notice(limits.output))
             store.set_fuel(limits.fuel)
@@ -358,22 +389,52 @@ class Sandbox:
                 self._output.end()
                 self._host = None
             if stopped is not None:
-                if not self._closing:
+                if self._closing:
+                    raise stopped
+                if self._state is not None and self._state.taken:
+                    self._state.restore(store)
+                    self._changed = False
+                    stopped.evalue += (
+                        " The interpreter was rolled back to its state before this cell:"
+                        " names, imports and objects from earlier cells are intact."
+                    )
+                else:
                     self.restart()
-                stopped.evalue += (
-                    " The interpreter was restarted: variables, imports and objects from"
-                    " earlier cells are gone."
-                )
+                    stopped.evalue += (
+                        " The interpreter was restarted: variables, imports and objects from"
+                        " earlier cells are gone."
+                    )
                 raise stopped
+
+    def _signal_flags(self, store: wasmtime.Store) -> SignalFlags | None:
+        """CPython's SIGINT flags for this turn, cleared of any left from an earlier one."""
+        cells = self.compiled.interrupt_cells
+        if cells is None:
+            return None
+        flags = SignalFlags(cells, memory_address(self._memory, store), self._memory.data_len(store))
+        try:
+            flags.clear()
+        except IndexError:
+            log.warning("the interpreter's signal flags are out of reach; interrupts stop hard")
+            return None
+        return flags
 
     def interrupt(self) -> None:
         """Jupyter interrupt: KeyboardInterrupt in the cell, or a hard stop after the grace time."""
-        turn = self.interrupts.request_soft()
+        turn = self.interrupts.request_soft(self._trip_signal_flags)
         if turn is None:
             return
         self._watchdog.arm(
             self.limits.interrupt_grace, partial(self.interrupts.request_stop, "interrupt", turn)
         )
+
+    def _trip_signal_flags(self) -> None:
+        if self._signals is None:
+            return  # the guest learns of the interrupt when it next waits on the host
+        try:
+            self._signals.trip()
+        except IndexError:
+            log.warning("could not reach the interpreter's signal flags")
 
     def _explain_trap(self, trap: wasmtime.Trap, limits: Limits) -> CellStopped:
         code = trap.trap_code

@@ -568,6 +568,10 @@ def boot():
     builtins.input = input
     getpass.getpass = getpass_
     time.sleep = sleep
+    # The signal module gives SIGINT its default handler, so a KeyboardInterrupt is raised when
+    # the host trips CPython's signal flags (see the host's snapshot.SignalFlags).
+    import signal  # noqa: F401
+
     namespace = sys.modules["__main__"].__dict__
     namespace.setdefault("__builtins__", builtins)
     namespace["get_ipython"] = get_ipython

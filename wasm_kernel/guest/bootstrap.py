@@ -46,7 +46,7 @@ StdinNotImplementedError.__module__ = "builtins"  # shown by its bare name, as i
 #: Open ``capture_output`` blocks (IPython.utils.capture): rich output goes to the innermost.
 capture_stack = []
 
-CAPTURABLE = ("display", "clear")
+CAPTURABLE = ("display", "clear", "result")
 
 
 def call_host(op, **fields):
@@ -156,7 +156,11 @@ def report_error(exc):
     )
 
 
-_MAGIC_LINE = re.compile(r"^([ \t]*)(?:(%{1,2})([A-Za-z_]\w*)|(!{1,2}))(.*)$")
+# indent, optional "target =" (as in ``result = %timeit -o ...``), then %magic, %%magic or !cmd
+_MAGIC_LINE = re.compile(
+    r"^([ \t]*)((?:[A-Za-z_][\w.]*\s*,\s*)*[A-Za-z_][\w.]*\s*=\s*)?"
+    r"(?:(%{1,2})([A-Za-z_]\w*)|(!{1,2}))(.*)$"
+)
 
 
 def transform_ipython_syntax(source):
@@ -168,23 +172,23 @@ def transform_ipython_syntax(source):
     """
     first, _, body = source.partition("\n")
     match = _MAGIC_LINE.match(first)
-    if match and match.group(2) == "%%":
-        name, line = match.group(3), match.group(5).strip()
+    if match and match.group(3) == "%%" and not match.group(2):
+        name, line = match.group(4), match.group(6).strip()
         return f"get_ipython().run_cell_magic({name!r}, {line!r}, {body!r})\n"
     lines = []
     rewritten = False
     for text in source.splitlines():
         match = _MAGIC_LINE.match(text)
-        if match is None or match.group(2) == "%%":
+        if match is None or match.group(3) == "%%":
             lines.append(text)
             continue
         rewritten = True
-        indent, _, name, bang, rest = match.groups()
+        indent, target, _, name, bang, rest = match.groups()
         if bang:
             call = f"get_ipython().system({rest.strip()!r})"
         else:
             call = f"get_ipython().run_line_magic({name!r}, {rest.strip()!r})"
-        lines.append(indent + call)
+        lines.append(indent + (target or "") + call)
     return "\n".join(lines) + "\n" if rewritten else None
 
 
@@ -572,6 +576,10 @@ def boot():
     # the host trips CPython's signal flags (see the host's snapshot.SignalFlags).
     import signal  # noqa: F401
 
+    # Start in the private /tmp, the one writable folder, so relative paths just work.
+    import os
+
+    os.chdir("/tmp")
     namespace = sys.modules["__main__"].__dict__
     namespace.setdefault("__builtins__", builtins)
     namespace["get_ipython"] = get_ipython

@@ -97,12 +97,12 @@ def _timed(shell, source, namespace):
     import ast
 
     tree = ast.parse(source)
+    body, last = tree.body, None
+    if body and isinstance(body[-1], ast.Expr):  # like IPython: the last expression's value
+        body, last = body[:-1], body[-1].value
     wall, cpu = time.perf_counter(), time.process_time()
-    value = None
-    if len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr):
-        value = eval(compile(ast.Expression(tree.body[0].value), "<timed>", "eval"), namespace)
-    else:
-        exec(compile(tree, "<timed>", "exec"), namespace)
+    exec(compile(ast.Module(body=body, type_ignores=[]), "<timed>", "exec"), namespace)
+    value = eval(compile(ast.Expression(last), "<timed>", "eval"), namespace) if last else None
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     print(f"CPU times: total: {_format_time(cpu)}")
     print(f"Wall time: {_format_time(wall)}")
@@ -114,7 +114,7 @@ def time_magic(shell, line):
 
 
 def time_cell_magic(shell, line, cell):
-    _timed(shell, cell, shell.user_ns)
+    return _timed(shell, cell, shell.user_ns)
 
 
 class TimeitResult:

@@ -33,11 +33,20 @@ def configure(figure_format=None, figure_formats=None, print_figure_kwargs=None,
         unknown = formats - FORMATS
         if unknown:
             raise ValueError(f"unknown figure format(s) {sorted(unknown)}; use {sorted(FORMATS)}")
+        if "jpeg" in formats and not _jpeg_available():
+            raise ValueError("JPEG figures are not available: this runtime's Pillow has no JPEG"
+                             " encoder. Use 'png', 'retina' or 'svg'.")
         settings["figure_formats"] = formats
     if print_figure_kwargs is not None:
         settings["print_figure_kwargs"] = dict(print_figure_kwargs)
     if close_figures is not None:
         settings["close_figures"] = bool(close_figures)
+
+
+def _jpeg_available():
+    from PIL import features
+
+    return bool(features.check("jpg"))
 
 
 def set_matplotlib_formats(*formats, **kwargs):

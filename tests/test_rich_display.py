@@ -421,8 +421,15 @@ def test_raw_bundle_that_is_not_a_dict_fails_clearly(kernel: Kernel) -> None:
     error = failure(kernel, "display('<b>x</b>', raw=True)")
     assert error["ename"] == "TypeError"
     assert "mime type" in error["evalue"]
-    bad_value = failure(kernel, "display({'application/json': 5}, raw=True)")
+    bad_value = failure(kernel, "display({'text/html': 5}, raw=True)")
     assert bad_value["ename"] == "TypeError"
+
+
+def test_json_mime_types_carry_any_json_value(kernel: Kernel) -> None:
+    """nbformat allows any JSON value under a JSON mime type, numbers included."""
+    run = kernel.execute("display({'application/json': 5, 'text/plain': '5'}, raw=True)")
+    assert run.content["status"] == "ok"
+    assert run.of_type("display_data")[0]["data"]["application/json"] == 5
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,9 @@ def _mime_data(value: Any) -> dict:
     _check(_is_str_dict(value) and bool(value), "data must be a non-empty object keyed by mime type")
     for mime, payload in value.items():
         _check("/" in mime and len(mime) < 256, f"bad mime type {mime[:64]!r}")
-        _check(isinstance(payload, (str, dict, list)), f"{mime} payload must be text or JSON")
+        # JSON mime types (application/json, application/vnd.x+json) may hold any JSON value
+        _check(isinstance(payload, (str, dict, list)) or mime.endswith("json"),
+               f"{mime} payload must be text or JSON")
     return value
 
 

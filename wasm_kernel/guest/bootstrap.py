@@ -79,7 +79,8 @@ def mime_bundle(obj, include=None, exclude=None):
     if callable(bundle_method):
         try:
             result = bundle_method(include=include, exclude=exclude)
-        except Exception:
+        except Exception as exc:
+            _formatter_failed(obj, "_repr_mimebundle_", exc)
             result = None
         if isinstance(result, tuple) and len(result) == 2:
             result, extra = result
@@ -92,7 +93,8 @@ def mime_bundle(obj, include=None, exclude=None):
             continue
         try:
             value = method()
-        except Exception:
+        except Exception as exc:
+            _formatter_failed(obj, method_name, exc)
             continue
         if isinstance(value, tuple) and len(value) == 2:
             value, extra = value
@@ -107,6 +109,12 @@ def mime_bundle(obj, include=None, exclude=None):
     if exclude:
         data = {mime: value for mime, value in data.items() if mime not in exclude}
     return data, metadata
+
+
+def _formatter_failed(obj, method_name, exc):
+    """Say on stderr that a rich representation failed (IPython prints the traceback)."""
+    sys.stderr.write(f"{type(obj).__name__}.{method_name}() raised {type(exc).__name__}: {exc};"
+                     " that representation is left out\n")
 
 
 def plain_text(obj):
@@ -129,6 +137,10 @@ def displayhook(value):
     if value is None:
         return
     builtins._ = value
+    custom = getattr(value, "_ipython_display_", None)
+    if callable(custom) and not isinstance(value, type):
+        custom()  # the object displays itself, as IPython lets it
+        return
     data, metadata = mime_bundle(value)
     call_host("result", data=data, metadata=metadata)
 

@@ -24,9 +24,11 @@ def _wire_value(mime, value):
         return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, (str, dict, list)):
         return value
+    if mime.endswith("json") and (value is None or isinstance(value, (bool, int, float))):
+        return value  # JSON mime types may hold any JSON value
     raise TypeError(
         f"cannot display {type(value).__name__} as {mime!r}: "
-        "a mime bundle's values must be str, bytes, dict or list"
+        "a mime bundle's values must be str, bytes, dict or list (any JSON value for JSON types)"
     )
 
 

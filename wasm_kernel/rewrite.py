@@ -129,6 +129,8 @@ def serialize(layout: ModuleLayout) -> bytes:
 
 def imported_counts(layout: ModuleLayout) -> tuple[int, int]:
     """Number of imported functions and globals (they come first in each index space)."""
+    if not any(section.id == SECTION_IMPORT for section in layout.sections):
+        return 0, 0
     body = layout.find(SECTION_IMPORT).body
     count, pos = read_u32(body, 0)
     functions = globals_ = 0

@@ -6,6 +6,7 @@ precompiled; the README's test command does both.
 
 from __future__ import annotations
 
+import ast
 import os
 import time
 from collections.abc import Iterator
@@ -40,6 +41,19 @@ class CellRun:
     def result_text(self) -> str | None:
         results = self.of_type("execute_result")
         return results[-1]["data"]["text/plain"] if results else None
+
+
+def ok(run: CellRun) -> CellRun:
+    """Assert the cell succeeded, showing the kernel's traceback when it did not."""
+    assert run.content["status"] == "ok", "\n".join(run.content.get("traceback", []))
+    return run
+
+
+def plain(run: CellRun) -> Any:
+    """The execute_result's text/plain, read back as a Python literal."""
+    text = run.result_text()
+    assert text is not None, f"no execute_result in {run.messages}"
+    return ast.literal_eval(text)
 
 
 class Kernel:

@@ -8,7 +8,6 @@ the kernel itself.
 
 from __future__ import annotations
 
-import ast
 import base64
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import pytest
 from jupyter_client.manager import KernelManager
 
 import wasm_kernel
-from conftest import KERNEL_NAME, CellRun, Kernel
+from conftest import CellRun, KERNEL_NAME, Kernel, ok, plain
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 HOST_PATHS = [str(Path(wasm_kernel.__file__).resolve().parent), sys.prefix, str(Path.home())]
@@ -69,19 +68,6 @@ def execute_answering(kernel: Kernel, code: str, answers: list[str]) -> tuple[Ce
         requests.append(prompt)
         kernel.client.input(answer)
     return collect(kernel, msg_id), requests
-
-
-def ok(run: CellRun) -> CellRun:
-    """Assert the cell succeeded, showing the kernel's traceback when it did not."""
-    assert run.content["status"] == "ok", "\n".join(run.content.get("traceback", []))
-    return run
-
-
-def plain(run: CellRun) -> Any:
-    """The execute_result's text/plain, read back as a Python literal."""
-    text = run.result_text()
-    assert text is not None, f"no execute_result in {run.messages}"
-    return ast.literal_eval(text)
 
 
 def error_of(run: CellRun) -> dict:

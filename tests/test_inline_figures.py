@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from conftest import CellRun, Kernel
+from conftest import CellRun, Kernel, ok
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FIGURE_TEXT = re.compile(r"<Figure size \d+x\d+ with \d+ Axes>")
@@ -22,12 +22,6 @@ PLT = "import matplotlib.pyplot as plt\n"
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def ok(run: CellRun) -> CellRun:
-    """Assert the cell succeeded, showing the kernel's traceback when it did not."""
-    assert run.content["status"] == "ok", "\n".join(run.content.get("traceback", []))
-    return run
 
 
 def figures(run: CellRun) -> list[dict]:

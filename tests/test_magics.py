@@ -8,28 +8,14 @@ share the module's kernel; `%cd` tests get their own, since they move the workin
 
 from __future__ import annotations
 
-import ast
 import re
 from typing import Any
 
 import pytest
 
-from conftest import CellRun, Kernel
+from conftest import CellRun, Kernel, ok, plain
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def ok(run: CellRun) -> CellRun:
-    """Assert the cell succeeded, showing the kernel's traceback when it did not."""
-    assert run.content["status"] == "ok", "\n".join(run.content.get("traceback", []))
-    return run
-
-
-def plain(run: CellRun) -> Any:
-    """The execute_result's text/plain, read back as a Python literal."""
-    text = run.result_text()
-    assert text is not None, f"no execute_result in {run.messages}"
-    return ast.literal_eval(text)
 
 
 def error_of(run: CellRun) -> dict:

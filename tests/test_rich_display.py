@@ -11,14 +11,9 @@ import json
 
 import pytest
 
-from conftest import CellRun, Kernel
+from conftest import Kernel, ok
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def ok(run: CellRun) -> CellRun:
-    assert run.content["status"] == "ok", run.of_type("error")
-    return run
 
 
 def shown(kernel: Kernel, code: str) -> list[dict]:

@@ -10,18 +10,12 @@ from __future__ import annotations
 
 import re
 
-from conftest import CellRun, Kernel
+from conftest import Kernel, ok
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def ok(run: CellRun) -> CellRun:
-    """Assert the cell succeeded, showing the kernel's traceback when it did not."""
-    assert run.content["status"] == "ok", "\n".join(run.content.get("traceback", []))
-    return run
 
 
 def failure(kernel: Kernel, code: str) -> tuple[dict, int]:

@@ -7,7 +7,10 @@ memory cap, and the guest's turns. It knows nothing about Jupyter: a ``GuestHost
 per turn receives the guest's output and structured messages.
 
 When a turn traps (fuel, deadline, hard interrupt, memory, stack, anything), the interpreter
-cannot take further turns, so the sandbox starts a fresh one and raises ``CellStopped``.
+cannot take further turns as it is: the sandbox writes back the checkpoint taken after the
+last cell (see ``snapshot``), or with rollback off starts a fresh interpreter, and raises
+``CellStopped``. Interrupts first trip CPython's own SIGINT flags so the cell gets a real
+KeyboardInterrupt; a cell that ignores it is stopped with an epoch trap after a grace time.
 """
 
 from __future__ import annotations
@@ -459,7 +462,9 @@ class Sandbox:
             )
         if code == wasmtime.TrapCode.STACK_OVERFLOW:
             return CellStopped(
-                "StackOverflow", "the cell overflowed the interpreter's native stack."
+                "StackOverflow",
+                "the cell overflowed the interpreter's native stack (very deep recursion in C"
+                " code, or a raised sys.setrecursionlimit).",
             )
         if self.memory_bytes() + (64 << 20) >= limits.memory:
             return CellStopped("MemoryLimitExceeded", memory_limit_text(limits.memory))

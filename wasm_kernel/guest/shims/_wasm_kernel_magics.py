@@ -6,7 +6,6 @@ runtime already ships.
 """
 
 import os
-import sys
 import time
 
 

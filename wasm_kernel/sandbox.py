@@ -291,9 +291,10 @@ class Sandbox:
         if self._call_turn(boot) != 0:
             raise RuntimeError("the guest bootstrap failed to load")
         if self.rollback:
+            # No checkpoint yet: it is taken after the first cell, off the start-up path. A trap
+            # before then restarts the interpreter, which loses nothing but a fresh state.
             named = {export.name: exports[export.name] for export in self.compiled.module.exports}
             self._state = GuestState(self._memory, named)
-            self._state.take(store)
 
     def restart(self) -> None:
         """Replace the interpreter with a fresh one (same private /tmp)."""

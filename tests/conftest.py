@@ -86,6 +86,8 @@ class Kernel:
             run.messages.append(msg)
             run.arrival.append(time.monotonic() - start)
         run.reply = self.client.get_shell_msg(timeout=timeout)
+        while run.reply["msg_type"] == "kernel_info_reply":  # a late answer to wait_for_ready
+            run.reply = self.client.get_shell_msg(timeout=timeout)
         assert run.reply["parent_header"]["msg_id"] == msg_id
         return run
 

@@ -61,9 +61,14 @@ def checkpoint_costs(reps: int) -> dict[str, dict[str, float]]:
     return results
 
 
-def round_trips(rollback: bool, trips: int, pause: float) -> list[float]:
-    manager = KernelManager(kernel_name=KERNEL)
-    manager.start_kernel(extra_arguments=[f"--WasmKernel.rollback={rollback}"])
+def round_trips(
+    rollback: bool | None, trips: int, pause: float, kernel_name: str = KERNEL
+) -> list[float]:
+    """``x + 1`` round trips with the ~500 MiB state loaded; ``rollback`` None: the kernel's
+    default (and the only choice for a kernel other than wasm-python)."""
+    manager = KernelManager(kernel_name=kernel_name)
+    rollback_flag = [] if rollback is None else [f"--WasmKernel.rollback={rollback}"]
+    manager.start_kernel(extra_arguments=rollback_flag)
     client = manager.client()
     client.start_channels()
     client.wait_for_ready(timeout=120)

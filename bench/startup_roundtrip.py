@@ -20,19 +20,21 @@ from jupyter_client.manager import KernelManager
 KERNELS = {"native": "python3", "wasm": "wasm-python"}
 
 
-def await_reply(client, msg_id: str) -> None:
+def await_reply(client, msg_id: str, timeout: float = 120) -> None:
     """Wait for the shell reply to ``msg_id`` (ZMQ queues the request until the kernel binds)."""
-    while client.get_shell_msg(timeout=120)["parent_header"].get("msg_id") != msg_id:
+    while client.get_shell_msg(timeout=timeout)["parent_header"].get("msg_id") != msg_id:
         pass
 
 
-def time_start(kernel_name: str) -> float:
+def time_start(kernel_name: str, env: dict[str, str] | None = None, timeout: float = 120) -> float:
+    """Seconds from start_kernel() to the execute_reply of a first cell; ``env`` replaces the
+    kernel's environment (e.g. to point its caches at an empty folder)."""
     manager = KernelManager(kernel_name=kernel_name)
     began = time.perf_counter()
-    manager.start_kernel()
+    manager.start_kernel(**({"env": env} if env is not None else {}))
     client = manager.client()
     client.start_channels()
-    await_reply(client, client.execute("1"))
+    await_reply(client, client.execute("1"), timeout)
     elapsed = time.perf_counter() - began
     client.stop_channels()
     manager.shutdown_kernel(now=True)

@@ -1,5 +1,8 @@
 """Jupyter interrupts while a cell runs: sleeping, waiting for input, catching it, busy loops.
 
+An interrupt raises KeyboardInterrupt inside the running Python code, busy loops included;
+a cell that has not stopped within the grace time (a loop that swallows the exception) is
+stopped hard and rolled back to its state before the cell (restarted with rollback off).
 The interrupt is sent from a timer thread only after the cell has shown it is running (a
 marker on stdout, or its input_request), so it can never hit an idle kernel by accident.
 Both ways Jupyter delivers it are covered: SIGINT (the kernelspec's signal mode) and
@@ -105,6 +108,8 @@ def run_and_interrupt(
             if msg["msg_type"] == "stream" and MARKER in msg["content"]["text"]:
                 arm()
         result.reply = client.get_shell_msg(timeout=timeout)
+        while result.reply["msg_type"] == "kernel_info_reply":  # a late answer to wait_for_ready
+            result.reply = client.get_shell_msg(timeout=timeout)
         result.replied_at = time.monotonic()
     finally:
         if timer is not None:
@@ -120,6 +125,21 @@ def assert_answers(kernel) -> None:
 
 
 SLEEP_CELL = f"import time\nprint({MARKER!r})\ntime.sleep(60)\nprint('slept through')"
+BUSY_CELL = f"busy_state = 'set before the loop'\nprint({MARKER!r})\nwhile True:\n    pass"
+# Swallows every KeyboardInterrupt. The busy loop's own back-edge is inside the try as well
+# (CPython checks for signals there): with a plain ``while True: try: ... except: pass`` the
+# interrupt sometimes lands on the back-edge outside the try and ends the cell softly.
+SWALLOWING_CELL = (
+    "x = 0\n"
+    "while True:\n"
+    "    try:\n"
+    f"        print({MARKER!r})\n"
+    "        while True:\n"
+    "            x += sum(range(100))\n"
+    "    except BaseException:\n"
+    "        pass\n"
+)
+ROLLBACK_NOTICE = "interpreter was rolled back to its state before this cell"
 
 
 def test_interrupt_ends_sleep_and_keeps_state(kernel: Kernel) -> None:
@@ -162,18 +182,79 @@ def test_interrupt_ends_a_pending_input(kernel: Kernel) -> None:
     assert_answers(kernel)
 
 
-def test_interrupt_stops_a_busy_loop_hard_after_the_grace_period(kernel: Kernel) -> None:
-    """Pure-Python loops never wait on the host, so only the hard stop can end them."""
-    grace = default_of("interrupt_grace")
-    code = f"print({MARKER!r})\nwhile True:\n    pass"
+def test_interrupt_raises_keyboard_interrupt_in_a_busy_loop(kernel: Kernel) -> None:
+    """A pure-Python loop gets a real KeyboardInterrupt, at once: no hard stop, no rollback."""
+    run = run_and_interrupt(kernel, BUSY_CELL, kernel.manager.interrupt_kernel)
+    content = run.content
+    assert content["status"] == "error"
+    assert content["ename"] == "KeyboardInterrupt"
+    assert "stopped hard" not in content["evalue"]
+    assert "rolled back" not in content["evalue"]
+    assert "KeyboardInterrupt" in "\n".join(content["traceback"])
+    assert run.stop_delay < SOFT_BOUND
+    # An ordinary exception: what the cell did before the loop stays.
+    state = kernel.execute("busy_state")
+    assert state.result_text() == "'set before the loop'"
+    assert_answers(kernel)
+
+
+def test_user_code_can_catch_the_interrupt_in_a_busy_loop(kernel: Kernel) -> None:
+    code = (
+        f"print({MARKER!r})\n"
+        "try:\n    while True:\n        pass\nexcept KeyboardInterrupt:\n    print('caught')\n"
+        "print('after')"
+    )
     run = run_and_interrupt(kernel, code, kernel.manager.interrupt_kernel)
+    assert run.content["status"] == "ok", run.content
+    assert run.stdout() == f"{MARKER}\ncaught\nafter\n"
+    assert run.stop_delay < SOFT_BOUND
+    assert_answers(kernel)
+
+
+def test_interrupt_stops_a_swallowing_loop_hard_after_the_grace_period(kernel: Kernel) -> None:
+    """A loop that catches every KeyboardInterrupt is stopped hard once the grace time has
+    passed, and the cell is rolled back: its own x is gone, the earlier one is back."""
+    grace = default_of("interrupt_grace")
+    assert kernel.execute("x = 'before the loop'").content["status"] == "ok"
+    run = run_and_interrupt(kernel, SWALLOWING_CELL, kernel.manager.interrupt_kernel)
     content = run.content
     assert content["status"] == "error"
     assert content["ename"] == "KeyboardInterrupt"
     assert "stopped hard" in content["evalue"]
-    assert "interpreter was restarted" in content["evalue"]
+    assert ROLLBACK_NOTICE in content["evalue"]
+    assert "interpreter was restarted" not in content["evalue"]
     assert grace * 0.9 <= run.stop_delay < grace + 6
     assert_answers(kernel)
+    assert kernel.execute("x").result_text() == "'before the loop'"
+
+
+def test_hard_stop_restarts_the_interpreter_without_rollback(start_kernel) -> None:
+    kernel = start_kernel(["--WasmKernel.rollback=False", "--WasmKernel.interrupt_grace=1"])
+    assert kernel.execute("x = 'before the loop'").content["status"] == "ok"
+    run = run_and_interrupt(kernel, SWALLOWING_CELL, kernel.manager.interrupt_kernel)
+    content = run.content
+    assert content["ename"] == "KeyboardInterrupt"
+    assert "stopped hard" in content["evalue"]
+    assert "interpreter was restarted" in content["evalue"]
+    assert "rolled back" not in content["evalue"]
+    assert 0.9 <= run.stop_delay < 1 + 6
+    gone = kernel.execute("x")
+    assert gone.content["status"] == "error"
+    assert gone.content["ename"] == "NameError"
+    assert_answers(kernel)
+
+
+def test_interrupt_while_idle_does_not_reach_the_next_cell(kernel: Kernel) -> None:
+    """An interrupt with no cell running is dropped, not left for the next cell to raise."""
+    kernel.manager.interrupt_kernel()
+    time.sleep(0.5)
+    code = (
+        "import time\ntotal = 0\nfor i in range(200_000):\n    total += i\n"
+        "time.sleep(0.3)\nprint(total)"
+    )
+    run = kernel.execute(code)
+    assert run.content["status"] == "ok", run.content
+    assert run.stream_text() == f"{sum(range(200_000))}\n"
 
 
 class MessageModeKernel:
@@ -211,6 +292,19 @@ def test_message_mode_interrupt_ends_sleep(message_mode_kernel: MessageModeKerne
     assert run.content["ename"] == "KeyboardInterrupt"
     assert run.stop_delay < SOFT_BOUND
     assert kernel.execute("kept").result_text() == "1"
+    assert_answers(kernel)
+
+
+def test_message_mode_interrupt_raises_in_a_busy_loop(
+    message_mode_kernel: MessageModeKernel,
+) -> None:
+    kernel = message_mode_kernel
+    run = run_and_interrupt(kernel, BUSY_CELL, kernel.manager.interrupt_kernel)
+    assert run.content["status"] == "error"
+    assert run.content["ename"] == "KeyboardInterrupt"
+    assert "stopped hard" not in run.content["evalue"]
+    assert run.stop_delay < SOFT_BOUND
+    assert kernel.execute("busy_state").result_text() == "'set before the loop'"
     assert_answers(kernel)
 
 

@@ -1,7 +1,10 @@
 """Per-cell limits over jupyter_client: fuel, wall-clock time, memory, output, stack.
 
-Every limit that stops a cell must leave a kernel that answers the next one. Kernels with
-non-default settings are started once per setting; the default one is conftest's ``kernel``.
+Every limit that stops a cell must leave a kernel that answers the next one. A limit that
+traps (fuel, time) rolls the interpreter back to its state before the cell, so earlier names
+survive and the cell's own changes are undone; with ``--WasmKernel.rollback=False`` the
+interpreter is restarted instead. Kernels with non-default settings are started once per
+setting; the default one is conftest's ``kernel``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ from conftest import Kernel
 from wasm_kernel.kernel import WasmKernel
 
 SMALL_FUEL = 2_000_000_000
+ROLLBACK_NOTICE = (
+    "The interpreter was rolled back to its state before this cell: names, imports and"
+    " objects from earlier cells are intact."
+)
 RESTART_NOTICE = "interpreter was restarted"
 
 
@@ -51,13 +58,17 @@ def timed_kernel() -> Iterator[Kernel]:
 
 
 def assert_fuel_exhausted(kernel: Kernel, fuel: int) -> None:
+    """A busy loop runs out of fuel and is rolled back (after a first cell has run: the first
+    checkpoint is taken after it)."""
+    assert_answers(kernel)
     run = kernel.execute("while True: pass")
     content = run.content
     assert content["status"] == "error"
     assert content["ename"] == "FuelExhausted"
     assert f"{fuel:,}" in content["evalue"]
     assert "WasmKernel.fuel" in content["evalue"]
-    assert RESTART_NOTICE in content["evalue"]
+    assert ROLLBACK_NOTICE in content["evalue"]
+    assert RESTART_NOTICE not in content["evalue"]
     assert [e["ename"] for e in run.of_type("error")] == ["FuelExhausted"]
 
 
@@ -66,13 +77,58 @@ def test_fuel_exhaustion_stops_the_cell_and_says_how_to_raise_it(small_fuel_kern
     assert_answers(small_fuel_kernel)
 
 
-def test_fuel_exhaustion_restarts_the_interpreter(small_fuel_kernel: Kernel) -> None:
-    """The message says state is gone; check that it really is (a trap cannot keep it)."""
-    assert small_fuel_kernel.execute("before_fuel = 1").content["status"] == "ok"
-    assert small_fuel_kernel.execute("while True: pass").content["ename"] == "FuelExhausted"
-    after = small_fuel_kernel.execute("before_fuel")
+def test_fuel_exhaustion_rolls_the_cell_back(small_fuel_kernel: Kernel) -> None:
+    """The message says earlier state is intact; check that it is, and that the cell's own
+    changes before it ran out are undone."""
+    kernel = small_fuel_kernel
+    assert kernel.execute("before_fuel = [1]").content["status"] == "ok"
+    run = kernel.execute(
+        "before_fuel.append(2)\nmade_in_cell = 3\nprint('changed')\nwhile True: pass"
+    )
+    assert run.content["ename"] == "FuelExhausted"
+    assert run.stream_text() == "changed\n"
+    after = kernel.execute("before_fuel, 'made_in_cell' in dir()")
+    assert after.content["status"] == "ok", after.content
+    assert after.result_text() == "([1], False)"
+
+
+def test_trap_in_the_first_cell_restarts_the_fresh_interpreter(start_kernel) -> None:
+    """Before any cell has finished there is no checkpoint yet: a trap restarts the (still
+    fresh) interpreter and says so; from then on traps roll back."""
+    kernel = start_kernel([f"--WasmKernel.fuel={SMALL_FUEL}"])
+    first = kernel.execute("while True: pass").content
+    assert first["ename"] == "FuelExhausted"
+    assert RESTART_NOTICE in first["evalue"]
+    assert "rolled back" not in first["evalue"]
+    assert kernel.execute("kept_after_restart = 1").content["status"] == "ok"
+    second = kernel.execute("while True: pass").content
+    assert second["ename"] == "FuelExhausted"
+    assert ROLLBACK_NOTICE in second["evalue"]
+    assert kernel.execute("kept_after_restart").result_text() == "1"
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [{"extra_arguments": ["--WasmKernel.rollback=False"]}, {"env": {"WASM_KERNEL_ROLLBACK": "0"}}],
+    ids=["argument", "environment"],
+)
+def test_fuel_exhaustion_restarts_the_interpreter_without_rollback(start_kernel, setting) -> None:
+    """With rollback off a trap restarts the interpreter: the message says state is gone,
+    and it really is."""
+    arguments = [f"--WasmKernel.fuel={SMALL_FUEL}", *setting.get("extra_arguments", [])]
+    kernel = start_kernel(arguments, env=setting.get("env"))
+    assert kernel.execute("before_fuel = 1").content["status"] == "ok"
+    run = kernel.execute("while True: pass")
+    content = run.content
+    assert content["ename"] == "FuelExhausted"
+    assert f"{SMALL_FUEL:,}" in content["evalue"]
+    assert RESTART_NOTICE in content["evalue"]
+    assert "are gone" in content["evalue"]
+    assert "rolled back" not in content["evalue"]
+    after = kernel.execute("before_fuel")
     assert after.content["status"] == "error"
     assert after.content["ename"] == "NameError"
+    assert_answers(kernel)
 
 
 @pytest.mark.parametrize(
@@ -81,16 +137,24 @@ def test_fuel_exhaustion_restarts_the_interpreter(small_fuel_kernel: Kernel) -> 
     ids=["sleeping", "busy"],
 )
 def test_time_limit_stops_the_cell(timed_kernel: Kernel, code: str) -> None:
+    """The deadline traps, and the cell is rolled back: earlier names keep their values."""
+    kept = timed_kernel.execute("timed_kept = {'n': 1}")
+    assert kept.content["status"] == "ok"
     start = time.monotonic()
-    run = timed_kernel.execute(code, timeout=60)
+    run = timed_kernel.execute(
+        f"timed_kept['n'] = 2\ntimed_new = 1\n{code}", timeout=60
+    )
     elapsed = time.monotonic() - start
     content = run.content
     assert content["status"] == "error"
     assert content["ename"] == "TimeLimitExceeded"
     assert "time_limit" in content["evalue"]
-    assert RESTART_NOTICE in content["evalue"]
+    assert ROLLBACK_NOTICE in content["evalue"]
+    assert RESTART_NOTICE not in content["evalue"]
     assert 1.9 <= elapsed < 10, f"a 2 s limit stopped the cell after {elapsed:.1f} s"
     assert_answers(timed_kernel)
+    state = timed_kernel.execute("timed_kept, 'timed_new' in dir()")
+    assert state.result_text() == "({'n': 1}, False)"
 
 
 def test_time_limit_does_not_stop_a_short_cell(timed_kernel: Kernel) -> None:
@@ -110,6 +174,7 @@ def test_memory_bomb_raises_memory_limit_and_keeps_state(start_kernel) -> None:
     assert content["ename"] == "MemoryLimitExceeded"
     assert "256 MiB" in content["evalue"]
     assert "memory_limit" in content["evalue"]
+    assert "rolled back" not in content["evalue"], "an ordinary MemoryError is not a trap"
     assert_answers(kernel)
     kept = kernel.execute("kept_before_bomb")
     assert kept.content["status"] == "ok"

@@ -52,7 +52,8 @@ def test_leb128_round_trips() -> None:
 def test_mutable_globals_are_exported_and_writable(rewritten) -> None:
     store, exports = rewritten
     names = set(exports)
-    assert {"wasm_kernel.global.0", "wasm_kernel.global.1", rewrite.BRK_EXPORT} <= names
+    assert {"wasm_kernel.global.0", "wasm_kernel.global.1", rewrite.BRK_EXPORT,
+            rewrite.GROW_FAILED_EXPORT} <= names
     assert "wasm_kernel.global.2" not in names, "an immutable global needs no restoring"
     counter = exports["wasm_kernel.global.1"]
     assert counter.value(store) == 11
@@ -85,8 +86,10 @@ def test_sbrk_refuses_negative_and_impossible_increments(rewritten) -> None:
     before = brk.value(store)
     assert sbrk(store, -PAGE) & 0xFFFFFFFF == 0xFFFFFFFF
     assert brk.value(store) == before, "a refused increment leaves the break alone"
+    assert exports[rewrite.GROW_FAILED_EXPORT].value(store) == 0, "negative is refused, not failed"
     brk.set_value(store, 0xFFFF0000 - 2**32)  # near the top of the 4 GiB space (signed i32)
     assert sbrk(store, 0x20000) & 0xFFFFFFFF == 0xFFFFFFFF, "passing 4 GiB must fail, not wrap"
+    assert exports[rewrite.GROW_FAILED_EXPORT].value(store) == 1, "the failure is recorded"
 
 
 @pytest.mark.parametrize(
@@ -123,7 +126,7 @@ def test_real_runtime_rewrites_and_its_interrupt_cells_are_found() -> None:
     assert wasmtime.Module.validate(wasmtime.Engine(_engine_config()), restorable) is None
     layout = rewrite.parse_sections(restorable)
     assert len(rewrite.defined_globals(layout)) == len(
-        rewrite.defined_globals(rewrite.parse_sections(wasm))) + 1
+        rewrite.defined_globals(rewrite.parse_sections(wasm))) + 2, "brk and grow_failed"
 
 
 def _engine_config() -> wasmtime.Config:

@@ -8,7 +8,9 @@ global. The runtime module keeps its globals private and derives the program bre
 - adds a mutable global ``wasm_kernel.brk`` holding the program break, and replaces the body
   of ``sbrk`` with one that moves that break and grows memory only when the break passes the
   end. Memory grown by a rolled-back cell is then reused instead of leaked (memory never
-  shrinks, so otherwise each trap could strand hundreds of MiB).
+  shrinks, so otherwise each trap could strand hundreds of MiB);
+- adds ``wasm_kernel.grow_failed``, which that ``sbrk`` sets when memory cannot grow (the
+  memory limit), so the host can tell a trap that followed an allocation failure.
 
 It reads and writes only the sections it needs and refuses, with a clear error, any module
 whose shape it does not recognise (no name for ``sbrk``, an unexpected signature, imported
@@ -20,13 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAGIC = b"\x00asm\x01\x00\x00\x00"
-VERSION = 2  # bump when the rewrite changes: it is part of the compiled-cache key
+VERSION = 3  # bump when the rewrite changes: it is part of the compiled-cache key
 
 SECTION_TYPE, SECTION_IMPORT, SECTION_FUNCTION = 1, 2, 3
 SECTION_GLOBAL, SECTION_EXPORT, SECTION_CODE = 6, 7, 10
 I32, MUTABLE = 0x7F, 0x01
 EXPORT_GLOBAL = 0x03
 BRK_EXPORT = "wasm_kernel.brk"
+GROW_FAILED_EXPORT = "wasm_kernel.grow_failed"  # set to 1 when sbrk could not grow memory
 GLOBAL_EXPORT_PREFIX = "wasm_kernel.global."
 PAGE = 65536
 
@@ -217,10 +220,11 @@ def _constant_end(body: bytes, pos: int) -> int:
 # -- the rewrite --------------------------------------------------------------------------------
 
 
-def _sbrk_body(brk: int) -> bytes:
+def _sbrk_body(brk: int, grow_failed: int) -> bytes:
     """``sbrk(increment)`` over the ``brk`` global: grow memory only past its current end."""
     get_brk = b"\x23" + write_u32(brk)
     set_brk = b"\x24" + write_u32(brk)
+    fail = b"\x41\x01\x24" + write_u32(grow_failed) + b"\x41\x7f\x0f"  # flag it, return -1
     memory_bytes = b"\x3f\x00" + b"\x41" + write_s32(16) + b"\x74"  # memory.size << 16
     code = b"".join([
         # first call: the break starts at the end of the initial memory
@@ -229,12 +233,12 @@ def _sbrk_body(brk: int) -> bytes:
         b"\x20\x00", b"\x41\x00", b"\x48", b"\x04\x40", b"\x41\x7f", b"\x0f", b"\x0b",
         # new = brk + increment, in 64 bits so that passing 4 GiB is seen
         get_brk, b"\xad", b"\x20\x00", b"\xad", b"\x7c", b"\x22\x01",
-        b"\x42" + write_s32(1 << 32), b"\x56", b"\x04\x40", b"\x41\x7f", b"\x0f", b"\x0b",
+        b"\x42" + write_s32(1 << 32), b"\x56", b"\x04\x40", fail, b"\x0b",
         # past the end of memory: grow by the missing pages, or fail with -1
         b"\x20\x01", b"\x3f\x00", b"\xad", b"\x42\x10", b"\x86", b"\x56", b"\x04\x40",
         b"\x20\x01", b"\x3f\x00", b"\xad", b"\x42\x10", b"\x86", b"\x7d",
         b"\x42" + write_s32(PAGE - 1), b"\x7c", b"\x42\x10", b"\x88", b"\xa7",
-        b"\x40\x00", b"\x41\x7f", b"\x46", b"\x04\x40", b"\x41\x7f", b"\x0f", b"\x0b",
+        b"\x40\x00", b"\x41\x7f", b"\x46", b"\x04\x40", fail, b"\x0b",
         b"\x0b",
         # return the old break and move it
         get_brk, b"\x20\x01", b"\xa7", set_brk, b"\x0b",
@@ -253,18 +257,16 @@ def make_restorable(wasm: bytes) -> bytes:
     if sbrk is None or sbrk < imported_functions:
         raise UnsupportedModule("the module has no defined function named sbrk")
     globals_ = defined_globals(layout)
-    brk = len(globals_)
+    brk, grow_failed = len(globals_), len(globals_) + 1
 
     global_section = layout.find(SECTION_GLOBAL)
     count, pos = read_u32(global_section.body, 0)
-    global_section.body = (
-        write_u32(count + 1) + global_section.body[pos:]
-        + bytes([I32, MUTABLE]) + b"\x41\x00\x0b"
-    )
+    new_global = bytes([I32, MUTABLE]) + b"\x41\x00\x0b"  # mutable i32 = 0
+    global_section.body = write_u32(count + 2) + global_section.body[pos:] + new_global * 2
 
     exports = [(f"{GLOBAL_EXPORT_PREFIX}{index}", index)
                for index, (_, mutable, _) in enumerate(globals_) if mutable]
-    exports.append((BRK_EXPORT, brk))
+    exports += [(BRK_EXPORT, brk), (GROW_FAILED_EXPORT, grow_failed)]
     export_section = layout.find(SECTION_EXPORT)
     count, pos = read_u32(export_section.body, 0)
     export_section.body = write_u32(count + len(exports)) + export_section.body[pos:] + b"".join(
@@ -272,7 +274,7 @@ def make_restorable(wasm: bytes) -> bytes:
     )
 
     bodies = code_bodies(layout)
-    bodies[sbrk - imported_functions] = _sbrk_body(brk)
+    bodies[sbrk - imported_functions] = _sbrk_body(brk, grow_failed)
     layout.find(SECTION_CODE).body = write_u32(len(bodies)) + b"".join(
         write_u32(len(body)) + body for body in bodies
     )

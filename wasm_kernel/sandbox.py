@@ -326,9 +326,13 @@ class Sandbox:
     def checkpoint_stats(self) -> CheckpointStats | None:
         return self._state.last if self._state is not None else None
 
-    def memory_bytes(self) -> int:
-        assert self._store is not None
-        return self._memory.data_len(self._store)
+    def _hit_memory_limit(self, store: wasmtime.Store, memory_at_start: int, limit: int) -> bool:
+        """Did the turn fail to get memory? Exact with rollback (sbrk records failures),
+        otherwise judged by growth to near the limit."""
+        if self._state is not None:
+            return self._state.growth_failed(store)
+        size = self._memory.data_len(store)
+        return size > memory_at_start and size + (64 << 20) >= limit
 
     # -- turns ----------------------------------------------------------------------------------
 
@@ -364,6 +368,9 @@ class Sandbox:
             self._host = host
             self._changed = True
             self._signals = self._signal_flags(store)
+            memory_at_start = self._memory.data_len(store)
+            if self._state is not None:
+                self._state.growth_failed(store, reset=True)
             turn = self.interrupts.begin()
             self._output.begin(host.stream, limits.output, self._output_notice(limits.output))
             store.set_fuel(limits.fuel)
@@ -380,7 +387,7 @@ class Sandbox:
                     "GuestExited", f"the interpreter exited with status {exit_trap.code}."
                 )
             except wasmtime.Trap as trap:
-                stopped = self._explain_trap(trap, limits)
+                stopped = self._explain_trap(trap, limits, memory_at_start)
             else:
                 stopped = None if status != TURN_REFUSED else CellStopped(
                     "GuestRefused", "the interpreter refused to run after an earlier failure."
@@ -440,7 +447,9 @@ class Sandbox:
         except IndexError:
             log.warning("could not reach the interpreter's signal flags")
 
-    def _explain_trap(self, trap: wasmtime.Trap, limits: Limits) -> CellStopped:
+    def _explain_trap(
+        self, trap: wasmtime.Trap, limits: Limits, memory_at_start: int
+    ) -> CellStopped:
         code = trap.trap_code
         if code == wasmtime.TrapCode.OUT_OF_FUEL:
             return CellStopped(
@@ -467,7 +476,8 @@ class Sandbox:
                 "the cell overflowed the interpreter's native stack (very deep recursion in C"
                 " code, or a raised sys.setrecursionlimit).",
             )
-        if self.memory_bytes() + (64 << 20) >= limits.memory:
+        if self._hit_memory_limit(self._store, memory_at_start, limits.memory):
+            # an allocation failed at the limit, and then C code gave up (abort)
             return CellStopped("MemoryLimitExceeded", memory_limit_text(limits.memory))
         return CellStopped("GuestCrashed", f"the interpreter trapped: {trap.message}.")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import wasmtime
 
-from .rewrite import BRK_EXPORT, GLOBAL_EXPORT_PREFIX, InterruptCells
+from .rewrite import BRK_EXPORT, GLOBAL_EXPORT_PREFIX, GROW_FAILED_EXPORT, InterruptCells
 
 Store = wasmtime.Store | wasmtime.Caller
 
@@ -39,6 +39,7 @@ class GuestState:
     def __init__(self, memory: wasmtime.Memory, exports: dict[str, wasmtime.Global]):
         self._memory = memory
         self._brk = exports[BRK_EXPORT]
+        self._grow_failed = exports[GROW_FAILED_EXPORT]
         self._globals = {name: value for name, value in exports.items()
                          if name.startswith(GLOBAL_EXPORT_PREFIX)}
         self._buffer = bytearray()
@@ -60,6 +61,13 @@ class GuestState:
         self._saved_globals = {name: value.value(store) for name, value in self._globals.items()}
         self._saved_globals[BRK_EXPORT] = size
         self.last = CheckpointStats(size, time.perf_counter() - began)
+
+    def growth_failed(self, store: wasmtime.Store, reset: bool = False) -> bool:
+        """Whether sbrk failed to grow memory (the memory limit) since the last reset."""
+        failed = self._grow_failed.value(store) != 0
+        if reset:
+            self._grow_failed.set_value(store, 0)
+        return failed
 
     @property
     def taken(self) -> bool:

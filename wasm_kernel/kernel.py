@@ -9,8 +9,10 @@ free for control messages and SIGINT while a cell runs.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
+import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -54,6 +56,21 @@ def _env_default(trait: str, fallback: Any) -> Any:
             raise ValueError(f"{variable}={raw!r} is not a valid {type(fallback).__name__}") from None
 
     return default(trait)(read)
+
+
+def _log_to_process_stderr() -> None:
+    """Send this package's log records to the process's own stderr (the kernel log).
+
+    Without a handler they would reach Python's last-resort handler, which writes to
+    ``sys.stderr``: ipykernel forwards that to every client as stream output, so host
+    diagnostics (quoting guest-controlled bytes) would appear in notebooks.
+    """
+    package = logging.getLogger("wasm_kernel")
+    if not package.handlers:
+        handler = logging.StreamHandler(sys.__stderr__)
+        handler.setFormatter(logging.Formatter("[wasm-kernel] %(levelname)s | %(message)s"))
+        package.addHandler(handler)
+        package.propagate = False
 
 
 class WasmKernel(Kernel):
@@ -107,6 +124,7 @@ class WasmKernel(Kernel):
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
+        _log_to_process_stderr()
         self.runtime = load_runtime(self.runtime_name)
         self.limits = Limits(
             fuel=self.fuel,

@@ -70,10 +70,12 @@ class GuestHost(Protocol):
 class CellStopped(Exception):
     """A turn ended in a trap; the interpreter was replaced by a fresh one."""
 
-    def __init__(self, ename: str, evalue: str):
+    def __init__(self, ename: str, evalue: str, recovered: bool = False, fresh: bool = False):
         super().__init__(f"{ename}: {evalue}")
         self.ename = ename
         self.evalue = evalue
+        self.recovered = recovered  # the sandbox already put the interpreter right
+        self.fresh = fresh  # only a fresh interpreter will do (a rollback would not help)
 
 
 class Interrupts:
@@ -282,19 +284,25 @@ class Sandbox:
         self._alloc: wasmtime.Func = exports["host_alloc"]
         if not self.compiled.runtime.preinitialized:
             exports["_initialize"](store)
-        boot = (
-            f"exec(compile({bootstrap_source()!r}, {GUEST_FILE!r}, 'exec'), "
-            f"__import__('sys').modules.setdefault({GUEST_MODULE!r}, "
-            f"__import__('types').ModuleType({GUEST_MODULE!r})).__dict__)\n"
-            f"__import__({GUEST_MODULE!r}).install_modules({shipped_modules()!r})"
-        )
-        if self._call_turn(boot) != 0:
+        if self._call_turn(self._boot_source()) != 0:
             raise RuntimeError("the guest bootstrap failed to load")
         if self.rollback:
             # No checkpoint yet: it is taken after the first cell, off the start-up path. A trap
             # before then restarts the interpreter, which loses nothing but a fresh state.
             named = {export.name: exports[export.name] for export in self.compiled.module.exports}
             self._state = GuestState(self._memory, named)
+
+    @staticmethod
+    def _boot_source() -> str:
+        """The turn that (re)installs the guest module: used at start and to repair it."""
+        return (
+            "import sys as _sys, types as _types\n"
+            f"_module = _types.ModuleType({GUEST_MODULE!r})\n"
+            f"exec(compile({bootstrap_source()!r}, {GUEST_FILE!r}, 'exec'), _module.__dict__)\n"
+            f"_sys.modules[{GUEST_MODULE!r}] = _module\n"
+            f"_module.install_modules({shipped_modules()!r})\n"
+            "del _sys, _types, _module"
+        )
 
     def restart(self) -> None:
         """Replace the interpreter with a fresh one (same private /tmp)."""
@@ -389,9 +397,7 @@ class Sandbox:
             except wasmtime.Trap as trap:
                 stopped = self._explain_trap(trap, limits, memory_at_start)
             else:
-                stopped = None if status != TURN_REFUSED else CellStopped(
-                    "GuestRefused", "the interpreter refused to run after an earlier failure."
-                )
+                stopped = self._check_status(status)
             finally:
                 self.interrupts.end()
                 if deadline is not None:
@@ -400,9 +406,9 @@ class Sandbox:
                 self._output.end()
                 self._host = None
             if stopped is not None:
-                if self._closing:
+                if self._closing or stopped.recovered:
                     raise stopped
-                if self._state is not None and self._state.taken:
+                if self._state is not None and self._state.taken and not stopped.fresh:
                     self._state.restore(store)
                     self._changed = False
                     stopped.evalue += (
@@ -416,6 +422,33 @@ class Sandbox:
                         " earlier cells are gone."
                     )
                 raise stopped
+
+    def _check_status(self, status: int) -> CellStopped | None:
+        """A turn that returns non-zero escaped the guest's own error handling: a cell broke
+        the kernel's guest code (deleted its module, closed stdout...). Reinstall it, or
+        start a fresh interpreter if even that fails."""
+        if status == 0:
+            return None
+        if status != TURN_REFUSED:
+            try:
+                if self._call_turn(self._boot_source()) == 0:
+                    if self._state is not None and self._store is not None:
+                        self._state.take(self._store)  # roll back to the repaired state from now
+                    return CellStopped(
+                        "KernelSupportDamaged",
+                        "a cell damaged the kernel's code inside the sandbox (for example by"
+                        " deleting or replacing its modules or streams); it has been reinstalled"
+                        " and your variables are kept. Run the cell again.",
+                        recovered=True,
+                    )
+            except (wasmtime.Trap, wasmtime.ExitTrap):
+                pass
+        return CellStopped(
+            "KernelSupportDamaged",
+            "the interpreter could no longer run cells: the kernel's code inside the sandbox was"
+            " damaged beyond repair.",
+            fresh=True,
+        )
 
     def _signal_flags(self, store: wasmtime.Store) -> SignalFlags | None:
         """CPython's SIGINT flags for this turn, cleared of any left from an earlier one."""
@@ -510,10 +543,13 @@ class Sandbox:
     def _host_call(self, caller: wasmtime.Caller, ptr: int, length: int,
                    out_ptr: int, out_len_ptr: int) -> int:
         try:
-            if not 0 <= length <= MAX_MESSAGE:
-                return -2
-            message = protocol.parse(self._read(caller, ptr, length))
-            reply = self._dispatch(message, length)
+            if length & 0xFFFFFFFF > MAX_MESSAGE:
+                # too big to even read: dropped like any output past the cell's budget
+                self._output.charge(length & 0xFFFFFFFF)
+                reply: dict = {}
+            else:
+                message = protocol.parse(self._read(caller, ptr, length))
+                reply = self._dispatch(message, length)
             data = json.dumps(reply).encode()
             pointer = self._alloc(caller, len(data))
             self._write(caller, pointer, data)

@@ -55,7 +55,7 @@ class History:
                 self.db.execute(
                     "INSERT OR REPLACE INTO history VALUES (?, ?, ?)", (self.session, line, source)
                 )
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, UnicodeEncodeError) as exc:
             log.warning("could not record history: %s", exc)
 
     def tail(self, n: int, unique: bool = False) -> list[Entry]:

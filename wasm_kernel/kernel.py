@@ -265,6 +265,63 @@ class WasmKernel(Kernel):
         if self._boot.done() and not self._boot.exception():
             self._boot.result().interrupt()
 
+    # -- malformed requests -----------------------------------------------------------------
+    # ipykernel's handlers drop requests whose content lacks what they read (no reply at all,
+    # so the client waits forever). These wrappers answer them with an error reply instead.
+
+    async def execute_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        if not self._refuse_malformed(stream, ident, parent, "execute_reply", {"code": str}):
+            await super().execute_request(stream, ident, parent)
+
+    async def complete_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        fields = {"code": str, "cursor_pos": int}
+        if not self._refuse_malformed(stream, ident, parent, "complete_reply", fields):
+            await super().complete_request(stream, ident, parent)
+
+    async def inspect_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        fields = {"code": str, "cursor_pos": int}
+        if not self._refuse_malformed(stream, ident, parent, "inspect_reply", fields):
+            await super().inspect_request(stream, ident, parent)
+
+    async def is_complete_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        fields = {"code": str}
+        if not self._refuse_malformed(stream, ident, parent, "is_complete_reply", fields):
+            await super().is_complete_request(stream, ident, parent)
+
+    async def comm_info_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        if not self._refuse_malformed(stream, ident, parent, "comm_info_reply", {}):
+            await super().comm_info_request(stream, ident, parent)
+
+    async def history_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        fields = {"hist_access_type": str}
+        if not self._refuse_malformed(stream, ident, parent, "history_reply", fields):
+            await super().history_request(stream, ident, parent)
+
+    def _refuse_malformed(self, stream: Any, ident: Any, parent: dict, reply_type: str,
+                          fields: dict[str, type]) -> bool:
+        """Send an error reply when the request's content is not what the protocol says."""
+        content = parent.get("content")
+        problem = None
+        if not isinstance(content, dict):
+            problem = "the request's content must be an object"
+        else:
+            for name, kind in fields.items():
+                value = content.get(name)
+                if not isinstance(value, kind) or isinstance(value, bool):
+                    problem = f"{name!r} must be {kind.__name__}"
+                    break
+                if isinstance(value, str) and not _encodable(value):
+                    problem = f"{name!r} contains unpaired surrogates (not valid Unicode)"
+                    break
+            else:
+                if not isinstance(parent.get("metadata", {}), dict):
+                    problem = "the request's metadata must be an object"
+        if problem is None:
+            return False
+        reply = {"status": "error", "ename": "MalformedRequest", "evalue": problem, "traceback": []}
+        self.session.send(stream, reply_type, reply, parent, ident=ident)
+        return True
+
     # -- introspection requests ------------------------------------------------------------
 
     async def do_complete(self, code: str, cursor_pos: int | None) -> dict:  # type: ignore[override]
@@ -300,8 +357,8 @@ class WasmKernel(Kernel):
     async def do_history(  # type: ignore[override]
         self,
         hist_access_type: str,
-        output: bool,
-        raw: bool,
+        output: bool = False,
+        raw: bool = True,
         session: int | None = None,
         start: int | None = None,
         stop: int | None = None,
@@ -309,14 +366,20 @@ class WasmKernel(Kernel):
         pattern: str | None = None,
         unique: bool = False,
     ) -> dict:
-        if hist_access_type == "tail":
-            entries = self.history.tail(int(n or 10), unique)
-        elif hist_access_type == "range":
-            entries = self.history.range(int(session or 0), int(start or 0), stop)
-        elif hist_access_type == "search":
-            entries = self.history.search(pattern or "*", n, unique)
-        else:
-            entries = []
+        try:
+            if hist_access_type == "tail":
+                entries = self.history.tail(_bounded(n, 10), bool(unique))
+            elif hist_access_type == "range":
+                stop_line = None if stop is None else _bounded(stop, 0)
+                entries = self.history.range(_bounded(session, 0), _bounded(start, 0), stop_line)
+            elif hist_access_type == "search":
+                entries = self.history.search(str(pattern or "*"), _bounded(n, 0) or None,
+                                              bool(unique))
+            else:
+                entries = []
+        except (TypeError, ValueError) as exc:
+            return {"status": "error", "ename": "MalformedRequest", "evalue": str(exc),
+                    "traceback": []}
         if output:
             return {"status": "ok", "history": [(s, n_, (src, None)) for s, n_, src in entries]}
         return {"status": "ok", "history": entries}
@@ -331,15 +394,34 @@ class WasmKernel(Kernel):
         return {"status": "ok", "restart": restart}
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _clean_request(code: Any, cursor_pos: Any) -> tuple[str, int]:
     """Malformed introspection requests get a harmless, empty answer rather than an error."""
     code = code if isinstance(code, str) else ""
-    cursor = cursor_pos if isinstance(cursor_pos, int) else len(code)
+    valid = isinstance(cursor_pos, int) and not isinstance(cursor_pos, bool)
+    cursor = cursor_pos if valid else len(code)
     return code, min(max(cursor, 0), len(code))
 
 
+def _bounded(value: Any, fallback: int) -> int:
+    """An integer history parameter, within SQLite's range."""
+    if value is None:
+        return fallback
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return max(min(value, 2**62), -(2**62))
+
+
 def _clamp(value: Any, fallback: int, upper: int) -> int:
-    return min(max(value, 0), upper) if isinstance(value, int) else fallback
+    valid = isinstance(value, int) and not isinstance(value, bool)
+    return min(max(value, 0), upper) if valid else fallback
 
 
 class QuietHost:

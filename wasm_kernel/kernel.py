@@ -482,7 +482,7 @@ class CellHost:
             self._publish("clear_output", {"wait": message["wait"]})
         elif op == "error":
             ename, evalue = message["ename"], message["evalue"]
-            if ename == "MemoryError":
+            if ename == "MemoryError" and message.get("memory_limit"):
                 ename = "MemoryLimitExceeded"
                 evalue = memory_limit_text(self.kernel.limits.memory)
             self._record_error(ename, evalue, message["traceback"])

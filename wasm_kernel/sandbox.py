@@ -229,6 +229,7 @@ class Sandbox:
         self._signals: SignalFlags | None = None
         self._changed = False  # turns ran since the last checkpoint
         self._closing = False
+        self._memory_at_start = 0
         self._start_interpreter()
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -334,7 +335,9 @@ class Sandbox:
     def checkpoint_stats(self) -> CheckpointStats | None:
         return self._state.last if self._state is not None else None
 
-    def _hit_memory_limit(self, store: wasmtime.Store, memory_at_start: int, limit: int) -> bool:
+    def _hit_memory_limit(
+        self, store: wasmtime.Store | wasmtime.Caller, memory_at_start: int, limit: int
+    ) -> bool:
         """Did the turn fail to get memory? Exact with rollback (sbrk records failures),
         otherwise judged by growth to near the limit."""
         if self._state is not None:
@@ -376,7 +379,7 @@ class Sandbox:
             self._host = host
             self._changed = True
             self._signals = self._signal_flags(store)
-            memory_at_start = self._memory.data_len(store)
+            memory_at_start = self._memory_at_start = self._memory.data_len(store)
             if self._state is not None:
                 self._state.growth_failed(store, reset=True)
             turn = self.interrupts.begin()
@@ -549,7 +552,7 @@ class Sandbox:
                 reply: dict = {}
             else:
                 message = protocol.parse(self._read(caller, ptr, length))
-                reply = self._dispatch(message, length)
+                reply = self._dispatch(message, length, caller)
             data = json.dumps(reply).encode()
             pointer = self._alloc(caller, len(data))
             self._write(caller, pointer, data)
@@ -565,8 +568,13 @@ class Sandbox:
             log.exception("host.call failed")
             return -2
 
-    def _dispatch(self, message: dict, size: int) -> dict:
+    def _dispatch(self, message: dict, size: int, caller: wasmtime.Caller) -> dict:
         op = message["op"]
+        if op == "error" and message["ename"] == "MemoryError":
+            # host-side verdict (the guest cannot set it): was it the sandbox's memory limit?
+            message["memory_limit"] = self._hit_memory_limit(
+                caller, self._memory_at_start, self.limits.memory
+            )
         if op in protocol.OUTPUT_OPS and not self._output.charge(size):
             return {}  # over the cell's output budget: accepted and dropped
         if op == "sleep":

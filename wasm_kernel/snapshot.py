@@ -62,7 +62,7 @@ class GuestState:
         self._saved_globals[BRK_EXPORT] = size
         self.last = CheckpointStats(size, time.perf_counter() - began)
 
-    def growth_failed(self, store: wasmtime.Store, reset: bool = False) -> bool:
+    def growth_failed(self, store: Store, reset: bool = False) -> bool:
         """Whether sbrk failed to grow memory (the memory limit) since the last reset."""
         failed = self._grow_failed.value(store) != 0
         if reset:

@@ -482,7 +482,9 @@ class CellHost:
             self._publish("clear_output", {"wait": message["wait"]})
         elif op == "error":
             ename, evalue = message["ename"], message["evalue"]
-            if ename == "MemoryError" and message.get("memory_limit"):
+            # an allocation the limit refused (failed growth, or a bare MemoryError from the
+            # allocator), not e.g. the parser's "too complex" MemoryError
+            if ename == "MemoryError" and (message.get("memory_limit") or not evalue):
                 ename = "MemoryLimitExceeded"
                 evalue = memory_limit_text(self.kernel.limits.memory)
             self._record_error(ename, evalue, message["traceback"])

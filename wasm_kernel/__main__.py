@@ -2,7 +2,8 @@
 
     python -m wasm_kernel -f CONNECTION_FILE [--WasmKernel.fuel=N ...]   (what Jupyter runs)
     python -m wasm_kernel --help-all                                     (every setting)
-    python -m wasm_kernel install [--user | --prefix DIR] [--no-precompile]
+    python -m wasm_kernel install [--profile notebook|strict] [--user | --prefix DIR]
+                                  [--name NAME] [--no-precompile] [--cache-dir DIR]
     python -m wasm_kernel precompile [--cache-dir DIR]
     python -m wasm_kernel run NOTEBOOK                                  (execute, print outputs)
 """
@@ -18,6 +19,8 @@ import threading
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
+
+from .profiles import DEFAULT_PROFILE, PROFILES, Profile
 
 KERNEL_NAME = "wasm-python"
 SUBCOMMANDS = ("install", "precompile", "run")
@@ -59,8 +62,16 @@ def precompile(cache_dir: str | None) -> Path:
     return entry
 
 
+def kernelspec_name(profile: Profile) -> str:
+    return "-".join(filter(None, (KERNEL_NAME, profile.kernel_suffix)))
+
+
 def install(args: argparse.Namespace) -> None:
+    """Register one kernelspec for the chosen profile (the profile is fixed in its argv)."""
     from jupyter_client.kernelspec import KernelSpecManager
+
+    profile = PROFILES[args.profile]
+    name = args.name or kernelspec_name(profile)
 
     source = resources.files("wasm_kernel") / "kernelspec"
     with tempfile.TemporaryDirectory() as staging:
@@ -69,15 +80,20 @@ def install(args: argparse.Namespace) -> None:
                 (Path(staging) / item.name).write_bytes(item.read_bytes())
         spec = json.loads((Path(staging) / "kernel.json").read_text())
         spec["argv"][0] = sys.executable
+        spec["argv"].append(f"--WasmKernel.profile={profile.name}")
+        if args.cache_dir:  # kernels use the cache this install precompiled
+            spec["argv"].append(f"--WasmKernel.cache_dir={Path(args.cache_dir).resolve()}")
         if args.display_name:
             spec["display_name"] = args.display_name
+        elif profile.kernel_suffix:
+            spec["display_name"] = f"{spec['display_name'].removesuffix(')')}, {profile.name})"
         (Path(staging) / "kernel.json").write_text(json.dumps(spec, indent=1))
         in_venv = sys.prefix != sys.base_prefix
         prefix = args.prefix or (sys.prefix if in_venv and not args.user else None)
         path = KernelSpecManager().install_kernel_spec(
-            staging, args.name, user=prefix is None, prefix=prefix
+            staging, name, user=prefix is None, prefix=prefix
         )
-    print(f"installed kernelspec {args.name!r} in {path}", file=sys.stderr)
+    print(f"installed kernelspec {name!r} (profile {profile.name}) in {path}", file=sys.stderr)
     if not args.no_precompile:
         precompile(args.cache_dir)
 
@@ -132,7 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m wasm_kernel")
     commands = parser.add_subparsers(dest="command", required=True)
     cmd_install = commands.add_parser("install", help="register the kernelspec and precompile")
-    cmd_install.add_argument("--name", default=KERNEL_NAME)
+    cmd_install.add_argument(
+        "--profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE,
+        help="; ".join(f"{p.name}: {p.summary}" for p in PROFILES.values()),
+    )
+    cmd_install.add_argument("--name", help=f"kernelspec name (default: {KERNEL_NAME}[-PROFILE])")
     cmd_install.add_argument("--display-name")
     cmd_install.add_argument("--user", action="store_true", help="install for this user")
     cmd_install.add_argument("--prefix", help="install under this prefix (default: the venv)")

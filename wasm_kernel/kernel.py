@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,11 +22,13 @@ from typing import Any
 
 import platformdirs
 from ipykernel.kernelbase import Kernel
-from traitlets import Bool, Float, Int, Unicode, default
+from traitlets import Bool, Enum, Float, Int, List, Unicode, default
 
 from . import __version__
 from .cache import RuntimeCache
 from .history import History
+from .mounts import SCRATCH, Mount, MountError, guest_cwd, parse_mounts
+from .profiles import DEFAULT_PROFILE, PROFILES
 from .runtime import DEFAULT_RUNTIME, load_runtime
 from .sandbox import CellStopped, Interrupts, Limits, Sandbox, memory_limit_text
 
@@ -43,19 +46,29 @@ def _parse_bool(raw: str) -> bool:
 
 
 def _env_default(trait: str, fallback: Any) -> Any:
-    """A trait default read from ``WASM_KERNEL_<TRAIT>`` in the environment, else ``fallback``."""
+    """A trait default read from ``WASM_KERNEL_<TRAIT>`` in the environment, else ``fallback``
+    (a value, or a function of the kernel such as a profile's setting)."""
 
-    def read(_self: Any) -> Any:
+    def read(kernel: WasmKernel) -> Any:
+        value = fallback(kernel) if callable(fallback) else fallback
         variable = ENV_PREFIX + trait.upper()
         raw = os.environ.get(variable)
         if raw is None:
-            return fallback
+            return value
         try:
-            return _parse_bool(raw) if isinstance(fallback, bool) else type(fallback)(raw)
+            if isinstance(value, bool):
+                return _parse_bool(raw)
+            if isinstance(value, (list, tuple)):
+                return [item.strip() for item in raw.split(";") if item.strip()]
+            return type(value)(raw)
         except ValueError:
-            raise ValueError(f"{variable}={raw!r} is not a valid {type(fallback).__name__}") from None
+            raise ValueError(f"{variable}={raw!r} is not a valid {type(value).__name__}") from None
 
     return default(trait)(read)
+
+
+def _from_profile(setting: str) -> Callable[[WasmKernel], Any]:
+    return lambda kernel: getattr(PROFILES[kernel.profile], setting)
 
 
 def _log_to_process_stderr() -> None:
@@ -79,6 +92,23 @@ class WasmKernel(Kernel):
     language = "python"
     help_links = [{"text": "Python", "url": "https://docs.python.org/3/"}]
 
+    profile = Enum(
+        sorted(PROFILES),
+        help="Named defaults for limits and mounts: 'notebook' (the kernel's folder read-only"
+        " at /notebook, writes to the private /tmp) or 'strict' (nothing mounted, small"
+        " budgets). Explicit settings win over the profile. Env: WASM_KERNEL_PROFILE.",
+    ).tag(config=True)
+    mounts = List(
+        Unicode(),
+        help="Host folders the guest may use, each 'HOST:GUEST[:ro|rw]' (read-only unless"
+        " ':rw'), e.g. 'data:/data:ro'. A relative HOST is taken from the kernel's working"
+        " folder. Default: the profile's. Env: WASM_KERNEL_MOUNTS, ';'-separated.",
+    ).tag(config=True)
+    working_dir = Unicode(
+        help="Guest folder cells start in: a mount's guest path or /tmp. Default: the mount of"
+        " the kernel's working folder (the notebook's folder), else /tmp."
+        " Env: WASM_KERNEL_WORKING_DIR.",
+    ).tag(config=True)
     fuel = Int(
         help="Fuel per cell (about one unit per WebAssembly instruction; ~1e10 per second of"
         " pure-Python work). A cell that runs out stops with FuelExhausted. Env: WASM_KERNEL_FUEL."
@@ -112,10 +142,13 @@ class WasmKernel(Kernel):
         help="SQLite file of input history (':memory:' to keep none). Env: WASM_KERNEL_HISTORY_FILE."
     ).tag(config=True)
 
-    _fuel_default = _env_default("fuel", 5_000_000_000_000)
-    _time_limit_default = _env_default("time_limit", 600.0)
-    _memory_limit_default = _env_default("memory_limit", 2 << 30)
-    _output_limit_default = _env_default("output_limit", 10 << 20)
+    _profile_default = _env_default("profile", DEFAULT_PROFILE)
+    _mounts_default = _env_default("mounts", _from_profile("mounts"))
+    _working_dir_default = _env_default("working_dir", "")
+    _fuel_default = _env_default("fuel", _from_profile("fuel"))
+    _time_limit_default = _env_default("time_limit", _from_profile("time_limit"))
+    _memory_limit_default = _env_default("memory_limit", _from_profile("memory_limit"))
+    _output_limit_default = _env_default("output_limit", _from_profile("output_limit"))
     _interrupt_grace_default = _env_default("interrupt_grace", 1.0)
     _rollback_default = _env_default("rollback", True)
     _history_file_default = _env_default(
@@ -134,6 +167,15 @@ class WasmKernel(Kernel):
             interrupt_grace=self.interrupt_grace,
         )
         self.history = History(self.history_file)
+        self.granted: list[Mount] = []
+        self.start_dir = SCRATCH
+        self._mount_error: MountError | None = None
+        try:
+            here = Path.cwd()
+            self.granted = parse_mounts(self.mounts, here, reserved=(self.runtime.lib_guest_dir,))
+            self.start_dir = guest_cwd(self.granted, here, self.working_dir)
+        except MountError as exc:
+            self._mount_error = exc  # reported by every cell; the kernel itself stays up
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wasm-kernel-guest")
         self._boot_stage = "starting"
         self._boot: Future[Sandbox] = self._worker.submit(self._start_sandbox)
@@ -141,6 +183,8 @@ class WasmKernel(Kernel):
     # -- sandbox start-up ---------------------------------------------------------------------
 
     def _start_sandbox(self) -> Sandbox:
+        if self._mount_error is not None:
+            raise self._mount_error
         cache = RuntimeCache(Path(self.cache_dir) if self.cache_dir else None)
 
         @contextmanager
@@ -150,7 +194,9 @@ class WasmKernel(Kernel):
 
         compiled = cache.load(self.runtime, progress=stage)
         self._boot_stage = "starting the interpreter"
-        return Sandbox(compiled, self.limits, rollback=self.rollback)
+        return Sandbox(
+            compiled, self.limits, rollback=self.rollback, mounts=self.granted, cwd=self.start_dir
+        )
 
     async def _sandbox(self, notify: Any) -> Sandbox:
         """The booted sandbox; while a one-time compile runs, say so through ``notify``."""
@@ -189,13 +235,25 @@ class WasmKernel(Kernel):
 
     @property
     def banner(self) -> str:  # type: ignore[override]
+        return self.describe_sandbox()
+
+    def describe_sandbox(self) -> str:
+        """The running configuration, for the banner and ``%sandbox``."""
         limits = self.limits
+        if self._mount_error is not None:
+            folders = f"  none: {self._mount_error}"
+        else:
+            folders = "\n".join(f"  {mount}" for mount in self.granted) or "  none"
         return (
             f"Python {self.runtime.python_version} in a WebAssembly sandbox"
             f" (wasm-kernel {__version__}, runtime {self.runtime.name})\n"
+            f"Profile: {self.profile} ({PROFILES[self.profile].summary})\n"
+            f"Host folders:\n{folders}\n"
+            f"  /tmp: private scratch, deleted when the kernel stops\n"
+            f"Starting folder: {self.start_dir}\n"
             f"Per cell: fuel {limits.fuel:,}, time {limits.seconds:g} s,"
-            f" memory {limits.memory >> 20} MiB, output {limits.output >> 20} MiB.\n"
-            "No host files, environment, network or processes; /tmp is private to this kernel."
+            f" memory {limits.memory >> 20} MiB, output {limits.output >> 20} MiB\n"
+            "No host environment, network or processes."
         )
 
     # -- execution --------------------------------------------------------------------------------
@@ -490,6 +548,8 @@ class CellHost:
             self._record_error(ename, evalue, message["traceback"])
         elif op == "input":
             return self._input(message["prompt"], message["password"], interrupts)
+        elif op == "describe":
+            return {"text": self.kernel.describe_sandbox()}
         return {}
 
     def _record_error(self, ename: str, evalue: str, traceback: list[str]) -> None:

@@ -112,6 +112,10 @@ def _reply(message: dict) -> dict:
     return {"op": "reply", "content": content}
 
 
+def _describe(_message: dict) -> dict:
+    return {"op": "describe"}
+
+
 _VALIDATORS = {
     "display": _display,
     "result": _display,
@@ -120,4 +124,5 @@ _VALIDATORS = {
     "input": _input,
     "sleep": _sleep,
     "reply": _reply,
+    "describe": _describe,
 }

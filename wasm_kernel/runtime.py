@@ -49,6 +49,11 @@ class Runtime:
         """Identity of the runtime's bytes, for cache keys."""
         return f"{self.module.sha256}:{self.stdlib.sha256}"
 
+    @property
+    def lib_guest_dir(self) -> str:
+        """The guest folder holding the stdlib zip (and, inside it, matplotlib's data)."""
+        return self.stdlib_guest_path.rsplit("/", 1)[0]
+
 
 def manifest_dir() -> Path:
     return Path(str(resources.files("wasm_kernel") / "runtimes"))

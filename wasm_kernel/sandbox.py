@@ -1,8 +1,8 @@
 """One sandboxed CPython interpreter: a wasmtime store and instance, its limits and interrupts.
 
 The sandbox owns everything that touches wasmtime after compilation: the WASI context (no
-host files but the read-only runtime folders and a private /tmp, no host environment, no
-sockets, no processes), the host functions the guest imports, fuel and epoch deadlines, the
+host files but the read-only runtime folders, a private /tmp and the operator's mounts, no
+host environment, no sockets, no processes), the host functions the guest imports, fuel and epoch deadlines, the
 memory cap, and the guest's turns. It knows nothing about Jupyter: a ``GuestHost`` supplied
 per turn receives the guest's output and structured messages.
 
@@ -23,7 +23,7 @@ import struct
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from importlib import resources
@@ -34,6 +34,7 @@ import wasmtime
 
 from . import protocol
 from .cache import CompiledRuntime
+from .mounts import SCRATCH, Mount
 from .output import OutputPump
 from .snapshot import CheckpointStats, GuestState, SignalFlags, memory_address
 
@@ -44,6 +45,7 @@ GUEST_MODULE = "_wasm_kernel"
 GUEST_FILE = "<wasm-kernel>"  # file name of the bootstrap; its frames are hidden from users
 MAX_MESSAGE = 64 << 20  # largest host.call payload we read from the guest
 WASI_EFAULT = 21
+WASI_EPERM = 63
 WASI_EINVAL = 28
 TURN_REFUSED = -1
 
@@ -213,9 +215,12 @@ class Sandbox:
     """One guest interpreter. With a restorable runtime, a trap rolls it back to the state
     checkpointed after the last cell; otherwise it is replaced by a fresh one."""
 
-    def __init__(self, compiled: CompiledRuntime, limits: Limits, rollback: bool = True):
+    def __init__(self, compiled: CompiledRuntime, limits: Limits, rollback: bool = True,
+                 mounts: Sequence[Mount] = (), cwd: str = SCRATCH):
         self.compiled = compiled
         self.limits = limits
+        self.mounts = tuple(mounts)
+        self.cwd = cwd
         self.rollback = rollback and compiled.runtime.restorable
         self.interrupts = Interrupts(compiled.engine)
         self._watchdog = Watchdog()
@@ -238,18 +243,20 @@ class Sandbox:
         wasi = wasmtime.WasiConfig()
         wasi.argv = GUEST_ARGV
         wasi.env = [
-            ("HOME", "/tmp"),
-            ("TMPDIR", "/tmp"),
+            ("HOME", SCRATCH),
+            ("TMPDIR", SCRATCH),
+            ("PWD", self.cwd),  # the bootstrap starts the guest there
             ("PYTHONTZPATH", ""),
             ("MPLBACKEND", "module://matplotlib_inline.sandbox_backend"),
         ]
         runtime = self.compiled.runtime
-        lib_guest_dir, _ = runtime.stdlib_guest_path.rsplit("/", 1)
-        wasi.preopen_dir(str(self.compiled.lib_dir), lib_guest_dir, False)
+        wasi.preopen_dir(str(self.compiled.lib_dir), runtime.lib_guest_dir, False)
         wasi.preopen_dir(
             str(self.compiled.mpl_data_dir), f"{runtime.stdlib_guest_path}/matplotlib/mpl-data", False
         )
-        wasi.preopen_dir(str(self._tmp), "/tmp", True)
+        wasi.preopen_dir(str(self._tmp), SCRATCH, True)
+        for mount in self.mounts:  # wasmtime keeps every path the guest opens inside these
+            wasi.preopen_dir(str(mount.host), mount.guest, mount.writable)
         wasi.stdout_custom = lambda data: self._guest_output("stdout", data)
         wasi.stderr_custom = lambda data: self._guest_output("stderr", data)
         return wasi
@@ -276,6 +283,12 @@ class Sandbox:
         linker.define_func(
             "wasi_snapshot_preview1", "clock_time_get",
             wasmtime.FuncType([i32, i64, i32], [i32]), self._clock_time_get, access_caller=True,
+        )
+        # No symlinks: one made in a writable mount could point a host program that later
+        # opens it (a backup, the user's editor) at files the guest was never granted.
+        linker.define_func(
+            "wasi_snapshot_preview1", "path_symlink",
+            wasmtime.FuncType([i32] * 5, [i32]), lambda *_: WASI_EPERM,
         )
         instance = linker.instantiate(store, self.compiled.module)
         exports = instance.exports(store)

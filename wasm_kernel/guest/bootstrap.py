@@ -588,10 +588,11 @@ def boot():
     # the host trips CPython's signal flags (see the host's snapshot.SignalFlags).
     import signal  # noqa: F401
 
-    # Start in the private /tmp, the one writable folder, so relative paths just work.
+    # Start where the host says (the notebook's mounted folder, or the private /tmp), so
+    # relative paths just work.
     import os
 
-    os.chdir("/tmp")
+    os.chdir(os.environ.get("PWD", "/tmp"))
     namespace = sys.modules["__main__"].__dict__
     namespace.setdefault("__builtins__", builtins)
     namespace["get_ipython"] = get_ipython

@@ -266,6 +266,13 @@ def env_magic(shell, line):
     return os.environ[line]
 
 
+def sandbox_magic(shell, line):
+    """What the kernel says the sandbox grants: profile, host folders, limits, runtime."""
+    import _wasm_kernel
+
+    print(_wasm_kernel.call_host("describe").get("text", "(not available here)"))
+
+
 # -- matplotlib, extensions, capture, config ---------------------------------------------------
 
 
@@ -332,6 +339,7 @@ LINE_MAGICS = {
     "pwd": pwd_magic,
     "cd": cd_magic,
     "env": env_magic,
+    "sandbox": sandbox_magic,
     "matplotlib": matplotlib_magic,
     "config": config_magic,
     "load_ext": load_ext_magic,

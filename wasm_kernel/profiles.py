@@ -1,0 +1,52 @@
+"""Named sets of defaults for the kernel's limits and mounts.
+
+A profile only supplies defaults: anything set in the config file, on the command line or
+in a ``WASM_KERNEL_*`` variable wins over it. ``python -m wasm_kernel install --profile NAME``
+registers one kernelspec per profile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    summary: str
+    mounts: tuple[str, ...]
+    fuel: int
+    time_limit: float
+    memory_limit: int
+    output_limit: int
+    kernel_suffix: str  # appended to the kernelspec name and display name
+
+
+PROFILES = {
+    profile.name: profile
+    for profile in (
+        Profile(
+            name="notebook",
+            summary="the notebook's folder is readable at /notebook (the starting folder);"
+            " writes go to the private scratch folder /tmp",
+            mounts=(".:/notebook:ro",),
+            fuel=5_000_000_000_000,
+            time_limit=600.0,
+            memory_limit=2 << 30,
+            output_limit=10 << 20,
+            kernel_suffix="",
+        ),
+        Profile(
+            name="strict",
+            summary="no host folder at all; only the private scratch folder /tmp;"
+            " small fuel, time, memory and output budgets",
+            mounts=(),
+            fuel=300_000_000_000,
+            time_limit=60.0,
+            memory_limit=512 << 20,
+            output_limit=1 << 20,
+            kernel_suffix="strict",
+        ),
+    )
+}
+DEFAULT_PROFILE = "notebook"

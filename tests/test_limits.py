@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import Kernel
 
-from wasm_kernel.kernel import WasmKernel
+from wasm_kernel.profiles import DEFAULT_PROFILE, PROFILES
 
 SMALL_FUEL = 2_000_000_000
 ROLLBACK_NOTICE = (
@@ -24,11 +24,6 @@ ROLLBACK_NOTICE = (
     " objects from earlier cells are intact."
 )
 RESTART_NOTICE = "interpreter was restarted"
-
-
-def default_of(trait: str):
-    """A WasmKernel trait's default as the kernel computes it (same environment as ours)."""
-    return WasmKernel._trait_default_generators[trait](None)
 
 
 def assert_answers(kernel: Kernel) -> None:
@@ -185,7 +180,7 @@ def test_memory_bomb_raises_memory_limit_and_keeps_state(start_kernel) -> None:
 
 
 def test_huge_print_is_cut_at_the_output_limit(kernel: Kernel) -> None:
-    limit = default_of("output_limit")
+    limit = PROFILES[DEFAULT_PROFILE].output_limit  # the default kernelspec's profile
     run = kernel.execute("print('x' * (100 * 1024 * 1024))")
     assert run.content["status"] == "ok"
     stdout = run.stream_text("stdout")

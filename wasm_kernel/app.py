@@ -31,5 +31,9 @@ class WasmKernelApp(IPKernelApp):
             self.control_thread.join()
 
     def load_config_file(self, suppress_errors: object = None) -> None:
-        """Read ``jupyter_wasm_kernel_config.py`` from the Jupyter config path, not IPython's."""
-        Application.load_config_file(self, CONFIG_FILE, path=[".", *jupyter_config_path()])
+        """Read ``jupyter_wasm_kernel_config.py`` from the Jupyter config path only.
+
+        Not from the working folder, as IPython does: that is the notebook's folder, which the
+        guest may be able to write to (a writable mount), and the config file runs on the host.
+        """
+        Application.load_config_file(self, CONFIG_FILE, path=jupyter_config_path())

@@ -247,7 +247,7 @@ class WasmKernel(Kernel):
         return (
             f"Python {self.runtime.python_version} in a WebAssembly sandbox"
             f" (wasm-kernel {__version__}, runtime {self.runtime.name})\n"
-            f"Profile: {self.profile} ({PROFILES[self.profile].summary})\n"
+            f"Profile: {self.profile}\n"
             f"Host folders:\n{folders}\n"
             f"  /tmp: private scratch, deleted when the kernel stops\n"
             f"Starting folder: {self.start_dir}\n"

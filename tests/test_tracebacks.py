@@ -193,3 +193,14 @@ def test_ename_and_evalue_are_plain(kernel: Kernel) -> None:
     assert (run.content["ename"], run.content["evalue"]) == ("CustomProblem", "own")
     for value in (content["ename"], content["evalue"], run.content["ename"]):
         assert "\x1b" not in value
+
+
+def test_refused_path_explains_the_sandbox(kernel: Kernel) -> None:
+    """WASI answers a path outside the grants (or a write to a read-only one) with a bare
+    EPERM; the traceback says why and where to look. Other PermissionErrors get no hint."""
+    error, _ = failure(kernel, "open('/usr/local/lib/new-file', 'w')")
+    assert error["ename"] == "PermissionError"
+    assert "only /tmp and read-write mounts can be changed" in text(error)
+    assert "%sandbox" in text(error)
+    error, _ = failure(kernel, "raise PermissionError('not from the sandbox')")
+    assert "mounted folders" not in text(error)

@@ -13,6 +13,11 @@ RULE = "-" * 75
 CONTEXT = 2  # source lines shown before and after the failing one
 KERNEL_FILES = "<wasm-kernel"
 CELL_PREFIX = "Cell In["
+REFUSED = "[Errno 63] "  # EPERM: what WASI answers for paths outside the grants or read-only
+REFUSED_HINT = (
+    "(The sandbox refused this path: only its mounted folders are reachable, and only /tmp"
+    " and read-write mounts can be changed. %sandbox lists them.)"
+)
 
 
 def _user_frames(stack):
@@ -52,6 +57,8 @@ def _exception_line(report):
     text = str(report)
     first = f"{RED}{name}{RESET}: {text}" if text else f"{RED}{name}{RESET}"
     notes = getattr(report, "__notes__", None) or []
+    if issubclass(report.exc_type or Exception, PermissionError) and text.startswith(REFUSED):
+        notes = [*notes, REFUSED_HINT]
     return "\n".join([first, *map(str, notes)])
 
 

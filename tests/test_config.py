@@ -65,9 +65,16 @@ def test_install_registers_one_kernelspec_per_profile(
     assert spec["display_name"].endswith(display_suffix)
 
 
+def test_install_without_a_profile_registers_them_all(tmp_path: Path) -> None:
+    specs = installed_specs(tmp_path)
+    assert sorted(specs) == ["wasm-python", "wasm-python-strict"]
+
+
 def test_install_with_a_cache_dir_points_kernels_at_it(tmp_path: Path) -> None:
     baked = tmp_path / "baked-cache"
-    specs = installed_specs(tmp_path, "--cache-dir", str(baked), "--name", "custom")
+    specs = installed_specs(
+        tmp_path, "--cache-dir", str(baked), "--profile", "strict", "--name", "custom"
+    )
     assert f"--WasmKernel.cache_dir={baked.resolve()}" in specs["custom"]["argv"]
 
 

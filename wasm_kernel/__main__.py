@@ -2,7 +2,7 @@
 
     python -m wasm_kernel -f CONNECTION_FILE [--WasmKernel.fuel=N ...]   (what Jupyter runs)
     python -m wasm_kernel --help-all                                     (every setting)
-    python -m wasm_kernel install [--profile notebook|strict] [--user | --prefix DIR]
+    python -m wasm_kernel install [--profile notebook|strict ...] [--user | --prefix DIR]
                                   [--name NAME] [--no-precompile] [--cache-dir DIR]
     python -m wasm_kernel precompile [--cache-dir DIR]
     python -m wasm_kernel run NOTEBOOK                                  (execute, print outputs)
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
-from .profiles import DEFAULT_PROFILE, PROFILES, Profile
+from .profiles import PROFILES, Profile
 
 KERNEL_NAME = "wasm-python"
 SUBCOMMANDS = ("install", "precompile", "run")
@@ -67,12 +67,17 @@ def kernelspec_name(profile: Profile) -> str:
 
 
 def install(args: argparse.Namespace) -> None:
-    """Register one kernelspec for the chosen profile (the profile is fixed in its argv)."""
+    """Register one kernelspec per chosen profile (each fixes its profile in its argv)."""
+    for name in args.profile or PROFILES:
+        install_kernelspec(PROFILES[name], args)
+    if not args.no_precompile:
+        precompile(args.cache_dir)
+
+
+def install_kernelspec(profile: Profile, args: argparse.Namespace) -> None:
     from jupyter_client.kernelspec import KernelSpecManager
 
-    profile = PROFILES[args.profile]
     name = args.name or kernelspec_name(profile)
-
     source = resources.files("wasm_kernel") / "kernelspec"
     with tempfile.TemporaryDirectory() as staging:
         for item in source.iterdir():
@@ -94,8 +99,6 @@ def install(args: argparse.Namespace) -> None:
             staging, name, user=prefix is None, prefix=prefix
         )
     print(f"installed kernelspec {name!r} (profile {profile.name}) in {path}", file=sys.stderr)
-    if not args.no_precompile:
-        precompile(args.cache_dir)
 
 
 def run_notebook(args: argparse.Namespace) -> int:
@@ -149,10 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     cmd_install = commands.add_parser("install", help="register the kernelspec and precompile")
     cmd_install.add_argument(
-        "--profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE,
-        help="; ".join(f"{p.name}: {p.summary}" for p in PROFILES.values()),
+        "--profile", choices=sorted(PROFILES), action="append",
+        help="register this profile's kernelspec (repeatable; default: every profile). "
+        + "; ".join(f"{p.name}: {p.summary}" for p in PROFILES.values()),
     )
-    cmd_install.add_argument("--name", help=f"kernelspec name (default: {KERNEL_NAME}[-PROFILE])")
+    cmd_install.add_argument(
+        "--name", help=f"kernelspec name, with one --profile (default: {KERNEL_NAME}[-PROFILE])"
+    )
     cmd_install.add_argument("--display-name")
     cmd_install.add_argument("--user", action="store_true", help="install for this user")
     cmd_install.add_argument("--prefix", help="install under this prefix (default: the venv)")
@@ -165,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     cmd_run.add_argument("--kernel-name", default=KERNEL_NAME)
     cmd_run.add_argument("--timeout", type=int, default=600)
     args = parser.parse_args(argv)
+    if args.command == "install" and (args.name or args.display_name) and (
+        len(args.profile or PROFILES) != 1
+    ):
+        parser.error("--name and --display-name need exactly one --profile")
     if args.command == "install":
         install(args)
     elif args.command == "precompile":

@@ -27,6 +27,8 @@ class CellRun:
     reply: dict
     messages: list[dict] = field(default_factory=list)
     arrival: list[float] = field(default_factory=list)  # seconds after the request was sent
+    strays: list[dict] = field(default_factory=list)  # iopub messages of other requests
+    seconds: float = 0.0  # from the request to its reply
 
     @property
     def content(self) -> dict:
@@ -73,25 +75,33 @@ class Kernel:
         self.client.wait_for_ready(timeout=120)
 
     def execute(self, code: str, timeout: float = 120, **kwargs: Any) -> CellRun:
-        """Run ``code`` and collect iopub messages until the kernel is idle again."""
+        """Run ``code`` and collect what it produced until the kernel is idle again."""
         kwargs.setdefault("allow_stdin", False)
+        return self.collect(self.client.execute(code, **kwargs), timeout)
+
+    def collect(self, msg_id: str, timeout: float = 120) -> CellRun:
+        """The iopub messages of request ``msg_id`` until idle, then its shell reply.
+
+        Shell replies to other requests (a late kernel_info_reply left by wait_for_ready) are
+        skipped; iopub messages of other requests are kept apart in ``strays``.
+        """
         start = time.monotonic()
-        msg_id = self.client.execute(code, **kwargs)
         run = CellRun(reply={})
-        idle = False
-        while not idle:
+        while True:
             msg = self.client.get_iopub_msg(timeout=timeout)
             if msg["parent_header"].get("msg_id") != msg_id:
+                if msg["msg_type"] != "status":
+                    run.strays.append(msg)
                 continue
             if msg["msg_type"] == "status":
-                idle = msg["content"]["execution_state"] == "idle"
+                if msg["content"]["execution_state"] == "idle":
+                    break
                 continue
             run.messages.append(msg)
             run.arrival.append(time.monotonic() - start)
-        run.reply = self.client.get_shell_msg(timeout=timeout)
-        while run.reply["msg_type"] == "kernel_info_reply":  # a late answer to wait_for_ready
+        while run.reply.get("parent_header", {}).get("msg_id") != msg_id:
             run.reply = self.client.get_shell_msg(timeout=timeout)
-        assert run.reply["parent_header"]["msg_id"] == msg_id
+        run.seconds = time.monotonic() - start
         return run
 
     def shutdown(self) -> None:

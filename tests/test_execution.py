@@ -37,25 +37,6 @@ def request(kernel: Kernel, method: str, *args: Any, **kwargs: Any) -> dict:
             return reply
 
 
-def collect(kernel: Kernel, msg_id: str, timeout: float = 60) -> CellRun:
-    """Gather iopub output of ``msg_id`` until idle, then its execute_reply."""
-    run = CellRun(reply={})
-    while True:
-        msg = kernel.client.get_iopub_msg(timeout=timeout)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "status":
-            if msg["content"]["execution_state"] == "idle":
-                break
-            continue
-        run.messages.append(msg)
-    while True:
-        reply = kernel.client.get_shell_msg(timeout=timeout)
-        if reply["parent_header"].get("msg_id") == msg_id:
-            run.reply = reply
-            return run
-
-
 def execute_answering(kernel: Kernel, code: str, answers: list[str]) -> tuple[CellRun, list[dict]]:
     """Run a cell with allow_stdin=True, answering each input_request in turn.
 
@@ -67,7 +48,7 @@ def execute_answering(kernel: Kernel, code: str, answers: list[str]) -> tuple[Ce
         prompt = kernel.client.get_stdin_msg(timeout=60)
         requests.append(prompt)
         kernel.client.input(answer)
-    return collect(kernel, msg_id), requests
+    return kernel.collect(msg_id), requests
 
 
 def error_of(run: CellRun) -> dict:

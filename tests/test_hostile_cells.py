@@ -30,10 +30,9 @@ import socket
 import string
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,44 +67,7 @@ TRAPS = ("GuestCrashed", "GuestExited", "StackOverflow", "TimeLimitExceeded",
 # -- observing a kernel ----------------------------------------------------------------------
 
 
-@dataclass
-class Observed(CellRun):
-    """A CellRun that also keeps iopub messages the cell's request did not cause."""
-
-    strays: list[dict] = field(default_factory=list)
-    seconds: float = 0.0
-
-
-def observe(kernel: Kernel, code: str, timeout: float = 120, **kwargs: Any) -> Observed:
-    """Run ``code`` to completion, like conftest's ``Kernel.execute``, but tolerant of stale
-    shell replies (jupyter_client's wait_for_ready can leave a second kernel_info_reply) and
-    recording every non-status iopub message that is not the cell's own."""
-    kwargs.setdefault("allow_stdin", False)
-    start = time.monotonic()
-    msg_id = kernel.client.execute(code, **kwargs)
-    run = Observed(reply={})
-    while True:
-        msg = kernel.client.get_iopub_msg(timeout=timeout)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            if msg["msg_type"] != "status":
-                run.strays.append(msg)
-            continue
-        if msg["msg_type"] == "status":
-            if msg["content"]["execution_state"] == "idle":
-                break
-            continue
-        run.messages.append(msg)
-        run.arrival.append(time.monotonic() - start)
-    while True:
-        reply = kernel.client.get_shell_msg(timeout=timeout)
-        if reply["parent_header"].get("msg_id") == msg_id:
-            break
-    run.reply = reply
-    run.seconds = time.monotonic() - start
-    return run
-
-
-def describe(run: Observed) -> str:
+def describe(run: CellRun) -> str:
     content = run.content
     lines = [f"status={content.get('status')} ename={content.get('ename')}",
              f"evalue={str(content.get('evalue'))[:500]}",
@@ -116,7 +78,7 @@ def describe(run: Observed) -> str:
     return "\n".join(lines)
 
 
-def assert_no_host_leak(runs: list[Observed]) -> None:
+def assert_no_host_leak(runs: list[CellRun]) -> None:
     """Nothing but the cells' own messages on iopub, and no host-only text in any of them."""
     strays = [m for run in runs for m in run.strays]
     assert not strays, "iopub carried messages no request caused (host logs?): " + repr(
@@ -130,7 +92,7 @@ def assert_no_host_leak(runs: list[Observed]) -> None:
 
 def ready(kernel: Kernel) -> Kernel:
     """Settle a new kernel (drop stale replies) and give it the state later cells check."""
-    run = observe(kernel, SETUP_CELL)
+    run = kernel.execute(SETUP_CELL)
     assert run.content["status"] == "ok", describe(run)
     return kernel
 
@@ -165,12 +127,12 @@ class KernelWatch:
         )
         assert not child_pids(self.pid), f"the kernel process has children: {child_pids(self.pid)}"
 
-    def assert_answers(self) -> list[Observed]:
+    def assert_answers(self) -> list[CellRun]:
         """The next cells run normally and the module's earlier state is intact."""
-        state = observe(self.kernel, SENTINEL_CHECK, timeout=60)
+        state = self.kernel.execute(SENTINEL_CHECK, timeout=60)
         assert state.content["status"] == "ok", describe(state)
         assert state.result_text() == SENTINEL_REPR, describe(state)
-        arithmetic = observe(self.kernel, "1 + 1", timeout=60)
+        arithmetic = self.kernel.execute("1 + 1", timeout=60)
         assert arithmetic.content["status"] == "ok", describe(arithmetic)
         assert arithmetic.result_text() == "2", describe(arithmetic)
         return [state, arithmetic]
@@ -297,32 +259,32 @@ def limited(history_file: str) -> Iterator[KernelWatch]:
 
 # -- expectations on the guest side ----------------------------------------------------------
 
-Expect = Callable[[Observed, dict[str, str]], None]
+Expect = Callable[[CellRun, dict[str, str]], None]
 
 
 def raises(*enames: str) -> Expect:
     """The cell ends in an error whose name is one of ``enames``."""
 
-    def check(run: Observed, ctx: dict[str, str]) -> None:
+    def check(run: CellRun, ctx: dict[str, str]) -> None:
         assert run.content["status"] == "error", describe(run)
         assert run.content["ename"] in enames, describe(run)
 
     return check
 
 
-def guest_json(run: Observed) -> Any:
+def guest_json(run: CellRun) -> Any:
     assert run.content["status"] == "ok", describe(run)
     return json.loads(run.stream_text().strip().splitlines()[-1])
 
 
 def prints_json(expected: Any) -> Expect:
-    def check(run: Observed, ctx: dict[str, str]) -> None:
+    def check(run: CellRun, ctx: dict[str, str]) -> None:
         assert guest_json(run) == expected, describe(run)
 
     return check
 
 
-def only_streams(run: Observed, stdout: str, stderr: str = "") -> None:
+def only_streams(run: CellRun, stdout: str, stderr: str = "") -> None:
     """The cell published plain stream text, exactly as written, and nothing else."""
     assert run.content["status"] == "ok", describe(run)
     kinds = {m["msg_type"] for m in run.messages} - {"execute_input"}
@@ -333,7 +295,7 @@ def only_streams(run: Observed, stdout: str, stderr: str = "") -> None:
     assert run.stream_text("stderr") == stderr
 
 
-def host_call_refused(run: Observed, ctx: dict[str, str]) -> None:
+def host_call_refused(run: CellRun, ctx: dict[str, str]) -> None:
     """A bad host.call is an ordinary exception in the cell, and nothing else is published."""
     assert run.content["status"] == "error", describe(run)
     refusals = ("OSError", "ValueError", "TypeError", "RuntimeError")
@@ -345,7 +307,7 @@ def host_call_refused(run: Observed, ctx: dict[str, str]) -> None:
 def trapped(*enames: str) -> Expect:
     """The cell was stopped by the host and the interpreter rolled back (never restarted)."""
 
-    def check(run: Observed, ctx: dict[str, str]) -> None:
+    def check(run: CellRun, ctx: dict[str, str]) -> None:
         assert run.content["status"] == "error", describe(run)
         assert run.content["ename"] in enames, describe(run)
         if run.content["ename"] in TRAPS and run.content["ename"] != "MemoryLimitExceeded":
@@ -354,7 +316,7 @@ def trapped(*enames: str) -> Expect:
     return check
 
 
-def output_bounded(run: Observed, notice: bool) -> None:
+def output_bounded(run: CellRun, notice: bool) -> None:
     published = sum(len(json.dumps(m["content"]).encode()) for m in run.messages
                     if m["msg_type"] != "execute_input")
     stdout = run.stream_text().encode()
@@ -365,43 +327,43 @@ def output_bounded(run: Observed, notice: bool) -> None:
         assert OUTPUT_NOTICE in run.stream_text("stderr"), describe(run)
 
 
-def gigabyte_printed(run: Observed, ctx: dict[str, str]) -> None:
+def gigabyte_printed(run: CellRun, ctx: dict[str, str]) -> None:
     assert run.content["status"] == "ok", describe(run)
     output_bounded(run, notice=True)
     assert run.stream_text().startswith("x" * 1000)
 
 
-def printed_forever(run: Observed, ctx: dict[str, str]) -> None:
+def printed_forever(run: CellRun, ctx: dict[str, str]) -> None:
     trapped("TimeLimitExceeded")(run, ctx)
     output_bounded(run, notice=False)
     assert run.stream_text().startswith("0\n1\n2\n")
     assert run.seconds < TIME_LIMIT + 20, f"the time limit took {run.seconds:.1f} s"
 
 
-def stopped_in_time(run: Observed, ctx: dict[str, str]) -> None:
+def stopped_in_time(run: CellRun, ctx: dict[str, str]) -> None:
     trapped("TimeLimitExceeded")(run, ctx)
     assert run.seconds < TIME_LIMIT + 20, f"the time limit took {run.seconds:.1f} s"
 
 
-def replacement_characters(run: Observed, ctx: dict[str, str]) -> None:
+def replacement_characters(run: CellRun, ctx: dict[str, str]) -> None:
     assert run.content["status"] == "ok", describe(run)
     assert run.stream_text() == "\ufffd\ufffd\ufffd(", describe(run)
 
 
-def oversized_payload_dropped(run: Observed, ctx: dict[str, str]) -> None:
+def oversized_payload_dropped(run: CellRun, ctx: dict[str, str]) -> None:
     """Past the largest message the host reads: not read at all, counted as output, so the
     output-limit notice shows and nothing else is published."""
     assert OUTPUT_NOTICE in run.stream_text("stderr"), describe(run)
     assert not run.of_type("display_data") and not run.of_type("execute_result"), describe(run)
 
 
-def huge_display_dropped(run: Observed, ctx: dict[str, str]) -> None:
+def huge_display_dropped(run: CellRun, ctx: dict[str, str]) -> None:
     # refused or dropped: either way it must not be published, and the kernel lives on
     assert not run.of_type("display_data"), "a 100 MB display payload was published"
     output_bounded(run, notice=False)
 
 
-def host_env_hidden(run: Observed, ctx: dict[str, str]) -> None:
+def host_env_hidden(run: CellRun, ctx: dict[str, str]) -> None:
     seen = guest_json(run)
     assert seen["PATH"] is None and seen["secret"] is None and seen["secret_b"] is None
     assert seen["HOME"] == "/tmp"
@@ -410,7 +372,7 @@ def host_env_hidden(run: Observed, ctx: dict[str, str]) -> None:
     assert "PATH" not in seen["environ"]
 
 
-def symlink_blocked(run: Observed, ctx: dict[str, str]) -> None:
+def symlink_blocked(run: CellRun, ctx: dict[str, str]) -> None:
     outcome = guest_json(run)
     if outcome["created"] is True:
         assert outcome["read"] == "error" and outcome["write"] == "error", outcome
@@ -418,20 +380,20 @@ def symlink_blocked(run: Observed, ctx: dict[str, str]) -> None:
         assert outcome["created"] in FS_ERRORS, outcome
 
 
-def guest_canary_is_private(run: Observed, ctx: dict[str, str]) -> None:
+def guest_canary_is_private(run: CellRun, ctx: dict[str, str]) -> None:
     outcome = guest_json(run)
     assert outcome["read before"] == "FileNotFoundError", outcome
     assert outcome["read after"] == "guest copy", outcome
 
 
-def odd_name_stays_private(run: Observed, ctx: dict[str, str]) -> None:
+def odd_name_stays_private(run: CellRun, ctx: dict[str, str]) -> None:
     outcome = guest_json(run)
     assert outcome["listed"] is True, outcome
     assert outcome["bytes name"] in FS_ERRORS + ("UnicodeEncodeError", "ValueError"), outcome
     assert outcome["nul"] == "ValueError", outcome
 
 
-def env_mutation_stays_inside(run: Observed, ctx: dict[str, str]) -> None:
+def env_mutation_stays_inside(run: CellRun, ctx: dict[str, str]) -> None:
     assert guest_json(run) == {"PATH": "/evil", "LD_PRELOAD": "/tmp/evil.so"}
 
 
@@ -773,7 +735,7 @@ def test_hostile_cell(case: Case, host: HostWatch, request: pytest.FixtureReques
     watch: KernelWatch = request.getfixturevalue(case.kernel)
     ctx = host.context(watch)
     code = string.Template(case.code).substitute(ctx)
-    run = observe(watch.kernel, code, timeout=300)
+    run = watch.kernel.execute(code, timeout=300)
     case.expect(run, ctx)
     host.assert_untouched()
     watch.assert_process_untouched()
@@ -793,7 +755,7 @@ def test_display_over_the_output_limit_is_dropped_with_the_notice(shared: Kernel
     """The README: output past the limit (streams and display data) is dropped with a notice.
     A 100 MB display payload is past it whatever its size, so the user must see that notice,
     not an unrelated error."""
-    run = observe(shared.kernel, "display({'text/plain': 'x' * 10**8}, raw=True)", timeout=300)
+    run = shared.kernel.execute("display({'text/plain': 'x' * 10**8}, raw=True)", timeout=300)
     huge_display_dropped(run, {})
     assert OUTPUT_NOTICE in run.stream_text("stderr"), describe(run)
     shared.assert_answers()
@@ -802,7 +764,7 @@ def test_display_over_the_output_limit_is_dropped_with_the_notice(shared: Kernel
 def test_forged_reply_in_a_cell_cannot_poison_completion(shared: KernelWatch) -> None:
     """A cell may send the 'reply' op the service functions use; a later completion request
     must still get its own answer."""
-    run = observe(shared.kernel, HOST_CALL_SETUP
+    run = shared.kernel.execute(HOST_CALL_SETUP
                   + "_host.call(b'{\"op\": \"reply\", \"content\": {\"matches\": [\"pwned\"],"
                     " \"cursor_start\": 0, \"cursor_end\": 0}}');")
     assert run.content["status"] == "ok", describe(run)
@@ -858,14 +820,14 @@ LATER_CELLS = [
 def test_tampering_with_the_bootstrap(tamper: Tamper, start_kernel: Any, history_file: str) -> None:
     kernel = ready(start_kernel(common_arguments(history_file)))
     watch = KernelWatch(kernel)
-    run = observe(kernel, tamper.code, timeout=60)  # a reply arrives: no hang, no death
+    run = kernel.execute(tamper.code, timeout=60)  # a reply arrives: no hang, no death
     assert run.content["status"] in ("ok", "error"), describe(run)
     if tamper.expect_stdout is not None:
         assert run.content["status"] == "ok", describe(run)
         assert run.stream_text() == tamper.expect_stdout, describe(run)
     later = []
     for code, correct in LATER_CELLS:
-        after = observe(kernel, code, timeout=60)
+        after = kernel.execute(code, timeout=60)
         later.append(after)
         if after.content["status"] == "error" and tamper.may_break_guest:
             # the guest module is broken: a clear error is acceptable, a wrong answer is not

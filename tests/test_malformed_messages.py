@@ -71,21 +71,9 @@ def reply_to(kernel: Kernel, msg_id: str, timeout: float = REPLY_TIMEOUT) -> dic
 
 
 def execute(kernel: Kernel, code: str, timeout: float = 60) -> tuple[dict, list[dict]]:
-    """Run ``code``; return its reply and iopub messages (stale shell replies are skipped)."""
-    msg_id = kernel.client.execute(code, allow_stdin=False)
-    messages = []
-    while True:
-        msg = kernel.client.get_iopub_msg(timeout=timeout)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "status":
-            if msg["content"]["execution_state"] == "idle":
-                break
-            continue
-        messages.append(msg)
-    reply = reply_to(kernel, msg_id, timeout)
-    assert reply is not None, f"no execute_reply to {code[:80]!r}"
-    return reply, messages
+    """Run ``code``; return its reply and iopub messages."""
+    run = kernel.execute(code, timeout=timeout)
+    return run.reply, run.messages
 
 
 def result_of(messages: list[dict]) -> str | None:

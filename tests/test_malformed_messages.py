@@ -110,6 +110,7 @@ def error_or_ok(content: dict) -> None:
 def execute_error(content: dict) -> None:
     assert content.get("status") == "error", content
     assert content.get("ename"), content
+    assert is_int(content.get("execution_count")), f"every execute_reply has a count: {content}"
 
 
 def complete_checked(code: Any) -> Check:

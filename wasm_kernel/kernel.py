@@ -377,6 +377,8 @@ class WasmKernel(Kernel):
         if problem is None:
             return False
         reply = {"status": "error", "ename": "MalformedRequest", "evalue": problem, "traceback": []}
+        if reply_type == "execute_reply":  # the protocol gives every execute_reply a count
+            reply["execution_count"] = self.execution_count
         self.session.send(stream, reply_type, reply, parent, ident=ident)
         return True
 

@@ -804,8 +804,7 @@ def test_parse_absolute_host_folder(base: Path) -> None:
         (["data:/a/./b"], "clean absolute folder"),
         (["data://data"], "clean absolute folder"),
         (["data:/da\nta"], "clean absolute folder"),
-        # 'rx' is no mode, so this reads as host folder 'data:/data' and guest path 'rx'
-        (["data:/data:rx"], "the host folder"),
+        (["data:/data:rx"], "the mode must be ro or rw, not 'rx'"),
         (["data:/tmp"], "/tmp belongs to the sandbox itself"),
         (["data:/tmp/x"], "/tmp belongs to the sandbox itself"),
         (["data:/usr/local/lib"], "/usr/local/lib belongs to the sandbox itself"),

@@ -43,6 +43,8 @@ def parse_mount(spec: str, base: Path) -> Mount:
     head, sep, mode = spec.rpartition(":")
     if sep and mode in MODES:
         body, writable = head, MODES[mode]
+    elif sep and head.count(":") and not mode.startswith("/"):  # HOST:GUEST:typo
+        raise MountError(f"mount {spec!r}: the mode must be ro or rw, not {mode!r}")
     host_text, sep, guest = body.rpartition(":")
     if not sep or not host_text or not guest:
         raise MountError(f"mount {spec!r}: write HOST:GUEST[:ro|rw], e.g. data:/data:ro")

@@ -1,0 +1,309 @@
+"""End to end in a real browser: JupyterLab serves a notebook on the wasm-python kernel, headless
+Chromium (driven by Playwright) runs it, and the rendered page is checked.
+
+The other tests talk to the kernel over ZMQ; only this one shows that what the kernel sends
+renders in the front end people use: the kernel's name in the toolbar, printed text, a pandas
+table and an inline matplotlib figure. Playwright drives the system's Chromium
+(``/usr/bin/chromium``, Debian's ``chromium`` package, or ``$WASM_KERNEL_CHROMIUM``); it never
+downloads a browser. A full-page screenshot and JupyterLab's log are written to
+``test-artifacts/`` at the repository root (or ``$WASM_KERNEL_ARTIFACTS``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import nbformat
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_core.paths import jupyter_data_dir
+from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import Page, expect, sync_playwright
+
+KERNEL_NAME = os.environ.get("WASM_KERNEL_TEST_KERNEL", "wasm-python")
+CHROMIUM = os.environ.get("WASM_KERNEL_CHROMIUM", "/usr/bin/chromium")
+REPO = Path(__file__).resolve().parent.parent
+ARTIFACTS = Path(os.environ.get("WASM_KERNEL_ARTIFACTS", REPO / "test-artifacts"))
+
+# Flags for a root user on a machine without a GPU or outside network: no sandbox (root),
+# and none of the background traffic Chromium starts on its own.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+GREETING = "hello from the sandbox on wasi"  # sys.platform is "wasi" only inside the sandbox
+NOTEBOOK = "browser.ipynb"
+CELLS = [
+    'import sys\nprint("hello from the sandbox on", sys.platform)',
+    'import pandas as pd\npd.DataFrame({"animal": ["owl", "newt"], "legs": [2, 4]})',
+    "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()",
+]
+
+STARTUP_TIMEOUT = 120  # seconds for JupyterLab to answer
+UI_TIMEOUT_MS = 60_000  # for the page and its menus
+RENDER_TIMEOUT_MS = 180_000  # for kernel start and outputs: a busy two-core machine is slow
+
+
+class JupyterLab:
+    """A JupyterLab server on a free localhost port serving ``root``, its log in ``log_path``."""
+
+    def __init__(self, root: Path, log_path: Path):
+        self.root = root
+        self.log_path = log_path
+        self.token = secrets.token_hex(24)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        state = root.parent / "jupyter-state"
+        self.runtime_dir = state / "runtime"
+        self.leftover_kernels: list[int] = []
+        # The server's config, data (notebook-signing key), runtime files (kernel connection
+        # files), Lab settings and workspaces go to fresh folders, so the test neither depends on
+        # nor writes to the user's. Kernelspecs are still found where the other tests find them:
+        # the user's data folder stays on the read-only search path.
+        search_path = [jupyter_data_dir(), *filter(None, [os.environ.get("JUPYTER_PATH")])]
+        env = {
+            **os.environ,
+            "JUPYTER_CONFIG_DIR": str(state / "config"),
+            "JUPYTER_DATA_DIR": str(state / "data"),
+            "JUPYTER_PATH": os.pathsep.join(search_path),
+            "JUPYTER_RUNTIME_DIR": str(self.runtime_dir),
+            "JUPYTERLAB_SETTINGS_DIR": str(state / "lab-settings"),
+            "JUPYTERLAB_WORKSPACES_DIR": str(state / "lab-workspaces"),
+        }
+        # No "Would you like to get notified about official Jupyter news?" toast over the page.
+        notification = state / "lab-settings/@jupyterlab/apputils-extension"
+        notification.mkdir(parents=True)
+        (notification / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+        self.log = open(log_path, "wb")  # noqa: SIM115 (closed in stop())
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jupyterlab",
+                "--no-browser",
+                "--allow-root",  # CI runs as root; harmless otherwise
+                "--ServerApp.ip=127.0.0.1",
+                f"--ServerApp.port={self.port}",
+                "--ServerApp.port_retries=0",
+                f"--ServerApp.root_dir={root}",
+                f"--IdentityProvider.token={self.token}",
+                "--PasswordIdentityProvider.hashed_password=",
+                "--LabApp.news_url=",
+                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                "--LabApp.extension_manager=readonly",
+                "--ServerApp.log_level=INFO",
+            ],
+            cwd=root,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def api(self, path: str, method: str = "GET") -> object:
+        request = urllib.request.Request(
+            f"{self.url}/api/{path}",
+            method=method,
+            headers={"Authorization": f"token {self.token}"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            body = response.read()
+        return json.loads(body) if body else None
+
+    def wait_until_up(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while True:
+            assert self.process.poll() is None, f"JupyterLab exited early\n{self.log_tail()}"
+            try:
+                self.api("status")
+                return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                assert time.monotonic() < deadline, f"JupyterLab did not answer\n{self.log_tail()}"
+                time.sleep(0.25)
+
+    def log_tail(self, lines: int = 60) -> str:
+        if not self.log.closed:
+            self.log.flush()
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "--- JupyterLab log (tail) ---\n" + "\n".join(text[-lines:])
+
+    def stop(self) -> None:
+        """Shut kernels down through the API, then the server; kill whatever is left."""
+        if self.process.poll() is None:
+            try:
+                for kernel in self.api("kernels"):  # type: ignore[union-attr]
+                    self.api(f"kernels/{kernel['id']}", method="DELETE")
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        # Kernels run in sessions of their own; any still alive are found by the connection
+        # files under this server's private runtime folder.
+        self.leftover_kernels = _pids_mentioning(str(self.runtime_dir))
+        for pid in self.leftover_kernels:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.log.close()
+
+
+@contextmanager
+def running_jupyterlab(root: Path, log_path: Path) -> Iterator[JupyterLab]:
+    """A JupyterLab that answers; it and its kernels are stopped whatever happens in the block."""
+    server = JupyterLab(root, log_path)
+    try:
+        server.wait_until_up()
+        yield server
+    finally:
+        server.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _pids_mentioning(text: str) -> list[int]:
+    """Processes whose command line contains ``text`` (Linux; elsewhere none are found)."""
+    found: list[int] = []
+    proc = Path("/proc")
+    for entry in proc.iterdir() if proc.is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _screenshot(page: Page, name: str) -> None:
+    """Save a full-page PNG; a page that cannot be captured must not hide the real error."""
+    try:
+        page.screenshot(path=ARTIFACTS / name, full_page=True)
+    except PlaywrightError:
+        pass
+
+
+def _run_and_check(page: Page, lab: JupyterLab, display_name: str) -> None:
+    """Open the notebook, run all cells from the Run menu and check what renders."""
+    page.goto(f"{lab.url}/lab/tree/{NOTEBOOK}?token={lab.token}")
+    panel = page.locator(".jp-NotebookPanel:visible")
+    kernel_name = panel.locator(".jp-Toolbar-kernelName")
+    expect(kernel_name).to_have_text(display_name, timeout=RENDER_TIMEOUT_MS)
+    status = page.locator(".jp-StatusBar-Widget").filter(has_text=display_name).first
+    expect(status).to_contain_text("Idle", timeout=RENDER_TIMEOUT_MS)
+
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.locator(".lm-Menu").get_by_text("Run All Cells", exact=True).click()
+
+    outputs = panel.locator(".jp-Cell .jp-OutputArea")
+    printed = outputs.nth(0).locator('[data-mime-type="application/vnd.jupyter.stdout"]')
+    expect(printed).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    expect(printed).to_have_text(GREETING)
+
+    table = outputs.nth(1).locator("table.dataframe")
+    expect(table).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    expect(table.locator("thead th")).to_contain_text(["animal", "legs"])
+    expect(table.locator("tbody th")).to_have_text(["0", "1"])
+    expect(table.locator("tbody td")).to_have_text(["owl", "2", "newt", "4"])
+
+    image = outputs.nth(2).locator('img[src^="data:image/png"]')
+    expect(image).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    page.wait_for_function("img => img.complete", arg=image.element_handle())
+    size = image.evaluate("img => [img.naturalWidth, img.naturalHeight]")
+    assert size[0] > 0 and size[1] > 0, f"the figure did not decode: natural size {size}"
+
+    # Every cell finished (a prompt shows [*] while its cell runs), none wrote to stderr or
+    # failed, and the kernel is back to idle under our name.
+    expect(panel.locator(".jp-InputPrompt")).to_have_text(["[1]:", "[2]:", "[3]:"])
+    expect(status).to_contain_text("Idle")
+    expect(kernel_name).to_have_text(display_name)
+    stderr = panel.locator('[data-mime-type="application/vnd.jupyter.stderr"]')
+    assert stderr.count() == 0, f"stderr or error output: {stderr.all_inner_texts()}"
+    sessions = lab.api("sessions")
+    assert [s["kernel"]["name"] for s in sessions] == [KERNEL_NAME], f"sessions: {sessions}"
+
+
+@pytest.mark.timeout(300)
+def test_notebook_renders_in_jupyterlab(tmp_path: Path) -> None:
+    """Run a notebook on wasm-python in Chromium and check the kernel name, text, table, figure."""
+    assert Path(CHROMIUM).is_file(), (
+        f"Chromium not found at {CHROMIUM}: install Debian's chromium package "
+        "(.ci/install-system-deps does) or point WASM_KERNEL_CHROMIUM at a Chromium binary"
+    )
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for name in ("browser-notebook.png", "browser-failure.png", "browser-console.log"):
+        (ARTIFACTS / name).unlink(missing_ok=True)  # no stale pictures from an earlier run
+
+    display_name = KernelSpecManager().get_kernel_spec(KERNEL_NAME).display_name
+    root = tmp_path / "notebooks"
+    root.mkdir()
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["kernelspec"] = {
+        "name": KERNEL_NAME,
+        "display_name": display_name,
+        "language": "python",
+    }
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
+    nbformat.write(notebook, root / NOTEBOOK)
+
+    console: list[str] = []
+    with (
+        running_jupyterlab(root, ARTIFACTS / "jupyterlab.log") as lab,
+        sync_playwright() as playwright,
+    ):
+        specs = lab.api("kernelspecs")["kernelspecs"]  # type: ignore[index]
+        assert KERNEL_NAME in specs, f"no {KERNEL_NAME} in {sorted(specs)}\n{lab.log_tail()}"
+        assert specs[KERNEL_NAME]["spec"]["display_name"] == display_name
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1400})
+            page.set_default_timeout(UI_TIMEOUT_MS)
+            page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
+            page.on("pageerror", lambda error: console.append(f"pageerror: {error}"))
+            try:
+                _run_and_check(page, lab, display_name)
+            except Exception as error:
+                _screenshot(page, "browser-failure.png")
+                recent = "\n".join(console[-20:])
+                raise AssertionError(
+                    f"{type(error).__name__}: {error}\n"
+                    f"--- browser console (tail) ---\n{recent}\n{lab.log_tail()}"
+                ) from error
+            _screenshot(page, "browser-notebook.png")
+            assert (ARTIFACTS / "browser-notebook.png").is_file(), "no screenshot was saved"
+        finally:
+            browser.close()
+            (ARTIFACTS / "browser-console.log").write_text("\n".join(console) + "\n")
+    assert not lab.leftover_kernels, (
+        f"kernel processes outlived their shutdown: {lab.leftover_kernels}\n{lab.log_tail()}"
+    )

@@ -14,7 +14,9 @@ import io
 import json
 import os
 import pwd
+import select
 import shutil
+import signal
 import tempfile
 import threading
 import zipfile
@@ -29,6 +31,7 @@ from wasm_kernel.runtime import Runtime, RuntimeFile
 
 STDLIB_GUEST_PATH = "/usr/local/lib/python315.zip"
 MPL_MEMBER = "matplotlib/mpl-data.zip"
+CHILD_TIMEOUT = 60  # seconds a forked loader may take
 MPL_FILES = {"matplotlibrc": b"backend: Agg\n", "fonts/README.txt": b"no fonts here\n"}
 
 
@@ -298,11 +301,13 @@ def _make_read_only(root: Path) -> None:
     root.chmod(0o555)
 
 
-def _load_in_child(cache_dir: Path, runtime: Runtime, uid: int | None) -> str:
+def _load_in_child(cache_dir: Path, runtime: Runtime, uid: int | None,
+                   lookup_first: bool = True) -> str:
     """Look up and load the entry in a forked child, as ``uid`` if given; returns its verdict.
 
     A fork rather than a new interpreter: the venv's Python may live where another user
-    cannot read it.
+    cannot read it. A forked child that starts compiling can hang (wasmtime's threads are not
+    forked), so a child that has not answered in time is killed and reported.
     """
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -315,7 +320,7 @@ def _load_in_child(cache_dir: Path, runtime: Runtime, uid: int | None) -> str:
                 os.setgid(pwd.getpwuid(uid).pw_gid)
                 os.setuid(uid)
             cache = RuntimeCache(cache_dir)
-            if cache.lookup(runtime) is None:
+            if lookup_first and cache.lookup(runtime) is None:
                 verdict = "lookup refused the entry"
             else:
                 cache.load(runtime)
@@ -327,7 +332,11 @@ def _load_in_child(cache_dir: Path, runtime: Runtime, uid: int | None) -> str:
             os._exit(0)
     os.close(write_end)
     with os.fdopen(read_end, "rb") as pipe:
-        verdict = pipe.read().decode()
+        if select.select([pipe], [], [], CHILD_TIMEOUT)[0]:
+            verdict = pipe.read().decode()
+        else:
+            os.kill(pid, signal.SIGKILL)
+            verdict = f"no answer within {CHILD_TIMEOUT} s (killed)"
     os.waitpid(pid, 0)
     return verdict
 
@@ -382,3 +391,86 @@ def test_entry_built_by_root_loads_for_another_user(runtime: Runtime) -> None:
     finally:
         os.umask(old_umask)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_touched_entry_is_restamped_where_writable(cache_dir: Path, runtime: Runtime) -> None:
+    """After rehashing touched files, a writable entry records their new mtimes (no rehash next)."""
+    entry = build(cache_dir, runtime)
+    module = entry / RuntimeCache.MODULE
+    os.utime(module, ns=(3_000_000_000, 3_000_000_000))
+    RuntimeCache(cache_dir).load(runtime)
+    record = json.loads((entry / RuntimeCache.RECORD).read_text())
+    assert record["files"][RuntimeCache.MODULE][1] == 3_000_000_000
+    assert [p.name for p in entry.iterdir() if p.name.startswith(".")] == []
+
+
+def _snapshot(root: Path) -> list[tuple[str, int, int, int, str]]:
+    """Every path under ``root`` with its mode, inode, mtime and content digest."""
+    rows = []
+    for path in sorted([root, *root.rglob("*")]):
+        stat = path.lstat()
+        digest = sha256_of(path) if path.is_file() else ""
+        rows.append((str(path.relative_to(root)), stat.st_mode, stat.st_ino, stat.st_mtime_ns,
+                     digest))
+    return rows
+
+
+@contextlib.contextmanager
+def _sealed_cache(runtime: Runtime, entry_damage=None):
+    """A cache folder readable by all and writable by none (chmod a-w), removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix="wasm-kernel-sealed-cache-"))
+    try:
+        root.chmod(0o755)
+        cache_dir = root / "cache"
+        cache_dir.mkdir()
+        cache_dir.chmod(0o755)
+        if entry_damage is not None:
+            entry_damage(build(cache_dir, runtime))
+        _make_read_only(cache_dir)
+        yield cache_dir
+    finally:
+        for path in [root, *root.rglob("*")]:
+            with contextlib.suppress(OSError):
+                path.chmod(0o755)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _users_to_try() -> list[int | None]:
+    """This process (root or not), plus 'nobody' when root, so the OS itself refuses writes."""
+    users: list[int | None] = [None]
+    if os.geteuid() == 0:
+        with contextlib.suppress(KeyError):
+            users.append(pwd.getpwnam("nobody").pw_uid)
+    return users
+
+
+@pytest.mark.parametrize("uid", _users_to_try(), ids=lambda uid: "self" if uid is None else "nobody")
+def test_missing_entry_in_read_only_cache_names_folder_and_command(
+    runtime: Runtime, uid: int | None
+) -> None:
+    """No entry and no right to build one: an error saying where and how, and no writes.
+
+    Run as this process (as root, only the missing write bits say "read-only") and, when
+    root, as 'nobody', whom the OS stops.
+    """
+    with _sealed_cache(runtime) as cache_dir:
+        before = _snapshot(cache_dir)
+        verdict = _load_in_child(cache_dir, runtime, uid, lookup_first=False)
+        assert verdict.startswith("ReadOnlyCache: "), verdict
+        assert str(cache_dir) in verdict
+        assert f"python -m wasm_kernel precompile --cache-dir {cache_dir}" in verdict
+        assert RuntimeCache(cache_dir).entry_dir(runtime).name in verdict
+        assert _snapshot(cache_dir) == before
+
+
+@pytest.mark.parametrize("uid", _users_to_try(), ids=lambda uid: "self" if uid is None else "nobody")
+def test_damaged_entry_in_read_only_cache_is_kept_and_reported(
+    runtime: Runtime, uid: int | None
+) -> None:
+    """A damaged entry in a sealed folder is neither deleted nor rebuilt; the error says why."""
+    with _sealed_cache(runtime, entry_damage=_truncate_module) as cache_dir:
+        before = _snapshot(cache_dir)
+        verdict = _load_in_child(cache_dir, runtime, uid, lookup_first=False)
+        assert verdict.startswith("ReadOnlyCache: "), verdict
+        assert "unusable" in verdict and "precompile --cache-dir" in verdict
+        assert _snapshot(cache_dir) == before

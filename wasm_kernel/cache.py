@@ -8,9 +8,16 @@ sha256 digests, the wasmtime version and the engine settings.
 
 Entries are built in a temporary folder and renamed into place, so a reader never sees half
 an entry. Each entry records the size and mtime of its big files; when they no longer match,
-the files are hashed again before use, and an entry that fails that check, or that wasmtime
-refuses to load, is deleted and rebuilt. Lookups never write to a healthy entry, so a
-pre-baked read-only cache works.
+the files are hashed again before use (and, where the folder is writable, the record is
+restamped so the next start skips the hashing), and an entry that fails that check, or that
+wasmtime refuses to load, is deleted and rebuilt.
+
+A cache folder may be read-only: baked into an image with ``python -m wasm_kernel precompile
+--cache-dir DIR`` and shared by every user. Loading a sound entry from it writes nothing (no
+lock file, no stamps). A folder counts as read-only when the OS refuses writes or when nobody
+has write permission on it (``chmod a-w``), which also keeps a kernel running as root from
+writing into a sealed cache. A missing or damaged entry in a read-only folder is an error
+naming the folder and the command that builds the entry; nothing is deleted there.
 """
 
 from __future__ import annotations
@@ -99,8 +106,34 @@ class CompiledRuntime:
         self.engine.close()
 
 
+def _entry_name_pattern(runtime: Runtime) -> re.Pattern[str]:
+    """Folder names of this runtime's entries under any key (not e.g. '<name>-debug-...')."""
+    return re.compile(re.escape(runtime.name) + f"-[0-9a-f]{{{KEY_CHARS}}}")
+
+
 class CorruptEntry(Exception):
     pass
+
+
+class ReadOnlyCache(Exception):
+    """The entry must be (re)built, but the cache folder is read-only."""
+
+
+def writable(path: Path) -> bool:
+    """Whether this process may write in ``path``, the nearest existing folder on the way to it.
+
+    Besides what the OS allows, a folder without any write permission bit (``chmod a-w``) is
+    taken as sealed, even for root, whom permissions do not stop.
+    """
+    for folder in (path, *path.parents):
+        try:
+            mode = folder.stat().st_mode
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+        return bool(mode & 0o222) and os.access(folder, os.W_OK)
+    return False
 
 
 class RuntimeCache:
@@ -127,26 +160,37 @@ class RuntimeCache:
 
     def lookup(self, runtime: Runtime) -> CompiledRuntime | None:
         """Load the entry for ``runtime`` if present and sound; drop it if it is damaged."""
+        return self._lookup(runtime)[0]
+
+    def _lookup(self, runtime: Runtime) -> tuple[CompiledRuntime | None, str | None]:
+        """The loaded entry, or None and why it was unusable (None: there is no entry).
+
+        A damaged entry is deleted, except in a read-only folder, where it is left alone.
+        """
         entry = self.entry_dir(runtime)
         try:
             if not (entry / self.RECORD).exists():
-                return None
+                return None, None
             record = self._check(entry, runtime)
             cells = record.get("interrupt_cells")
             interrupt_cells = rewrite.InterruptCells(**cells) if cells else None
             module = wasmtime.Module.deserialize_file(self.engine, str(entry / self.MODULE))
-        except (CorruptEntry, OSError, ValueError, TypeError, wasmtime.WasmtimeError):
-            self._discard(entry)
-            return None
-        return CompiledRuntime(
+        except (CorruptEntry, OSError, ValueError, TypeError, KeyError,
+                wasmtime.WasmtimeError) as exc:
+            if writable(self.directory):
+                self._discard(entry)
+            return None, f"{type(exc).__name__}: {exc}"
+        compiled = CompiledRuntime(
             runtime, self.engine, module, entry / self.LIB, entry / self.MPL_DATA,
             interrupt_cells,
         )
+        return compiled, None
 
     def _check(self, entry: Path, runtime: Runtime) -> dict:
         record = json.loads((entry / self.RECORD).read_text())
         if record.get("key") != cache_key(runtime):
             raise CorruptEntry("entry was written for another runtime or engine")
+        restamped = False
         for rel, stamp in record["files"].items():
             stat = (entry / rel).stat()
             if [stat.st_size, stat.st_mtime_ns] == stamp[:2]:
@@ -155,7 +199,34 @@ class RuntimeCache:
             # trust it only if its content is still what was recorded.
             if stat.st_size != stamp[0] or sha256_file(entry / rel) != stamp[2]:
                 raise CorruptEntry(f"{rel} changed since it was cached")
+            stamp[1] = stat.st_mtime_ns
+            restamped = True
+        if restamped:
+            self._restamp(entry, record)
         return record
+
+    def _restamp(self, entry: Path, record: dict) -> None:
+        """Record the new mtimes of rehashed files, so later starts skip the hashing.
+
+        Only where the entry may be written; the record is replaced atomically, and a failure
+        costs nothing but another hashing next time.
+        """
+        if not writable(entry):
+            log.info("%s: files were touched since they were cached; rehashing them on every"
+                     " start (the folder is read-only)", entry)
+            return
+        staging = None
+        try:
+            fd, staging = tempfile.mkstemp(dir=entry, prefix=f".{self.RECORD}-")
+            with os.fdopen(fd, "w") as file:
+                json.dump(record, file, indent=1)
+            os.chmod(staging, 0o644)
+            os.replace(staging, entry / self.RECORD)
+        except OSError as exc:
+            log.info("could not restamp %s: %s", entry, exc)
+            if staging:
+                with contextlib.suppress(OSError):
+                    os.unlink(staging)
 
     def _discard(self, entry: Path) -> None:
         with contextlib.suppress(OSError):
@@ -164,11 +235,19 @@ class RuntimeCache:
     # -- building --------------------------------------------------------------------------
 
     def load(self, runtime: Runtime, progress: Progress = _no_progress) -> CompiledRuntime:
-        """Return the compiled runtime, building the entry first if needed."""
-        found = self.lookup(runtime)
+        """Return the compiled runtime, building the entry first if needed.
+
+        Raises ReadOnlyCache when the entry is missing or damaged and the folder is read-only.
+        """
+        found, problem = self._lookup(runtime)
         if found:
             return found
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if not writable(self.directory):
+            raise ReadOnlyCache(self._read_only_message(runtime, problem))
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ReadOnlyCache(self._read_only_message(runtime, problem, exc)) from exc
         with self._build_lock(runtime):
             # Another process may have finished the same build while we waited.
             found = self.lookup(runtime)
@@ -181,14 +260,45 @@ class RuntimeCache:
             raise CorruptEntry(f"the cache entry just built in {self.entry_dir(runtime)} is unreadable")
         return found
 
+    def _read_only_message(self, runtime: Runtime, problem: str | None,
+                           error: OSError | None = None) -> str:
+        entry = self.entry_dir(runtime)
+        if problem:
+            state = f"its compiled runtime {entry.name} is unusable ({problem})"
+        else:
+            state = f"it holds no compiled runtime {entry.name}"
+            others = self._other_entries(runtime)
+            if others:
+                state += (f" (only {', '.join(others)}, built for another wasmtime version or"
+                          " engine settings)")
+        reason = f": {error}" if error else ""
+        return (
+            f"the compiled-runtime cache {self.directory} is read-only{reason}, and {state}."
+            f" Build the entry there with `python -m wasm_kernel precompile --cache-dir"
+            f" {self.directory}` (as a user who may write there, e.g. when building the image),"
+            f" or set {CACHE_DIR_ENV} to a writable folder."
+        )
+
+    def _other_entries(self, runtime: Runtime) -> list[str]:
+        """Names of this runtime's entries for other keys (other wasmtime, engine settings)."""
+        own_entry = _entry_name_pattern(runtime)
+        try:
+            return sorted(p.name for p in self.directory.iterdir() if own_entry.fullmatch(p.name))
+        except OSError:
+            return []
+
     @contextlib.contextmanager
     def _build_lock(self, runtime: Runtime) -> Iterator[None]:
-        with open(self.directory / f"{runtime.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        # Opened for reading: a lock file another user created (a shared cache) still locks.
+        fd = os.open(self.directory / f"{runtime.name}.lock", os.O_RDONLY | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 yield
             finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
     def _build(self, runtime: Runtime, progress: Progress) -> None:
         final = self.entry_dir(runtime)
@@ -256,7 +366,7 @@ class RuntimeCache:
     def _prune_stale(self, runtime: Runtime) -> None:
         """Remove entries of this runtime built for another wasmtime or engine setting."""
         keep = self.entry_dir(runtime).name
-        own_entry = re.compile(re.escape(runtime.name) + f"-[0-9a-f]{{{KEY_CHARS}}}")
+        own_entry = _entry_name_pattern(runtime)
         for path in self.directory.iterdir():
             if path.is_dir() and path.name != keep and own_entry.fullmatch(path.name):
                 self._discard(path)

@@ -3,7 +3,8 @@
 Like IPython's history, sessions persist across kernels (so `jupyter console` can recall
 earlier work) and session 0 / negative numbers mean "this one" / "n sessions back". Writes use
 SQLite's WAL mode without a sync per cell, which keeps recording off the round trip. If the
-history file cannot be opened (read-only home, locked file) history lives in memory only.
+history file cannot be created or written (read-only home, read-only or locked file), history
+lives in memory for this kernel, with a warning in the kernel log; the kernel still starts.
 """
 
 from __future__ import annotations
@@ -28,26 +29,37 @@ CREATE TABLE IF NOT EXISTS history (
 
 class History:
     def __init__(self, path: str):
-        self.db = self._open(path)
-        with self.db:
-            cursor = self.db.execute(
-                "INSERT INTO sessions (start) VALUES (?)", (datetime.now(timezone.utc).isoformat(),)
-            )
-        self.session = cursor.lastrowid
+        self.db, self.session = self._open(path)
 
-    @staticmethod
-    def _open(path: str) -> sqlite3.Connection:
+    @classmethod
+    def _open(cls, path: str) -> tuple[sqlite3.Connection, int]:
+        """The database and this kernel's session number: from ``path``, else in memory.
+
+        Opening counts as working only once the new session is written, so a file that opens
+        but refuses writes (read-only file or folder) also falls back.
+        """
         if path != ":memory:":
+            db = None
             try:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
                 db = sqlite3.connect(path, check_same_thread=False, timeout=2)
-                db.executescript(_SCHEMA)
-                return db
+                return db, cls._start_session(db)
             except (OSError, sqlite3.Error) as exc:
+                if db is not None:
+                    db.close()
                 log.warning("history file %s unusable (%s); keeping history in memory", path, exc)
         db = sqlite3.connect(":memory:", check_same_thread=False)
+        return db, cls._start_session(db)
+
+    @staticmethod
+    def _start_session(db: sqlite3.Connection) -> int:
         db.executescript(_SCHEMA)
-        return db
+        with db:
+            cursor = db.execute(
+                "INSERT INTO sessions (start) VALUES (?)", (datetime.now(timezone.utc).isoformat(),)
+            )
+        assert cursor.lastrowid is not None
+        return cursor.lastrowid
 
     def store(self, line: int, source: str) -> None:
         try:

@@ -128,6 +128,7 @@ def baked_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     seal(folder)
     yield folder
     unseal(folder)
+    shutil.rmtree(folder)  # some 400 MB: not worth keeping with pytest's old temp folders
 
 
 @pytest.fixture

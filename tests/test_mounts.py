@@ -648,23 +648,24 @@ class TestReadWriteMount:
             "ok", "written before the trap"
         )
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="rollback restores guest memory but not the host's WASI descriptor table: a"
-        " descriptor closed and reused in a trapping cell still looks open to the rolled-back"
-        " guest, so its file object writes into the other file",
-    )
-    def test_file_objects_survive_a_rollback_intact(
+    def test_file_closed_in_a_rolled_back_cell_cannot_write_elsewhere(
         self, rw_kernel: Kernel, rw_tree: Tree
     ) -> None:
-        ok(run(rw_kernel, "kept = open('/out/kept.txt', 'w')"))
+        """The rollback restores ``kept`` as open, but the host closed its descriptor and gave
+        the number to ``other.txt``: the kernel closes ``kept`` rather than let it write there.
+        A file the cell did not touch stays open and usable."""
+        ok(run(rw_kernel, "kept = open('/out/kept.txt', 'w')\nuntouched = open('/out/u.txt', 'w')"))
         trapped = run(
             rw_kernel,
             "kept.close()\nother = open('/out/other.txt', 'w')\nwhile True:\n    pass",
         )
         assert trapped.content["ename"] == "FuelExhausted"
-        run(rw_kernel, "kept.write('meant for kept.txt')\nkept.flush()")
+        write = run(rw_kernel, "kept.write('meant for kept.txt')\nkept.flush()")
+        assert write.content["ename"] == "ValueError"
+        assert "closed file" in write.content["evalue"]
         assert "meant for kept.txt" not in (rw_tree.out / "other.txt").read_text()
+        ok(run(rw_kernel, "untouched.write('still fine')\nuntouched.close()"))
+        assert (rw_tree.out / "u.txt").read_text() == "still fine"
 
 
 # -- strict profile: nothing mounted -------------------------------------------------------------

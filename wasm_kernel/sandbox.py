@@ -48,6 +48,7 @@ WASI_EFAULT = 21
 WASI_EPERM = 63
 WASI_EINVAL = 28
 TURN_REFUSED = -1
+REPAIR_FUEL = 2_000_000_000  # for the short guest turn after a rollback
 
 
 @dataclass(frozen=True)
@@ -426,7 +427,7 @@ class Sandbox:
                     raise stopped
                 if self._state is not None and self._state.taken and not stopped.fresh:
                     self._state.restore(store)
-                    self._changed = False
+                    self._close_stale_files(store)
                     stopped.evalue += (
                         " The interpreter was rolled back to its state before this cell:"
                         " names, imports and objects from earlier cells are intact."
@@ -438,6 +439,18 @@ class Sandbox:
                         " earlier cells are gone."
                     )
                 raise stopped
+
+    def _close_stale_files(self, store: wasmtime.Store) -> None:
+        """After a rollback, let the guest close file objects whose descriptor the trapped
+        cell closed: the host's descriptor table is not part of the checkpoint."""
+        assert self._state is not None
+        store.set_fuel(REPAIR_FUEL)
+        try:
+            self._call_turn(f"__import__({GUEST_MODULE!r}).close_stale_files()")
+            self._changed = True  # the next checkpoint keeps the files closed
+        except wasmtime.Trap:
+            self._state.restore(store)
+            self._changed = False
 
     def _check_status(self, status: int) -> CellStopped | None:
         """A turn that returns non-zero escaped the guest's own error handling: a cell broke

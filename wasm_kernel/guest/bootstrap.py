@@ -11,13 +11,17 @@ they are used: importing them at boot would add tens of milliseconds to every ke
 
 import ast
 import builtins
+import functools
 import getpass
+import io
 import json
 import keyword
 import linecache
+import os
 import re
 import sys
 import time
+import weakref
 
 import _host
 
@@ -564,6 +568,52 @@ class ShippedModules:
         exec(compile(source, f"<wasm-kernel:{module.__name__}>", "exec"), module.__dict__)
 
 
+# -- files across a rollback -------------------------------------------------------------------
+# A rollback puts back the guest's memory, but the host's table of open descriptors stays as
+# the trapped cell left it. A file object from before that cell may then hold a descriptor the
+# cell closed, and that number may now belong to a file the cell opened. So every file opened
+# through open() is remembered with the identity (device, inode) of what it opened, and after a
+# rollback the host calls close_stale_files(): a file whose descriptor leads elsewhere is closed
+# (a clear "I/O operation on closed file" instead of writes into another file).
+
+_file_identities = weakref.WeakKeyDictionary()  # io.FileIO -> (st_dev, st_ino)
+
+
+def _raw_file(file):
+    raw = getattr(file, "buffer", file)
+    raw = getattr(raw, "raw", raw)
+    return raw if isinstance(raw, io.FileIO) else None
+
+
+def _identity(raw):
+    try:
+        status = os.fstat(raw.fileno())
+    except (OSError, ValueError):
+        return None
+    return (status.st_dev, status.st_ino)
+
+
+def _remembering_open(real_open):
+    @functools.wraps(real_open)
+    def open(*args, **kwargs):  # noqa: A001 - replaces the builtin on purpose
+        file = real_open(*args, **kwargs)
+        raw = _raw_file(file)
+        if raw is not None:
+            _file_identities[raw] = _identity(raw)
+        return file
+
+    return open
+
+
+def close_stale_files():
+    for raw, identity in list(_file_identities.items()):
+        if not raw.closed and _identity(raw) != identity:
+            try:
+                raw.close()  # marks it closed even when the descriptor is already gone
+            except OSError:
+                pass
+
+
 def get_ipython():
     return shell
 
@@ -582,6 +632,7 @@ def boot():
     sys.displayhook = displayhook
     builtins.display = display
     builtins.input = input
+    builtins.open = io.open = _remembering_open(io.open)
     getpass.getpass = getpass_
     time.sleep = sleep
     # The signal module gives SIGINT its default handler, so a KeyboardInterrupt is raised when
@@ -590,8 +641,6 @@ def boot():
 
     # Start where the host says (the notebook's mounted folder, or the private /tmp), so
     # relative paths just work.
-    import os
-
     os.chdir(os.environ.get("PWD", "/tmp"))
     namespace = sys.modules["__main__"].__dict__
     namespace.setdefault("__builtins__", builtins)

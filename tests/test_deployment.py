@@ -279,6 +279,9 @@ def test_kernel_runs_from_sealed_cache_with_sealed_home(
     assert snapshot(baked_cache) == cache_before
     assert snapshot(sealed_home) == home_before
     assert not list(kernel.scratch.glob("wasm-kernel-tmp-*")), "the private /tmp outlived it"
+    assert not list(kernel.scratch.rglob("profile_default")), (
+        "the kernel keeps no IPython profile (IPython would leave one in TMPDIR per start)"
+    )
 
 
 def test_missing_entry_in_sealed_cache_is_a_clear_cell_error(

@@ -30,6 +30,12 @@ class WasmKernelApp(IPKernelApp):
             self.control_thread.stop()
             self.control_thread.join()
 
+    def init_profile_dir(self) -> None:
+        """No IPython profile: settings live in the Jupyter config file, and IPython would
+        write a profile folder to HOME (a fresh temporary one at every start if HOME is
+        read-only)."""
+        self.profile_dir = None
+
     def load_config_file(self, suppress_errors: object = None) -> None:
         """Read ``jupyter_wasm_kernel_config.py`` from the Jupyter config path only.
 

@@ -9,6 +9,7 @@ free for control messages and SIGINT while a cell runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
+import psutil
 from ipykernel.kernelbase import Kernel
 from traitlets import Bool, Enum, Float, Int, List, Unicode, default
 
@@ -307,6 +309,17 @@ class WasmKernel(Kernel):
         except CellStopped as stop:
             self.log.warning("%s request stopped: %s", function, stop)
             return {}
+
+    def _process_children(self) -> list[Any]:
+        """Children ipykernel waits for at shutdown, less zombies. The kernel starts none
+        (the guest cannot), but a launcher's helper that has exited unreaped (Enterprise
+        Gateway's) would otherwise hold every shutdown for ipykernel's whole retry schedule."""
+        alive = []
+        for child in super()._process_children():
+            with contextlib.suppress(psutil.Error):
+                if child.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(child)
+        return alive
 
     # Jupyter interrupts (signal mode, or interrupt_request, which ipykernel turns into a
     # SIGINT to this process) reach the sandbox while a handler runs. Signal handlers can

@@ -54,7 +54,8 @@ GREETING = "hello from the sandbox on wasi"  # sys.platform is "wasi" only insid
 NOTEBOOK = "browser.ipynb"
 CELLS = [
     'import sys\nprint("hello from the sandbox on", sys.platform)',
-    'import pandas as pd\npd.DataFrame({"animal": ["owl", "newt"], "legs": [2, 4]})',
+    # the CSV lies beside the notebook: the notebook profile mounts that folder read-only
+    'import pandas as pd\npd.read_csv("animals.csv")',
     "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()",
 ]
 
@@ -275,6 +276,7 @@ def test_notebook_renders_in_jupyterlab(tmp_path: Path) -> None:
     }
     notebook.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
     nbformat.write(notebook, root / NOTEBOOK)
+    (root / "animals.csv").write_text("animal,legs\nowl,2\nnewt,4\n")
 
     console: list[str] = []
     with (

@@ -265,6 +265,7 @@ def run_cell(source, execution_count):
             report_error(exc)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
+    _note_new_files()
 
 
 # -- the shell object behind get_ipython() ---------------------------------------------------
@@ -571,18 +572,13 @@ class ShippedModules:
 # -- files across a rollback -------------------------------------------------------------------
 # A rollback puts back the guest's memory, but the host's table of open descriptors stays as
 # the trapped cell left it. A file object from before that cell may then hold a descriptor the
-# cell closed, and that number may now belong to a file the cell opened. So every file opened
-# through open() is remembered with the identity (device, inode) of what it opened, and after a
-# rollback the host calls close_stale_files(): a file whose descriptor leads elsewhere is closed
-# (a clear "I/O operation on closed file" instead of writes into another file).
+# cell closed, and that number may now belong to a file the cell opened. So files opened
+# through open() are remembered, and at the end of each cell (before the checkpoint) each new
+# one gets the identity (device, inode) of what it opened. After a rollback the host calls
+# close_stale_files(): a file whose descriptor now leads elsewhere is closed, a clear "I/O
+# operation on closed file" instead of writes into another file.
 
-_file_identities = weakref.WeakKeyDictionary()  # io.FileIO -> (st_dev, st_ino)
-
-
-def _raw_file(file):
-    raw = getattr(file, "buffer", file)
-    raw = getattr(raw, "raw", raw)
-    return raw if isinstance(raw, io.FileIO) else None
+_file_identities = weakref.WeakKeyDictionary()  # io.FileIO -> (st_dev, st_ino), or None: new
 
 
 def _identity(raw):
@@ -597,17 +593,23 @@ def _remembering_open(real_open):
     @functools.wraps(real_open)
     def open(*args, **kwargs):  # noqa: A001 - replaces the builtin on purpose
         file = real_open(*args, **kwargs)
-        raw = _raw_file(file)
-        if raw is not None:
-            _file_identities[raw] = _identity(raw)
+        raw = getattr(getattr(file, "buffer", file), "raw", file)
+        if isinstance(raw, io.FileIO):
+            _file_identities[raw] = None  # fstat waits for the cell's end: opens stay cheap
         return file
 
     return open
 
 
+def _note_new_files():
+    for raw, identity in list(_file_identities.items()):
+        if identity is None and not raw.closed:
+            _file_identities[raw] = _identity(raw)
+
+
 def close_stale_files():
     for raw, identity in list(_file_identities.items()):
-        if not raw.closed and _identity(raw) != identity:
+        if identity is not None and not raw.closed and _identity(raw) != identity:
             try:
                 raw.close()  # marks it closed even when the descriptor is already gone
             except OSError:

@@ -806,6 +806,8 @@ def test_parse_absolute_host_folder(base: Path) -> None:
         (["data://data"], "clean absolute folder"),
         (["data:/da\nta"], "clean absolute folder"),
         (["data:/data:rx"], "the mode must be ro or rw, not 'rx'"),
+        (["/:/host"], "the whole host file system"),
+        (["data/../..//" + "../" * 64 + ":/host:ro"], "the whole host file system"),
         (["data:/tmp"], "/tmp belongs to the sandbox itself"),
         (["data:/tmp/x"], "/tmp belongs to the sandbox itself"),
         (["data:/usr/local/lib"], "/usr/local/lib belongs to the sandbox itself"),

@@ -66,6 +66,9 @@ def _host_folder(spec: str, text: str, base: Path) -> Path:
             from None
     if not folder.is_dir():
         raise MountError(f"mount {spec!r}: {str(folder)!r} is not a folder")
+    if folder == Path(folder.anchor):
+        # e.g. the notebook profile's '.' in a kernel started at / (a server rooted there)
+        raise MountError(f"mount {spec!r}: that is the whole host file system; mount a folder")
     return folder
 
 

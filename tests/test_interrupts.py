@@ -257,10 +257,10 @@ def test_interrupt_while_idle_does_not_reach_the_next_cell(kernel: Kernel) -> No
     assert run.stream_text() == f"{sum(range(200_000))}\n"
 
 
-class MessageModeKernel:
+class MessageModeKernel(Kernel):
     """A kernel whose manager interrupts with interrupt_request instead of SIGINT."""
 
-    def __init__(self) -> None:
+    def __init__(self) -> None:  # the kernelspec is changed before the kernel starts
         self.manager = KernelManager(kernel_name=KERNEL_NAME)
         assert self.manager.kernel_spec is not None
         self.manager.kernel_spec.interrupt_mode = "message"
@@ -268,12 +268,6 @@ class MessageModeKernel:
         self.client = self.manager.client()
         self.client.start_channels()
         self.client.wait_for_ready(timeout=120)
-
-    execute = Kernel.execute
-
-    def shutdown(self) -> None:
-        self.client.stop_channels()
-        self.manager.shutdown_kernel(now=False)
 
 
 @pytest.fixture(scope="module")

@@ -159,6 +159,24 @@ def test_time_limit_does_not_stop_a_short_cell(timed_kernel: Kernel) -> None:
     assert run.stream_text() == "done\n"
 
 
+@pytest.mark.parametrize("after_answer", ["", "\nwhile True:\n    pass"])
+def test_time_limit_does_not_count_waiting_for_input(timed_kernel: Kernel, after_answer: str) -> None:
+    """The 2 s limit pauses while the user answers input() (3 s here), then runs on."""
+    client = timed_kernel.client
+    msg_id = client.execute(f"answer = input('name? ')\nprint('hi', answer){after_answer}",
+                            allow_stdin=True)
+    assert client.get_stdin_msg(timeout=60)["content"]["prompt"] == "name? "
+    time.sleep(3)
+    client.input("Ada")
+    run = timed_kernel.collect(msg_id)
+    assert run.stream_text() == "hi Ada\n"
+    if after_answer:  # the clock runs again once the answer is in
+        assert run.content["ename"] == "TimeLimitExceeded"
+        assert run.seconds < 3 + 2 + 5
+    else:
+        assert run.content["status"] == "ok", run.content
+
+
 def test_memory_bomb_raises_memory_limit_and_keeps_state(start_kernel) -> None:
     """Running out of memory is a MemoryError inside Python: earlier variables survive."""
     kernel = start_kernel(["--WasmKernel.memory_limit=268435456"])

@@ -23,7 +23,8 @@ import struct
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from importlib import resources
@@ -173,6 +174,20 @@ class Watchdog:
         with self._ready:
             self._jobs.pop(token, None)
 
+    @contextmanager
+    def paused(self, token: int | None) -> Iterator[None]:
+        """Stop one deadline's clock for a while (a person answering ``input()``)."""
+        with self._ready:
+            job = self._jobs.pop(token, None) if token is not None else None
+            left = job[0] - time.monotonic() if job is not None else 0.0
+        try:
+            yield
+        finally:
+            if job is not None:
+                with self._ready:
+                    self._jobs[token] = (time.monotonic() + left, job[1])
+                    self._ready.notify()
+
     def close(self) -> None:
         with self._ready:
             self._closed = True
@@ -234,6 +249,7 @@ class Sandbox:
         self._state: GuestState | None = None
         self._signals: SignalFlags | None = None
         self._changed = False  # turns ran since the last checkpoint
+        self._deadline: int | None = None  # watchdog token of the running turn's time limit
         self._closing = False
         self._memory_at_start = 0
         self._start_interpreter()
@@ -400,9 +416,9 @@ class Sandbox:
             self._output.begin(host.stream, limits.output, self._output_notice(limits.output))
             store.set_fuel(limits.fuel)
             store.set_epoch_deadline(1)
-            deadline = None
+            deadline = self._deadline = None
             if limits.seconds:
-                deadline = self._watchdog.arm(
+                deadline = self._deadline = self._watchdog.arm(
                     limits.seconds, partial(self.interrupts.request_stop, "time", turn)
                 )
             try:
@@ -612,6 +628,9 @@ class Sandbox:
         if host is None:
             return {}
         self._output.flush()  # keep printed text ahead of what the message shows
+        if op == "input":  # the time a person takes to answer is not the cell's
+            with self._watchdog.paused(self._deadline):
+                return host.message(message, self.interrupts)
         return host.message(message, self.interrupts)
 
     def _sleep(self, seconds: float) -> bool:

@@ -60,7 +60,7 @@ def test_install_registers_one_kernelspec_per_profile(
     specs = installed_specs(tmp_path, "--profile", profile)
     assert list(specs) == [name]
     spec = specs[name]
-    assert spec["argv"][:3] == [sys.executable, "-m", "wasm_kernel"]
+    assert spec["argv"][:4] == [sys.executable, "-P", "-m", "wasm_kernel"]  # -P: see below
     assert f"--WasmKernel.profile={profile}" in spec["argv"]
     assert spec["display_name"].endswith(display_suffix)
 
@@ -179,3 +179,20 @@ def test_bad_mount_is_reported_by_every_cell(start_kernel, tmp_path: Path) -> No
         assert run.content["ename"] == "SandboxUnavailable"
         assert "'missing:/data'" in run.content["evalue"]
         assert "is missing" in run.content["evalue"]
+
+
+def test_the_host_never_imports_from_the_notebook_folder(start_kernel, tmp_path: Path) -> None:
+    """A writable mount lets the guest put files in the notebook's folder, where the next
+    kernel starts: none of them may run on the host (python -P, ignore_cwd)."""
+    marker = tmp_path / "host-imported"
+    plant = f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\n"
+    (tmp_path / "wasm_kernel").mkdir()
+    (tmp_path / "wasm_kernel" / "__init__.py").write_text(plant)
+    (tmp_path / "wasm_kernel" / "__main__.py").write_text(plant)
+    for name in ("psutil", "zmq", "traitlets", "nbformat", "sqlite3", "wasmtime"):
+        (tmp_path / f"{name}.py").write_text(plant)
+    kernel = start_kernel(cwd=tmp_path)
+    assert plain(ok(kernel.execute("1 + 1"))) == 2
+    ok(kernel.execute("%sandbox"))
+    kernel.client.history(hist_access_type="tail", n=1, reply=True, timeout=30)
+    assert not marker.exists(), marker.read_text()

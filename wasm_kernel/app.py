@@ -37,9 +37,6 @@ class WasmKernelApp(IPKernelApp):
         self.profile_dir = None
 
     def load_config_file(self, suppress_errors: object = None) -> None:
-        """Read ``jupyter_wasm_kernel_config.py`` from the Jupyter config path only.
-
-        Not from the working folder, as IPython does: that is the notebook's folder, which the
-        guest may be able to write to (a writable mount), and the config file runs on the host.
-        """
+        """Read ``jupyter_wasm_kernel_config.py`` from the Jupyter config path only, never from
+        the working folder: a config file is Python that runs on the host."""
         Application.load_config_file(self, CONFIG_FILE, path=jupyter_config_path())

@@ -73,6 +73,14 @@ def _from_profile(setting: str) -> Callable[[WasmKernel], Any]:
     return lambda kernel: getattr(PROFILES[kernel.profile], setting)
 
 
+def _keep_working_folder_off_sys_path() -> None:
+    """The working folder is the notebook's, which a writable mount lets the guest fill, so
+    the host must not import from it. Our kernelspec runs python with -P; launchers that use
+    ipykernel's own application (Enterprise Gateway's) put it on sys.path all the same."""
+    here = os.getcwd()
+    sys.path[:] = [entry for entry in sys.path if entry not in ("", ".", here)]
+
+
 def _log_to_process_stderr() -> None:
     """Send this package's log records to the process's own stderr (the kernel log).
 
@@ -159,6 +167,7 @@ class WasmKernel(Kernel):
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
+        _keep_working_folder_off_sys_path()
         _log_to_process_stderr()
         self.runtime = load_runtime(self.runtime_name)
         self.limits = Limits(

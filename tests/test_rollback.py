@@ -339,6 +339,28 @@ def test_consecutive_traps_roll_back_to_the_last_good_cell(signal_kernel: ModeKe
     run_ok(kernel, "del progress")
 
 
+HOSTILE_REPAIRS = {
+    "sleeps": "lambda: time.sleep(10**9)",
+    "loops": "lambda: [None for _ in iter(int, 1)]",
+    "exits": "lambda: os._exit(3)",
+    "raises": "lambda: 1 / 0",
+}
+
+
+@pytest.mark.parametrize("repair", list(HOSTILE_REPAIRS))
+def test_sabotaged_step_after_a_rollback_cannot_hang_or_lose_state(start_kernel, repair: str) -> None:
+    """After a rollback the kernel runs a short guest step that closes stale files. It runs in
+    the user's interpreter, so a cell can replace it: the step is bounded like a cell, and if it
+    fails the checkpoint is simply restored again."""
+    kernel = start_kernel(["--WasmKernel.fuel=3000000000"])
+    run_ok(kernel, "import os, time, _wasm_kernel\nkept = 41\n"
+                   f"_wasm_kernel.close_stale_files = {HOSTILE_REPAIRS[repair]}")
+    trapped = kernel.execute("kept = 0\nwhile True:\n    pass", timeout=60)
+    assert_rolled_back(trapped.content, "FuelExhausted")
+    assert trapped.seconds < 30
+    assert run_ok(kernel, "kept").result_text() == "41"
+
+
 # -- interrupts, both modes ---------------------------------------------------------------------
 
 SOFT_CASES = {

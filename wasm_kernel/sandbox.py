@@ -49,7 +49,8 @@ WASI_EFAULT = 21
 WASI_EPERM = 63
 WASI_EINVAL = 28
 TURN_REFUSED = -1
-REPAIR_FUEL = 2_000_000_000  # for the short guest turn after a rollback
+REPAIR_FUEL = 2_000_000_000  # budget of the short guest turn after a rollback
+REPAIR_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -458,13 +459,29 @@ class Sandbox:
 
     def _close_stale_files(self, store: wasmtime.Store) -> None:
         """After a rollback, let the guest close file objects whose descriptor the trapped
-        cell closed: the host's descriptor table is not part of the checkpoint."""
+        cell closed: the host's descriptor table is not part of the checkpoint.
+
+        This runs the user's interpreter, so it is bounded like a cell (fuel, a deadline,
+        interrupts); if it fails in any way the checkpoint is simply restored again.
+        """
         assert self._state is not None
+        turn = self.interrupts.begin()
         store.set_fuel(REPAIR_FUEL)
+        store.set_epoch_deadline(1)
+        deadline = self._watchdog.arm(
+            REPAIR_SECONDS, partial(self.interrupts.request_stop, "time", turn)
+        )
         try:
-            self._call_turn(f"__import__({GUEST_MODULE!r}).close_stale_files()")
+            status = self._call_turn(f"__import__({GUEST_MODULE!r}).close_stale_files()")
+        except (wasmtime.Trap, wasmtime.WasmtimeError):  # any trap, or the guest exiting
+            status = TURN_REFUSED
+        finally:
+            self.interrupts.end()
+            self._watchdog.disarm(deadline)
+            store.set_epoch_deadline(1 << 62)
+        if status == 0:
             self._changed = True  # the next checkpoint keeps the files closed
-        except wasmtime.Trap:
+        else:
             self._state.restore(store)
             self._changed = False
 

@@ -62,6 +62,7 @@ def test_install_registers_one_kernelspec_per_profile(
     spec = specs[name]
     assert spec["argv"][:4] == [sys.executable, "-P", "-m", "wasm_kernel"]  # -P: see below
     assert f"--WasmKernel.profile={profile}" in spec["argv"]
+    assert ("--WasmKernel.mounts=[]" in spec["argv"]) == (profile == "strict")
     assert spec["display_name"].endswith(display_suffix)
 
 
@@ -91,6 +92,23 @@ def test_strict_profile_lowers_limits_and_mounts_nothing(start_kernel, tmp_path:
     )
     run = kernel.execute("open('sales.csv').read()")
     assert run.content["ename"] == "FileNotFoundError"
+
+
+def test_strict_kernelspec_mounts_nothing_whatever_the_config_says(
+    start_kernel, tmp_path: Path
+) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "jupyter_wasm_kernel_config.py").write_text(
+        "c.WasmKernel.mounts = ['data:/data']\n"
+    )
+    kernel = start_kernel(
+        env={"JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "WASM_KERNEL_MOUNTS": "data:/d2"},
+        kernel_name="wasm-python-strict", cwd=tmp_path,
+    )
+    assert "Host folders:\n  none" in banner_of(kernel)
+    cell = "import os\n[os.path.exists(p) for p in ('/data', '/d2')]"
+    assert plain(ok(kernel.execute(cell))) == [False, False]
 
 
 def test_explicit_setting_wins_over_the_profile(start_kernel) -> None:

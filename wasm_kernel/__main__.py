@@ -86,6 +86,8 @@ def install_kernelspec(profile: Profile, args: argparse.Namespace) -> None:
         spec = json.loads((Path(staging) / "kernel.json").read_text())
         spec["argv"][0] = sys.executable
         spec["argv"].append(f"--WasmKernel.profile={profile.name}")
+        if not profile.mounts:  # pinned: no config file or variable can add folders to it
+            spec["argv"].append("--WasmKernel.mounts=[]")
         if args.cache_dir:  # kernels use the cache this install precompiled
             spec["argv"].append(f"--WasmKernel.cache_dir={Path(args.cache_dir).resolve()}")
         if args.display_name:

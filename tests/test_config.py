@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import Kernel, ok, plain
 
+from wasm_kernel.cache import default_cache_dir
 from wasm_kernel.profiles import PROFILES
 
 STRICT = PROFILES["strict"]
@@ -109,6 +110,21 @@ def test_strict_kernelspec_mounts_nothing_whatever_the_config_says(
     assert "Host folders:\n  none" in banner_of(kernel)
     cell = "import os\n[os.path.exists(p) for p in ('/data', '/d2')]"
     assert plain(ok(kernel.execute(cell))) == [False, False]
+
+
+def test_notebook_in_the_home_folder_is_not_mounted(start_kernel, tmp_path: Path) -> None:
+    """The notebook profile would expose keys and settings; it says so once and starts in
+    /tmp. A mount the operator sets explicitly is theirs to make."""
+    (tmp_path / "sales.csv").write_text("a\n1\n")
+    env = {"HOME": str(tmp_path), "WASM_KERNEL_CACHE_DIR": str(default_cache_dir())}
+    kernel = start_kernel(env=env, cwd=tmp_path)
+    assert "is (or holds) the home folder" in banner_of(kernel)
+    first = ok(kernel.execute("import os\nos.getcwd(), os.path.exists('/notebook')"))
+    assert plain(first) == ("/tmp", False)
+    assert "so it is not mounted" in first.stream_text("stderr")
+    assert ok(kernel.execute("1")).stream_text("stderr") == ""  # said once
+    explicit = start_kernel(["--WasmKernel.mounts=.:/home-folder:ro"], env=env, cwd=tmp_path)
+    assert plain(ok(explicit.execute("open('/home-folder/sales.csv').read()"))) == "a\n1\n"
 
 
 def test_explicit_setting_wins_over_the_profile(start_kernel) -> None:

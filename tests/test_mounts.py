@@ -779,7 +779,6 @@ def base(tmp_path: Path) -> Path:
 def test_parse_good_mounts(base: Path, spec: str, guest: str, writable: bool, host: str) -> None:
     (mount,) = parse_mounts([spec], base, RESERVED)
     assert (mount.guest, mount.writable, mount.host) == (guest, writable, (base / host).resolve())
-    assert mount.mode == ("rw" if writable else "ro")
 
 
 def test_parse_absolute_host_folder(base: Path) -> None:
@@ -816,6 +815,8 @@ def test_parse_absolute_host_folder(base: Path) -> None:
         (["data:/d", "other:/d"], "overlaps the mount at /d"),
         (["data:/d", "other:/d/e"], "overlaps the mount at /d"),
         (["data:/d/e", "other:/d"], "overlaps the mount at /d/e"),
+        ([".:/nb:rw", "data:/data"], "shares host folders with the mount at /nb"),
+        (["data:/a", "data:/b:rw"], "shares host folders with the mount at /a"),
     ],
 )
 def test_parse_bad_mounts(base: Path, specs: list[str], message: str) -> None:

@@ -29,7 +29,7 @@ from traitlets import Bool, Enum, Float, Int, List, Unicode, default
 from . import __version__
 from .cache import RuntimeCache
 from .history import History
-from .mounts import SCRATCH, Mount, MountError, guest_cwd, parse_mounts
+from .mounts import SCRATCH, Mount, MountError, guest_cwd, holds_home, parse_mounts
 from .profiles import DEFAULT_PROFILE, PROFILES
 from .runtime import DEFAULT_RUNTIME, load_runtime
 from .sandbox import CellStopped, Interrupts, Limits, Sandbox, memory_limit_text
@@ -104,9 +104,9 @@ class WasmKernel(Kernel):
 
     profile = Enum(
         sorted(PROFILES),
-        help="Named defaults for limits and mounts: 'notebook' (the kernel's folder read-only"
-        " at /notebook, writes to the private /tmp) or 'strict' (nothing mounted, small"
-        " budgets). Explicit settings win over the profile. Env: WASM_KERNEL_PROFILE.",
+        help="Named defaults for limits and mounts; explicit settings win over them. "
+        + "; ".join(f"{name}: {profile.summary}" for name, profile in PROFILES.items())
+        + ". Env: WASM_KERNEL_PROFILE.",
     ).tag(config=True)
     mounts = List(
         Unicode(),
@@ -181,15 +181,31 @@ class WasmKernel(Kernel):
         self.granted: list[Mount] = []
         self.start_dir = SCRATCH
         self._mount_error: MountError | None = None
+        self.withheld = self._withheld_folder()
+        self._withheld_told = False  # said once, on the first cell's stderr
         try:
             here = Path.cwd()
-            self.granted = parse_mounts(self.mounts, here, reserved=(self.runtime.lib_guest_dir,))
+            specs = [] if self.withheld else self.mounts
+            self.granted = parse_mounts(specs, here, reserved=(self.runtime.lib_guest_dir,))
             self.start_dir = guest_cwd(self.granted, here, self.working_dir)
         except MountError as exc:
             self._mount_error = exc  # reported by every cell; the kernel itself stays up
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wasm-kernel-guest")
         self._boot_stage = "starting"
         self._boot: Future[Sandbox] = self._worker.submit(self._start_sandbox)
+
+    def _withheld_folder(self) -> str:
+        """Why the profile's folder is not mounted, or "". A notebook in the home folder would
+        expose keys and tokens; mounts set explicitly (config, argv, env) are the operator's."""
+        explicit = self.trait_has_value("mounts") or ENV_PREFIX + "MOUNTS" in os.environ
+        here = Path.cwd()
+        if explicit or not self.mounts or not holds_home(here):
+            return ""
+        return (
+            f"the notebook's folder {here} is (or holds) the home folder, with its keys and"
+            " settings, so it is not mounted. Keep notebooks and their data in a project"
+            " folder, or mount one with --WasmKernel.mounts."
+        )
 
     # -- sandbox start-up ---------------------------------------------------------------------
 
@@ -251,8 +267,8 @@ class WasmKernel(Kernel):
     def describe_sandbox(self) -> str:
         """The running configuration, for the banner and ``%sandbox``."""
         limits = self.limits
-        if self._mount_error is not None:
-            folders = f"  none: {self._mount_error}"
+        if self._mount_error is not None or self.withheld:
+            folders = f"  none: {self._mount_error or self.withheld}"
         else:
             folders = "\n".join(f"  {mount}" for mount in self.granted) or "  none"
         return (
@@ -260,7 +276,7 @@ class WasmKernel(Kernel):
             f" (wasm-kernel {__version__}, runtime {self.runtime.name})\n"
             f"Profile: {self.profile}\n"
             f"Host folders:\n{folders}\n"
-            f"  /tmp: private scratch, deleted when the kernel stops\n"
+            f"  {SCRATCH}: private scratch, deleted when the kernel stops\n"
             f"Starting folder: {self.start_dir}\n"
             f"Per cell: fuel {limits.fuel:,}, time {limits.seconds:g} s,"
             f" memory {limits.memory >> 20} MiB, output {limits.output >> 20} MiB\n"
@@ -287,6 +303,9 @@ class WasmKernel(Kernel):
             sandbox = await self._sandbox(lambda text: cell.stream("stderr", text))
         except Exception as exc:
             return cell.fail("SandboxUnavailable", f"the sandbox could not start: {exc}")
+        if self.withheld and not self._withheld_told:
+            cell.stream("stderr", f"wasm-kernel: {self.withheld}\n")
+            self._withheld_told = True
         if store_history and not silent:
             self.history.store(self.execution_count, code)
         loop = asyncio.get_running_loop()

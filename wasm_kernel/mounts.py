@@ -27,10 +27,6 @@ class Mount:
     guest: str  # absolute, normalised guest path
     writable: bool
 
-    @property
-    def mode(self) -> str:
-        return "rw" if self.writable else "ro"
-
     def __str__(self) -> str:
         return f"{self.guest} <- {self.host} ({'read-write' if self.writable else 'read-only'})"
 
@@ -100,8 +96,25 @@ def parse_mounts(specs: list[str], base: Path, reserved: tuple[str, ...]) -> lis
         for other in mounts:
             if _overlap(mount.guest, other.guest):
                 raise MountError(f"mount {spec!r} overlaps the mount at {other.guest}")
+            if (mount.writable or other.writable) and _overlap(str(mount.host), str(other.host)):
+                # a cell could rename folders under a writable mount so that the other one
+                # names something else when the interpreter is restarted
+                raise MountError(
+                    f"mount {spec!r} shares host folders with the mount at {other.guest};"
+                    " a read-write mount must not"
+                )
         mounts.append(mount)
     return mounts
+
+
+def holds_home(folder: Path) -> bool:
+    """Whether ``folder`` is the user's home folder or one above it (keys, tokens, settings)."""
+    try:
+        home = Path.home().resolve()
+    except (RuntimeError, OSError):
+        return False
+    folder = folder.resolve()
+    return folder == home or folder in home.parents
 
 
 def guest_cwd(mounts: list[Mount], kernel_dir: Path, wanted: str = "") -> str:

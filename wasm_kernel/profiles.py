@@ -27,8 +27,8 @@ PROFILES = {
     for profile in (
         Profile(
             name="notebook",
-            summary="the notebook's folder is readable at /notebook (the starting folder);"
-            " writes go to the private scratch folder /tmp",
+            summary="the notebook's folder is readable at /notebook, where cells start"
+            " (unless it is the home folder); writes go to the private scratch folder /tmp",
             mounts=(".:/notebook:ro",),
             fuel=5_000_000_000_000,
             time_limit=600.0,
@@ -38,8 +38,8 @@ PROFILES = {
         ),
         Profile(
             name="strict",
-            summary="no host folder at all; only the private scratch folder /tmp;"
-            " small fuel, time, memory and output budgets",
+            summary="no host folder, only the private scratch folder /tmp, and small fuel,"
+            " time, memory and output budgets",
             mounts=(),
             fuel=300_000_000_000,
             time_limit=60.0,

@@ -132,7 +132,7 @@ def writable(path: Path) -> bool:
             continue
         except OSError:
             return False
-        return bool(mode & 0o222) and os.access(folder, os.W_OK)
+        return bool(mode & 0o222) and os.access(folder, os.W_OK, effective_ids=True)
     return False
 
 

@@ -589,16 +589,23 @@ def _identity(raw):
     return (status.st_dev, status.st_ino)
 
 
-def _remembering_open(real_open):
-    @functools.wraps(real_open)
-    def open(*args, **kwargs):  # noqa: A001 - replaces the builtin on purpose
-        file = real_open(*args, **kwargs)
+class _RememberingOpen:
+    """open() that remembers the files it opens. A callable object rather than a function
+    so that, like the builtin, it does not turn into a method as a class attribute."""
+
+    def __init__(self, real_open):
+        self._real_open = real_open
+        functools.update_wrapper(self, real_open)
+
+    def __call__(self, *args, **kwargs):
+        file = self._real_open(*args, **kwargs)
         raw = getattr(getattr(file, "buffer", file), "raw", file)
         if isinstance(raw, io.FileIO):
             _file_identities[raw] = None  # fstat waits for the cell's end: opens stay cheap
         return file
 
-    return open
+    def __repr__(self):
+        return repr(self._real_open)
 
 
 def _note_new_files():
@@ -634,7 +641,7 @@ def boot():
     sys.displayhook = displayhook
     builtins.display = display
     builtins.input = input
-    builtins.open = io.open = _remembering_open(io.open)
+    builtins.open = io.open = _RememberingOpen(io.open)
     getpass.getpass = getpass_
     time.sleep = sleep
     # The signal module gives SIGINT its default handler, so a KeyboardInterrupt is raised when

@@ -262,3 +262,59 @@ def test_deep_recursion_is_stopped_and_kernel_answers(kernel: Kernel) -> None:
     assert content["status"] == "error"
     assert content["ename"] in ("RecursionError", "StackOverflow")
     assert_answers(kernel)
+
+
+SCRATCH_LIMIT = 50 << 20
+
+
+@pytest.fixture(scope="module")
+def scratch_kernel() -> Iterator[Kernel]:
+    started = Kernel([f"--WasmKernel.scratch_limit={SCRATCH_LIMIT}"])
+    assert started.execute("import os").content["status"] == "ok"  # a checkpoint to roll back to
+    yield started
+    started.shutdown()
+
+
+def test_scratch_limit_stops_a_cell_that_fills_tmp(scratch_kernel: Kernel) -> None:
+    """/tmp is on the host's disk: a cell growing it past the limit is stopped while it runs
+    (checked a few times a second), rolled back, and its files can then be deleted."""
+    assert "up to 50 MiB" in banner_of(scratch_kernel)
+    assert scratch_kernel.execute("kept = 'before'").content["status"] == "ok"
+    slow = (
+        "import time\nkept = 'during'\nwritten = 0\n"
+        "with open('/tmp/slow', 'wb') as f:\n"
+        "    while written < 500 << 20:\n"
+        "        f.write(b'x' * (1 << 20)); f.flush(); written += 1 << 20; time.sleep(0.01)\n"
+    )
+    try:
+        run = scratch_kernel.execute(slow)
+        assert run.content["ename"] == "ScratchLimitExceeded", run.content
+        assert "limit of 50 MiB" in run.content["evalue"]
+        assert "rolled back" in run.content["evalue"]
+        size = scratch_kernel.execute("os.path.getsize('/tmp/slow') >> 20").result_text()
+        assert size is not None and int(size) < 500, "stopped before it finished"
+        assert scratch_kernel.execute("kept").result_text() == "'before'"
+    finally:
+        run = scratch_kernel.execute("os.remove('/tmp/slow')\nopen('/tmp/small', 'w').write('ok')")
+    assert run.content["status"] == "ok", run.content
+
+
+def test_scratch_limit_catches_a_quick_write(scratch_kernel: Kernel) -> None:
+    """One big write may end between two checks; then the check at the cell's end reports it
+    and, nothing being rolled back, the cell's work stands."""
+    try:
+        run = scratch_kernel.execute("big = open('/tmp/quick', 'wb').write(b'y' * (80 << 20))")
+        assert run.content["ename"] == "ScratchLimitExceeded", run.content
+        if "rolled back" not in run.content["evalue"]:
+            assert scratch_kernel.execute("big >> 20").result_text() == "80"
+    finally:
+        run = scratch_kernel.execute("os.remove('/tmp/quick')")
+    assert run.content["status"] == "ok", run.content
+
+
+def test_scratch_limit_counts_allocated_blocks(scratch_kernel: Kernel) -> None:
+    """A sparse file's apparent size is not disk used; many empty files are."""
+    sparse = "f = open('/tmp/sparse', 'wb')\nf.seek(10**12)\nf.write(b'1')\nf.close()"
+    assert scratch_kernel.execute(sparse).content["status"] == "ok"
+    run = scratch_kernel.execute("for i in range(20000):\n    open(f'/tmp/e{i}', 'w').close()")
+    assert run.content["ename"] == "ScratchLimitExceeded", run.content

@@ -133,6 +133,11 @@ class WasmKernel(Kernel):
         help="Bytes of output (streams and display data) shown per cell; the rest is dropped"
         " with a notice. Env: WASM_KERNEL_OUTPUT_LIMIT."
     ).tag(config=True)
+    scratch_limit = Int(
+        help="Bytes a cell may fill the private /tmp with (on the host's disk; each file counts"
+        " at least 4 KiB), 0 for no limit. A cell that grows it past the limit is stopped."
+        " Env: WASM_KERNEL_SCRATCH_LIMIT.",
+    ).tag(config=True)
     interrupt_grace = Float(
         help="Seconds an interrupted cell gets to stop by itself (KeyboardInterrupt) before it"
         " is stopped hard. Env: WASM_KERNEL_INTERRUPT_GRACE."
@@ -159,6 +164,7 @@ class WasmKernel(Kernel):
     _time_limit_default = _env_default("time_limit", _from_profile("time_limit"))
     _memory_limit_default = _env_default("memory_limit", _from_profile("memory_limit"))
     _output_limit_default = _env_default("output_limit", _from_profile("output_limit"))
+    _scratch_limit_default = _env_default("scratch_limit", _from_profile("scratch_limit"))
     _interrupt_grace_default = _env_default("interrupt_grace", 1.0)
     _rollback_default = _env_default("rollback", True)
     _history_file_default = _env_default(
@@ -176,6 +182,7 @@ class WasmKernel(Kernel):
             memory=self.memory_limit,
             output=self.output_limit,
             interrupt_grace=self.interrupt_grace,
+            scratch=self.scratch_limit,
         )
         self.history = History(self.history_file)
         self.granted: list[Mount] = []
@@ -271,12 +278,13 @@ class WasmKernel(Kernel):
             folders = f"  none: {self._mount_error or self.withheld}"
         else:
             folders = "\n".join(f"  {mount}" for mount in self.granted) or "  none"
+        scratch_size = f"up to {limits.scratch >> 20} MiB" if limits.scratch else "no size limit"
         return (
             f"Python {self.runtime.python_version} in a WebAssembly sandbox"
             f" (wasm-kernel {__version__}, runtime {self.runtime.name})\n"
             f"Profile: {self.profile}\n"
             f"Host folders:\n{folders}\n"
-            f"  {SCRATCH}: private scratch, deleted when the kernel stops\n"
+            f"  {SCRATCH}: private scratch, deleted when the kernel stops, {scratch_size}\n"
             f"Starting folder: {self.start_dir}\n"
             f"Per cell: fuel {limits.fuel:,}, time {limits.seconds:g} s,"
             f" memory {limits.memory >> 20} MiB, output {limits.output >> 20} MiB\n"
@@ -314,6 +322,8 @@ class WasmKernel(Kernel):
                 self._worker, sandbox.run_cell, code, self.execution_count, cell
             )
         except CellStopped as stop:
+            if stop.recovered:  # the cell's changes stand: keep them
+                self._worker.submit(sandbox.checkpoint)
             return cell.fail(stop.ename, stop.evalue)
         # Checkpoint while the user reads the output; the next cell queues behind it.
         self._worker.submit(sandbox.checkpoint)

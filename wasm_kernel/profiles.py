@@ -19,6 +19,7 @@ class Profile:
     time_limit: float
     memory_limit: int
     output_limit: int
+    scratch_limit: int
     kernel_suffix: str  # appended to the kernelspec name and display name
 
 
@@ -34,6 +35,7 @@ PROFILES = {
             time_limit=600.0,
             memory_limit=2 << 30,
             output_limit=10 << 20,
+            scratch_limit=1 << 30,
             kernel_suffix="",
         ),
         Profile(
@@ -45,6 +47,7 @@ PROFILES = {
             time_limit=60.0,
             memory_limit=512 << 20,
             output_limit=1 << 20,
+            scratch_limit=64 << 20,
             kernel_suffix="strict",
         ),
     )

@@ -37,6 +37,7 @@ from . import protocol
 from .cache import CompiledRuntime
 from .mounts import SCRATCH, Mount
 from .output import OutputPump
+from .scratch import ScratchWatch, usage
 from .snapshot import CheckpointStats, GuestState, SignalFlags, memory_address
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class Limits:
     memory: int
     output: int
     interrupt_grace: float = 1.0
+    scratch: int = 0  # bytes a cell may grow the private /tmp to; 0: no limit
 
 
 class GuestHost(Protocol):
@@ -244,6 +246,9 @@ class Sandbox:
         self._output = OutputPump()
         self._turn_lock = threading.Lock()
         self._tmp = Path(tempfile.mkdtemp(prefix="wasm-kernel-tmp-"))
+        self._scratch = ScratchWatch(
+            self._tmp, limits.scratch, partial(self.interrupts.request_stop, "scratch")
+        )
         self._host: GuestHost | None = None
         self._reply: dict | None = None
         self._store: wasmtime.Store | None = None
@@ -350,6 +355,7 @@ class Sandbox:
         with self._turn_lock:
             self._output.close()
             self._watchdog.close()
+            self._scratch.close()
             if self._store is not None:
                 self._store.close()
                 self._store = None
@@ -388,7 +394,7 @@ class Sandbox:
     def run_cell(self, source: str, execution_count: int, host: GuestHost) -> None:
         """Run a notebook cell; output and messages go to ``host``. Raises CellStopped."""
         call = f"__import__({GUEST_MODULE!r}).run_cell({source!r}, {int(execution_count)})"
-        self._turn(call, host, self.limits)
+        self._turn(call, host, self.limits, watch_scratch=True)
 
     def request(self, function: str, *args: object, host: GuestHost) -> dict:
         """Call a guest service function (completion, inspection...) and return its reply."""
@@ -403,7 +409,8 @@ class Sandbox:
         self._turn(f"__import__({GUEST_MODULE!r}).{function}({arguments})", host, service_limits)
         return self._reply or {}
 
-    def _turn(self, source: str, host: GuestHost, limits: Limits) -> None:
+    def _turn(self, source: str, host: GuestHost, limits: Limits,
+              watch_scratch: bool = False) -> None:
         with self._turn_lock:
             store = self._store
             assert store is not None
@@ -414,6 +421,8 @@ class Sandbox:
             if self._state is not None:
                 self._state.growth_failed(store, reset=True)
             turn = self.interrupts.begin()
+            if watch_scratch:
+                self._scratch.begin(turn)
             self._output.begin(host.stream, limits.output, self._output_notice(limits.output))
             store.set_fuel(limits.fuel)
             store.set_epoch_deadline(1)
@@ -434,11 +443,16 @@ class Sandbox:
                 stopped = self._check_status(status)
             finally:
                 self.interrupts.end()
+                grown = self._scratch.end()
                 if deadline is not None:
                     self._watchdog.disarm(deadline)
                 store.set_epoch_deadline(1 << 62)
                 self._output.end()
                 self._host = None
+            if stopped is None and grown is not None:  # it finished before a check caught it
+                stopped = CellStopped(
+                    "ScratchLimitExceeded", self._scratch_text(grown, limits), recovered=True
+                )
             if stopped is not None:
                 if self._closing or stopped.recovered:
                     raise stopped
@@ -560,6 +574,10 @@ class Sandbox:
                     f"the cell ran longer than its wall-clock limit of {limits.seconds:g} s."
                     " Raise it with --WasmKernel.time_limit=SECONDS (0 for none).",
                 )
+            if self.interrupts.stop_reason == "scratch":
+                return CellStopped(
+                    "ScratchLimitExceeded", self._scratch_text(usage(self._tmp), limits)
+                )
             return CellStopped(
                 "KeyboardInterrupt",
                 "the cell did not stop within"
@@ -575,6 +593,15 @@ class Sandbox:
             # an allocation failed at the limit, and then C code gave up (abort)
             return CellStopped("MemoryLimitExceeded", memory_limit_text(limits.memory))
         return CellStopped("GuestCrashed", f"the interpreter trapped: {trap.message}.")
+
+    @staticmethod
+    def _scratch_text(size: int, limits: Limits) -> str:
+        return (
+            f"the cell filled the private {SCRATCH} past its limit of {limits.scratch >> 20} MiB"
+            f" ({size >> 20} MiB there now; files count at least 4 KiB each). Its files stay:"
+            " delete some (os.remove, shutil.rmtree) to go on. The limit is"
+            " --WasmKernel.scratch_limit=BYTES."
+        )
 
     @staticmethod
     def _output_notice(budget: int) -> str:

@@ -3,8 +3,9 @@
 The sandbox owns everything that touches wasmtime after compilation: the WASI context (no
 host files but the read-only runtime folders, a private /tmp and the operator's mounts, no
 host environment, no sockets, no processes, no symlinks), the host functions the guest
-imports, fuel and epoch deadlines, the memory cap, and the guest's turns. It knows nothing about Jupyter: a ``GuestHost`` supplied
-per turn receives the guest's output and structured messages.
+imports, fuel and epoch deadlines, the memory cap, the scratch folder's size limit, and the
+guest's turns. It knows nothing about Jupyter: a ``GuestHost`` supplied per turn receives the
+guest's output and structured messages.
 
 When a turn traps (fuel, deadline, hard interrupt, memory, stack, anything), the interpreter
 cannot take further turns as it is: the sandbox writes back the checkpoint taken after the

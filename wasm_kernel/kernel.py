@@ -188,10 +188,10 @@ class WasmKernel(Kernel):
         self.granted: list[Mount] = []
         self.start_dir = SCRATCH
         self._mount_error: MountError | None = None
-        self.withheld = self._withheld_folder()
+        here = Path.cwd()
+        self.withheld = self._withheld_folder(here)
         self._withheld_told = False  # said once, on the first cell's stderr
         try:
-            here = Path.cwd()
             specs = [] if self.withheld else self.mounts
             self.granted = parse_mounts(specs, here, reserved=(self.runtime.lib_guest_dir,))
             self.start_dir = guest_cwd(self.granted, here, self.working_dir)
@@ -201,11 +201,10 @@ class WasmKernel(Kernel):
         self._boot_stage = "starting"
         self._boot: Future[Sandbox] = self._worker.submit(self._start_sandbox)
 
-    def _withheld_folder(self) -> str:
+    def _withheld_folder(self, here: Path) -> str:
         """Why the profile's folder is not mounted, or "". A notebook in the home folder would
         expose keys and tokens; mounts set explicitly (config, argv, env) are the operator's."""
         explicit = self.trait_has_value("mounts") or ENV_PREFIX + "MOUNTS" in os.environ
-        here = Path.cwd()
         if explicit or not self.mounts or not holds_home(here):
             return ""
         return (

@@ -421,35 +421,26 @@ class Sandbox:
             memory_at_start = self._memory_at_start = self._memory.data_len(store)
             if self._state is not None:
                 self._state.growth_failed(store, reset=True)
-            turn = self.interrupts.begin()
-            if watch_scratch:
-                self._scratch.begin(turn)
-            self._output.begin(host.stream, limits.output, self._output_notice(limits.output))
-            store.set_fuel(limits.fuel)
-            store.set_epoch_deadline(1)
-            deadline = self._deadline = None
-            if limits.seconds:
-                deadline = self._deadline = self._watchdog.arm(
-                    limits.seconds, partial(self.interrupts.request_stop, "time", turn)
+            with self._metered(store, limits.fuel, limits.seconds) as turn:
+                if watch_scratch:
+                    self._scratch.begin(turn)
+                self._output.begin(
+                    host.stream, limits.output, self._output_notice(limits.output)
                 )
-            try:
-                status = self._call_turn(source)
-            except wasmtime.ExitTrap as exit_trap:
-                stopped = CellStopped(
-                    "GuestExited", f"the interpreter exited with status {exit_trap.code}."
-                )
-            except wasmtime.Trap as trap:
-                stopped = self._explain_trap(trap, limits, memory_at_start)
-            else:
-                stopped = self._check_status(status)
-            finally:
-                self.interrupts.end()
-                grown = self._scratch.end()
-                if deadline is not None:
-                    self._watchdog.disarm(deadline)
-                store.set_epoch_deadline(1 << 62)
-                self._output.end()
-                self._host = None
+                try:
+                    status = self._call_turn(source)
+                except wasmtime.ExitTrap as exit_trap:
+                    stopped = CellStopped(
+                        "GuestExited", f"the interpreter exited with status {exit_trap.code}."
+                    )
+                except wasmtime.Trap as trap:
+                    stopped = self._explain_trap(trap, limits, memory_at_start)
+                else:
+                    stopped = self._check_status(status)
+                finally:
+                    grown = self._scratch.end()
+                    self._output.end()
+                    self._host = None
             if stopped is None and grown is not None:  # it finished before a check caught it
                 stopped = CellStopped(
                     "ScratchLimitExceeded", self._scratch_text(grown, limits), recovered=True
@@ -472,6 +463,26 @@ class Sandbox:
                     )
                 raise stopped
 
+    @contextmanager
+    def _metered(self, store: wasmtime.Store, fuel: int, seconds: float) -> Iterator[int]:
+        """Fuel, a wall-clock deadline (none if 0) and interrupts around one guest call;
+        yields the turn's number."""
+        turn = self.interrupts.begin()
+        store.set_fuel(fuel)
+        store.set_epoch_deadline(1)
+        deadline = self._deadline = None
+        if seconds:
+            deadline = self._deadline = self._watchdog.arm(
+                seconds, partial(self.interrupts.request_stop, "time", turn)
+            )
+        try:
+            yield turn
+        finally:
+            self.interrupts.end()
+            if deadline is not None:
+                self._watchdog.disarm(deadline)
+            store.set_epoch_deadline(1 << 62)
+
     def _close_stale_files(self, store: wasmtime.Store) -> None:
         """After a rollback, let the guest close file objects whose descriptor the trapped
         cell closed: the host's descriptor table is not part of the checkpoint.
@@ -480,20 +491,11 @@ class Sandbox:
         interrupts); if it fails in any way the checkpoint is simply restored again.
         """
         assert self._state is not None
-        turn = self.interrupts.begin()
-        store.set_fuel(REPAIR_FUEL)
-        store.set_epoch_deadline(1)
-        deadline = self._watchdog.arm(
-            REPAIR_SECONDS, partial(self.interrupts.request_stop, "time", turn)
-        )
-        try:
-            status = self._call_turn(f"__import__({GUEST_MODULE!r}).close_stale_files()")
-        except (wasmtime.Trap, wasmtime.WasmtimeError):  # any trap, or the guest exiting
-            status = TURN_REFUSED
-        finally:
-            self.interrupts.end()
-            self._watchdog.disarm(deadline)
-            store.set_epoch_deadline(1 << 62)
+        with self._metered(store, REPAIR_FUEL, REPAIR_SECONDS):
+            try:
+                status = self._call_turn(f"__import__({GUEST_MODULE!r}).close_stale_files()")
+            except (wasmtime.Trap, wasmtime.WasmtimeError):  # any trap, or the guest exiting
+                status = TURN_REFUSED
         if status == 0:
             self._changed = True  # the next checkpoint keeps the files closed
         else:

@@ -84,8 +84,9 @@ class ScratchWatch:
                     self._lock.wait()
                 if self._closed:
                     return
+                self._lock.wait(POLL_SECONDS)  # begin() has just measured the baseline
+                if self._turn is None:
+                    continue
                 turn, baseline = self._turn, self._baseline
             if self._over(usage(self.folder), baseline):
                 self._stop(turn)
-            with self._lock:
-                self._lock.wait(POLL_SECONDS)

@@ -148,6 +148,13 @@ class WasmKernel(Kernel):
         " and as much host memory again; off: a trap restarts the interpreter."
         " Env: WASM_KERNEL_ROLLBACK.",
     ).tag(config=True)
+    active_output = Enum(
+        ["block", "allow"],
+        help="Output that runs code in the front end (JavaScript, scripts and event handlers in"
+        " HTML and SVG, widget and other script-bearing mime types): 'block' drops or sanitizes"
+        " it, with a notice; 'allow' passes it on, so a cell can act in the user's browser with"
+        " the server's credentials. Default: the profile's. Env: WASM_KERNEL_ACTIVE_OUTPUT.",
+    ).tag(config=True)
     runtime_name = Unicode(DEFAULT_RUNTIME, help="Runtime manifest to load.").tag(config=True)
     cache_dir = Unicode(
         help="Folder of compiled runtimes. Env: WASM_KERNEL_CACHE_DIR; default: the per-user"
@@ -167,6 +174,7 @@ class WasmKernel(Kernel):
     _scratch_limit_default = _env_default("scratch_limit", _from_profile("scratch_limit"))
     _interrupt_grace_default = _env_default("interrupt_grace", 1.0)
     _rollback_default = _env_default("rollback", True)
+    _active_output_default = _env_default("active_output", _from_profile("active_output"))
     _history_file_default = _env_default(
         "history_file", str(Path(platformdirs.user_data_dir("wasm-kernel")) / "history.sqlite")
     )

@@ -20,6 +20,7 @@ class Profile:
     memory_limit: int
     output_limit: int
     scratch_limit: int
+    active_output: str  # "block" or "allow": see WasmKernel.active_output
     kernel_suffix: str  # appended to the kernelspec name and display name
 
 
@@ -36,6 +37,7 @@ PROFILES = {
             memory_limit=2 << 30,
             output_limit=10 << 20,
             scratch_limit=1 << 30,
+            active_output="block",
             kernel_suffix="",
         ),
         Profile(
@@ -48,6 +50,7 @@ PROFILES = {
             memory_limit=512 << 20,
             output_limit=1 << 20,
             scratch_limit=64 << 20,
+            active_output="block",
             kernel_suffix="strict",
         ),
     )

@@ -26,7 +26,7 @@ import psutil
 from ipykernel.kernelbase import Kernel
 from traitlets import Bool, Enum, Float, Int, List, Unicode, default
 
-from . import __version__
+from . import __version__, messages
 from .cache import RuntimeCache
 from .history import History
 from .mounts import SCRATCH, Mount, MountError, guest_cwd, holds_home, parse_mounts
@@ -36,6 +36,7 @@ from .sandbox import CellStopped, Interrupts, Limits, Sandbox, memory_limit_text
 
 ENV_PREFIX = "WASM_KERNEL_"
 INPUT_POLL = 0.05  # seconds between checks for an input_reply or an interrupt
+BRIEF_ERROR = 1024  # characters of an error's value shown when the output budget is spent
 
 
 def _parse_bool(raw: str) -> bool:
@@ -181,6 +182,7 @@ class WasmKernel(Kernel):
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
+        self.session.pack = messages.pack  # guest text may hold what UTF-8 cannot
         _keep_working_folder_off_sys_path()
         _log_to_process_stderr()
         self.runtime = load_runtime(self.runtime_name)
@@ -205,6 +207,7 @@ class WasmKernel(Kernel):
             self.start_dir = guest_cwd(self.granted, here, self.working_dir)
         except MountError as exc:
             self._mount_error = exc  # reported by every cell; the kernel itself stays up
+        self._interrupt_relay = InterruptRelay(self._interrupt_sandbox)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wasm-kernel-guest")
         self._boot_stage = "starting"
         self._boot: Future[Sandbox] = self._worker.submit(self._start_sandbox)
@@ -378,6 +381,9 @@ class WasmKernel(Kernel):
             signal.signal(signal.SIGINT, self.saved_sigint_handler)
 
     def _on_sigint(self, _signum: int, _frame: Any) -> None:
+        self._interrupt_relay.signal()
+
+    def _interrupt_sandbox(self) -> None:
         if self._boot.done() and not self._boot.exception():
             self._boot.result().interrupt()
 
@@ -542,6 +548,34 @@ def _clamp(value: Any, fallback: int, upper: int) -> int:
     return min(max(value, 0), upper) if valid else fallback
 
 
+class InterruptRelay:
+    """Carries SIGINTs from the signal handler to a thread that interrupts the sandbox.
+
+    A Python signal handler runs on the main thread between any two bytecodes, possibly
+    inside the very lock it would need, so it must never wait: it writes one byte to a
+    non-blocking pipe and returns. A storm of signals fills the pipe and the extra writes
+    are dropped; the thread wakes once per burst.
+    """
+
+    def __init__(self, interrupt: Callable[[], None]):
+        self._interrupt = interrupt
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        threading.Thread(target=self._run, name="wasm-kernel-interrupts", daemon=True).start()
+
+    def signal(self) -> None:
+        """Safe in a signal handler: never blocks, never raises."""
+        with contextlib.suppress(OSError):  # BlockingIOError: a burst is already pending
+            os.write(self._write, b"!")
+
+    def _run(self) -> None:
+        while os.read(self._read, 4096):
+            try:
+                self._interrupt()
+            except Exception:
+                logging.getLogger(__name__).exception("could not interrupt the sandbox")
+
+
 class QuietHost:
     """Guest host for service calls: their prints and messages are not shown."""
 
@@ -569,6 +603,7 @@ class CellHost:
         self.allow_stdin = allow_stdin
         self.execution_count = kernel.execution_count
         self.error: dict | None = None
+        self._error_published = True
 
     def _publish(self, msg_type: str, content: dict) -> None:
         self.session.send(
@@ -605,16 +640,21 @@ class CellHost:
             if ename == "MemoryError" and (message.get("memory_limit") or not evalue):
                 ename = "MemoryLimitExceeded"
                 evalue = memory_limit_text(self.kernel.limits.memory)
-            self._record_error(ename, evalue, message["traceback"])
+            self._record_error(ename, evalue, message["traceback"], shown=message.get("shown", True))
         elif op == "input":
             return self._input(message["prompt"], message["password"], interrupts)
         elif op == "describe":
             return {"text": self.kernel.describe_sandbox()}
         return {}
 
-    def _record_error(self, ename: str, evalue: str, traceback: list[str]) -> None:
+    def _record_error(self, ename: str, evalue: str, traceback: list[str],
+                      shown: bool = True) -> None:
+        """The cell's error, for its reply; published now, or (past the output budget) in
+        brief when the cell ends, so that an error never passes unseen."""
         self.error = {"ename": ename, "evalue": evalue, "traceback": traceback}
-        self._publish("error", self.error)
+        self._error_published = shown
+        if shown:
+            self._publish("error", self.error)
 
     def fail(self, ename: str, evalue: str) -> dict:
         """End the cell with an error raised by the kernel rather than by the user's code."""
@@ -623,6 +663,8 @@ class CellHost:
 
     def reply(self, user_expressions: dict | None = None) -> dict:
         if self.error:
+            if not self._error_published:
+                self._publish_brief_error()
             return {"status": "error", "execution_count": self.execution_count, **self.error}
         return {
             "status": "ok",
@@ -630,6 +672,17 @@ class CellHost:
             "payload": [],
             "user_expressions": user_expressions or {},
         }
+
+    def _publish_brief_error(self) -> None:
+        assert self.error is not None
+        evalue = self.error["evalue"]
+        if len(evalue) > BRIEF_ERROR:
+            evalue = evalue[:BRIEF_ERROR] + " [...]"
+        self.error = {"ename": self.error["ename"], "evalue": evalue, "traceback": [
+            f"{self.error['ename']}: {evalue}",
+            "(the traceback is not shown: the cell's output went past its output limit)",
+        ]}
+        self._publish("error", self.error)
 
     def _input(self, prompt: str, password: bool, interrupts: Interrupts) -> dict:
         """input_request over stdin; the wait ends early on interrupt."""

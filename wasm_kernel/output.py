@@ -3,8 +3,9 @@
 wasmtime hands us each write synchronously on one of its threads. Sending one message per
 write would flood the client on a printing loop, so writes are decoded incrementally (invalid
 UTF-8 becomes U+FFFD, split characters are joined), merged while they arrive within a short
-interval, and emitted in order by a background thread. Everything a cell prints counts against
-its output budget; past it, output is dropped and one notice says so.
+interval, and emitted in order by a background thread. Everything a cell prints or displays
+counts against its output budget: printed text is cut where the budget ends, a message that
+does not fit is left out whole (later ones that fit still show), and one notice says so.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class OutputPump:
         self._budget = 0
         self._used = 0
         self._limit_notice = ""
+        self._told = False  # the notice was queued for this cell
         self._closed = False
         threading.Thread(target=self._flush_loop, name="wasm-kernel-output", daemon=True).start()
 
@@ -40,7 +42,7 @@ class OutputPump:
         with self._lock:
             self._emit = emit
             self._budget, self._used = budget, 0
-            self._limit_notice = limit_notice
+            self._limit_notice, self._told = limit_notice, False
             self._decoders = {
                 name: codecs.getincrementaldecoder("utf-8")("replace") for name in ("stdout", "stderr")
             }
@@ -55,12 +57,19 @@ class OutputPump:
         with self._lock:
             self._emit = None
 
-    def charge(self, size: int) -> bool:
-        """Count ``size`` bytes against the cell's budget; False once the budget is spent."""
+    def fits(self, size: int) -> bool:
         with self._lock:
-            allowed = self._charge_locked(size)
-            self._ready.notify()
-            return allowed == size
+            return self._used + size <= self._budget
+
+    def charge(self, size: int) -> bool:
+        """Count a message of ``size`` bytes against the cell's budget if it fits; if not, it
+        is to be left out (False), the notice is queued, and nothing is counted."""
+        with self._lock:
+            if self._used + size <= self._budget:
+                self._used += size
+                return True
+            self._tell_locked()
+            return False
 
     def write(self, name: str, data: bytes) -> None:
         """wasmtime's stdout/stderr callback target. Must never raise."""
@@ -68,19 +77,18 @@ class OutputPump:
             decoder = self._decoders.get(name)
             if decoder is None:  # output outside a cell (boot, service calls): not shown
                 return
-            room = self._budget - self._used
-            text = decoder.decode(bytes(data[: max(room, 0)]))
-            self._append(name, text)
-            self._charge_locked(len(data))
+            kept = bytes(data[: max(self._budget - self._used, 0)])
+            self._append(name, decoder.decode(kept))
+            self._used += len(kept)
+            if len(kept) < len(data):
+                self._tell_locked()
             self._ready.notify()
 
-    def _charge_locked(self, size: int) -> int:
-        """Spend ``size`` bytes; returns how many fitted. Queues the notice when crossing."""
-        allowed = min(size, max(self._budget - self._used, 0))
-        if self._used <= self._budget < self._used + size:
+    def _tell_locked(self) -> None:
+        if not self._told:
+            self._told = True
             self._append("stderr", self._limit_notice)
-        self._used += size
-        return allowed
+            self._ready.notify()
 
     def _append(self, name: str, text: str) -> None:
         if not text:

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 MAX_ERROR_TEXT = 256 * 1024  # characters kept of an error's value and traceback
-OUTPUT_OPS = frozenset({"display", "result"})  # messages that count against the output budget
+# messages that count against the cell's output budget (everything that reaches the client)
+OUTPUT_OPS = frozenset({"display", "result", "clear", "error"})
+DROPPABLE_OPS = OUTPUT_OPS - {"error"}  # left out when over budget; an error must still count
+PEEK_BYTES = 64
+_OP_FIELD = re.compile(rb'\s*\{\s*"op"\s*:\s*"([a-z]{1,16})"')
 
 
 class ProtocolError(ValueError):
@@ -53,6 +58,20 @@ def parse(raw: bytes) -> dict:
     validator = _VALIDATORS.get(op) if isinstance(op, str) else None
     _check(validator is not None, f"unknown operation {str(op)[:64]!r}")
     return validator(message)
+
+
+def peek_op(head: bytes) -> str | None:
+    """The operation a message starts by naming (the guest's json.dumps puts it first), read
+    without parsing the rest: for messages too large to parse. Only ever used to decide
+    between leaving output out and failing the cell, which the guest controls anyway."""
+    match = _OP_FIELD.match(head)
+    return match.group(1).decode() if match else None
+
+
+def oversized_error(size: int) -> dict:
+    """What an error report too large to read becomes: still an error."""
+    text = f"the cell raised an error whose report ({size:,} bytes) was too large to show."
+    return {"op": "error", "ename": "ErrorTooLarge", "evalue": text, "traceback": [text]}
 
 
 def _display(message: dict) -> dict:

@@ -36,6 +36,7 @@ import wasmtime
 
 from . import protocol
 from .cache import CompiledRuntime
+from .descriptors import GuestFiles
 from .mounts import SCRATCH, Mount
 from .output import OutputPump
 from .scratch import ScratchWatch, usage
@@ -99,6 +100,7 @@ class Interrupts:
         self._lock = threading.Lock()
         self._event = threading.Event()
         self._soft = False
+        self._requested = False  # a soft interrupt was asked for in this turn
         self._turn = 0
         self._active = False
         self.stop_reason: str | None = None
@@ -108,7 +110,7 @@ class Interrupts:
         with self._lock:
             self._turn += 1
             self._active = True
-            self._soft, self.stop_reason = False, None
+            self._soft, self._requested, self.stop_reason = False, False, None
             self._event.clear()
             return self._turn
 
@@ -117,15 +119,17 @@ class Interrupts:
             self._active = False
 
     def request_soft(self, deliver: Callable[[], None] | None = None) -> int | None:
-        """Ask the running turn to raise KeyboardInterrupt; returns its number, None if idle.
+        """Ask the running turn to raise KeyboardInterrupt; returns its number, or None if idle
+        or already asked (later requests merge into the first: its grace timer stops the turn
+        hard if the KeyboardInterrupt does not end it).
 
         ``deliver`` (which trips CPython's own signal flags) runs under the lock, so it can
         never land in the next turn.
         """
         with self._lock:
-            if not self._active:
+            if not self._active or self._requested:
                 return None
-            self._soft = True
+            self._soft = self._requested = True
             self._event.set()
             if deliver is not None:
                 deliver()
@@ -259,6 +263,7 @@ class Sandbox:
         self._deadline: int | None = None  # watchdog token of the running turn's time limit
         self._closing = False
         self._memory_at_start = 0
+        self._adapter: wasmtime.Module | None = None  # compiled once, reused by restarts
         self._start_interpreter()
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -295,6 +300,10 @@ class Sandbox:
         linker = wasmtime.Linker(engine)
         linker.define_wasi()
         linker.allow_shadowing = True
+        # the runtime's two folders, then /tmp, then the mounts (see _wasi)
+        files = GuestFiles(preopens=3 + len(self.mounts), scratch_index=2,
+                           touched=self._scratch_touched)
+        files.shadow(linker)
         i32 = wasmtime.ValType.i32()
         i64 = wasmtime.ValType.i64()
         linker.define_func(
@@ -318,6 +327,8 @@ class Sandbox:
         exports = instance.exports(store)
         self._store = store
         self._memory: wasmtime.Memory = exports["memory"]
+        self._adapter = files.bind(engine, store, self._memory, self._adapter)
+        self._files = files
         self._turn_func: wasmtime.Func = exports["turn"]
         self._alloc: wasmtime.Func = exports["host_alloc"]
         if not self.compiled.runtime.preinitialized:
@@ -366,8 +377,13 @@ class Sandbox:
         """Keep the current state as the one a trapping cell rolls back to."""
         with self._turn_lock:
             if self._state is not None and self._changed and self._store is not None:
-                self._state.take(self._store)
-                self._changed = False
+                self._take_checkpoint(self._store)
+
+    def _take_checkpoint(self, store: wasmtime.Store) -> None:
+        assert self._state is not None
+        self._state.take(store)
+        self._files.checkpoint()
+        self._changed = False
 
     @property
     def checkpoint_stats(self) -> CheckpointStats | None:
@@ -436,7 +452,7 @@ class Sandbox:
                 except wasmtime.Trap as trap:
                     stopped = self._explain_trap(trap, limits, memory_at_start)
                 else:
-                    stopped = self._check_status(status)
+                    stopped = self._check_status(status, limits, memory_at_start)
                 finally:
                     grown = self._scratch.end()
                     self._output.end()
@@ -446,22 +462,32 @@ class Sandbox:
                     "ScratchLimitExceeded", self._scratch_text(grown, limits), recovered=True
                 )
             if stopped is not None:
-                if self._closing or stopped.recovered:
-                    raise stopped
-                if self._state is not None and self._state.taken and not stopped.fresh:
-                    self._state.restore(store)
-                    self._close_stale_files(store)
-                    stopped.evalue += (
-                        " The interpreter was rolled back to its state before this cell:"
-                        " names, imports and objects from earlier cells are intact."
-                    )
-                else:
-                    self.restart()
-                    stopped.evalue += (
-                        " The interpreter was restarted: variables, imports and objects from"
-                        " earlier cells are gone."
-                    )
+                if not (self._closing or stopped.recovered):
+                    stopped.evalue += " " + self._recover(store, stopped.fresh)
                 raise stopped
+
+    def _recover(self, store: wasmtime.Store, fresh: bool) -> str:
+        """Make the interpreter usable after a failed turn; returns what became of the user's
+        state, for the error. Roll back to the checkpoint where there is one; if even the
+        checkpoint cannot run the kernel's code, reinstall that code; else start afresh."""
+        if self._state is not None and self._state.taken and not fresh:
+            self._state.restore(store)
+            if self._after_rollback(store):
+                return (
+                    "The interpreter was rolled back to its state before this cell:"
+                    " names, imports and objects from earlier cells are intact."
+                )
+            self._state.restore(store)
+            if self._reinstall(store):
+                return (
+                    "The interpreter was rolled back to its state before this cell and the"
+                    " kernel's code inside it reinstalled: your names are intact."
+                )
+        self.restart()
+        return (
+            "The interpreter was restarted: variables, imports and objects from"
+            " earlier cells are gone."
+        )
 
     @contextmanager
     def _metered(self, store: wasmtime.Store, fuel: int, seconds: float) -> Iterator[int]:
@@ -483,50 +509,51 @@ class Sandbox:
                 self._watchdog.disarm(deadline)
             store.set_epoch_deadline(1 << 62)
 
-    def _close_stale_files(self, store: wasmtime.Store) -> None:
-        """After a rollback, let the guest close file objects whose descriptor the trapped
-        cell closed: the host's descriptor table is not part of the checkpoint.
+    def _after_rollback(self, store: wasmtime.Store) -> bool:
+        """Close the descriptors the rolled-back cell opened, and let the restored guest close
+        file objects whose descriptor that cell closed (the host's descriptor table is not
+        part of the checkpoint). False if the kernel's guest code cannot run even there.
 
         This runs the user's interpreter, so it is bounded like a cell (fuel, a deadline,
         interrupts); if it fails in any way the checkpoint is simply restored again.
         """
-        assert self._state is not None
         with self._metered(store, REPAIR_FUEL, REPAIR_SECONDS):
             try:
+                self._files.close_newer(store)
                 status = self._call_turn(f"__import__({GUEST_MODULE!r}).close_stale_files()")
             except (wasmtime.Trap, wasmtime.WasmtimeError):  # any trap, or the guest exiting
-                status = TURN_REFUSED
-        if status == 0:
-            self._changed = True  # the next checkpoint keeps the files closed
-        else:
-            self._state.restore(store)
-            self._changed = False
+                self._state.restore(store)  # type: ignore[union-attr]
+                return True  # the checkpoint stands; only the file check was skipped
+        self._changed = True  # the next checkpoint keeps the files closed
+        return status == 0
 
-    def _check_status(self, status: int) -> CellStopped | None:
-        """A turn that returns non-zero escaped the guest's own error handling: a cell broke
-        the kernel's guest code (deleted its module, closed stdout...). Reinstall it, or
-        start a fresh interpreter if even that fails."""
+    def _reinstall(self, store: wasmtime.Store) -> bool:
+        """Load the kernel's guest code again (names in __main__ stay); True if it worked."""
+        with self._metered(store, REPAIR_FUEL, REPAIR_SECONDS):
+            try:
+                if self._call_turn(self._boot_source()) != 0:
+                    return False
+            except (wasmtime.Trap, wasmtime.WasmtimeError):
+                return False
+        self._take_checkpoint(store)
+        return True
+
+    def _check_status(self, status: int, limits: Limits, memory_at_start: int) -> CellStopped | None:
+        """A turn that returns non-zero escaped the guest's own error handling: it ran out of
+        memory while reporting, or the cell broke the kernel's guest code (the guest checks
+        its own integrity at the end of each cell). Either way the turn is undone."""
         if status == 0:
             return None
-        if status != TURN_REFUSED:
-            try:
-                if self._call_turn(self._boot_source()) == 0:
-                    if self._state is not None and self._store is not None:
-                        self._state.take(self._store)  # roll back to the repaired state from now
-                    return CellStopped(
-                        "KernelSupportDamaged",
-                        "a cell damaged the kernel's code inside the sandbox (for example by"
-                        " deleting or replacing its modules or streams); it has been reinstalled"
-                        " and your variables are kept. Run the cell again.",
-                        recovered=True,
-                    )
-            except (wasmtime.Trap, wasmtime.ExitTrap):
-                pass
+        if status == TURN_REFUSED:
+            return CellStopped(
+                "KernelSupportDamaged", "the interpreter refused to run further cells.", fresh=True
+            )
+        if self._hit_memory_limit(self._store, memory_at_start, limits.memory):
+            return CellStopped("MemoryLimitExceeded", memory_limit_text(limits.memory))
         return CellStopped(
             "KernelSupportDamaged",
-            "the interpreter could no longer run cells: the kernel's code inside the sandbox was"
-            " damaged beyond repair.",
-            fresh=True,
+            "the cell changed or removed the kernel's own code inside the sandbox (its"
+            " _wasm_kernel module or the import system), which later cells need.",
         )
 
     def _signal_flags(self, store: wasmtime.Store) -> SignalFlags | None:
@@ -597,6 +624,9 @@ class Sandbox:
             return CellStopped("MemoryLimitExceeded", memory_limit_text(limits.memory))
         return CellStopped("GuestCrashed", f"the interpreter trapped: {trap.message}.")
 
+    def _scratch_touched(self) -> None:
+        """The guest did something that may grow the private /tmp (see ``descriptors``)."""
+
     @staticmethod
     def _scratch_text(size: int, limits: Limits) -> str:
         return (
@@ -609,8 +639,9 @@ class Sandbox:
     @staticmethod
     def _output_notice(budget: int) -> str:
         return (
-            f"\n[wasm-kernel] output limit reached: this cell printed more than {budget:,} bytes;"
-            " the rest is not shown. Raise it with --WasmKernel.output_limit=BYTES.\n"
+            f"\n[wasm-kernel] output limit reached: this cell's output went past {budget:,}"
+            " bytes; what did not fit is not shown. Raise it with"
+            " --WasmKernel.output_limit=BYTES.\n"
         )
 
     # -- host functions the guest imports --------------------------------------------------
@@ -635,13 +666,11 @@ class Sandbox:
     def _host_call(self, caller: wasmtime.Caller, ptr: int, length: int,
                    out_ptr: int, out_len_ptr: int) -> int:
         try:
-            if length & 0xFFFFFFFF > MAX_MESSAGE:
-                # too big to even read: dropped like any output past the cell's budget
-                self._output.charge(length & 0xFFFFFFFF)
-                reply: dict = {}
+            size = length & 0xFFFFFFFF
+            if size > MAX_MESSAGE or not self._output.fits(size):
+                reply = self._oversized(caller, ptr, size)
             else:
-                message = protocol.parse(self._read(caller, ptr, length))
-                reply = self._dispatch(message, length, caller)
+                reply = self._dispatch(protocol.parse(self._read(caller, ptr, size)), size, caller)
             data = json.dumps(reply).encode()
             pointer = self._alloc(caller, len(data))
             self._write(caller, pointer, data)
@@ -657,6 +686,20 @@ class Sandbox:
             log.exception("host.call failed")
             return -2
 
+    def _oversized(self, caller: wasmtime.Caller, ptr: int, size: int) -> dict:
+        """A message too big for the cell's output budget, or to read at all: output is left
+        out with the notice, unread; an error too big to read still fails the cell."""
+        op = protocol.peek_op(self._read(caller, ptr, min(size, protocol.PEEK_BYTES)))
+        if op in protocol.DROPPABLE_OPS:
+            self._output.charge(size)  # does not fit: queues the notice, counts nothing
+            return {}
+        if size <= MAX_MESSAGE:  # not output: budgets do not apply
+            return self._dispatch(protocol.parse(self._read(caller, ptr, size)), size, caller)
+        if op == "error" and self._host is not None:
+            self._output.flush()
+            return self._host.message(protocol.oversized_error(size), self.interrupts)
+        raise protocol.ProtocolError(f"a {op or 'message'} of {size:,} bytes is too large")
+
     def _dispatch(self, message: dict, size: int, caller: wasmtime.Caller) -> dict:
         op = message["op"]
         if op == "error" and message["ename"] == "MemoryError":
@@ -665,7 +708,9 @@ class Sandbox:
                 caller, self._memory_at_start, self.limits.memory
             )
         if op in protocol.OUTPUT_OPS and not self._output.charge(size):
-            return {}  # over the cell's output budget: accepted and dropped
+            if op != "error":
+                return {}  # over the cell's output budget: left out, with the notice
+            message["shown"] = False  # an error still fails the cell, shown briefly at its end
         if op == "sleep":
             return {"interrupted": self._sleep(message["seconds"])}
         if op == "reply":

@@ -21,11 +21,14 @@ import os
 import re
 import sys
 import time
+import types
 import weakref
 
 import _host
 
 CELL_PREFIX = "Cell In["
+ERROR_TEXT_LIMIT = 256 * 1024  # characters of an error's value and traceback sent to the host
+DAMAGED = 86  # exit status of a turn after which the host must roll the interpreter back
 
 MIME_METHODS = {
     "text/html": "_repr_html_",
@@ -53,13 +56,22 @@ capture_stack = []
 CAPTURABLE = ("display", "clear", "result")
 
 
+def flush_streams():
+    """Flush the user's stdout and stderr, if the cell left any: print() to a None
+    sys.stdout does nothing, as under the native kernel, and so does this."""
+    for name in ("stdout", "stderr"):
+        try:
+            getattr(sys, name).flush()
+        except Exception:
+            pass
+
+
 def call_host(op, **fields):
     """Send one structured message to the kernel and return its JSON reply."""
     if capture_stack and op in CAPTURABLE:
         capture_stack[-1].append({"op": op, **fields})
         return {}
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
+    flush_streams()
     reply = _host.call(json.dumps({"op": op, **fields}).encode())
     return json.loads(reply) if reply else {}
 
@@ -160,16 +172,38 @@ def _ends_with_semicolon(source, node):
     return rest.startswith(";")
 
 
+def _clip(text):
+    if len(text) <= ERROR_TEXT_LIMIT:
+        return text
+    return text[:ERROR_TEXT_LIMIT] + f"\n[... {len(text) - ERROR_TEXT_LIMIT:,} more characters]"
+
+
 def report_error(exc):
-    """Send an uncaught exception to the kernel, with an IPython-style traceback."""
+    """Send an uncaught exception to the kernel, with an IPython-style traceback, clipped so
+    that even a huge message reaches the host as an error."""
     import _wasm_kernel_traceback
 
-    call_host(
-        "error",
-        ename=type(exc).__name__,
-        evalue=str(exc),
-        traceback=_wasm_kernel_traceback.format_exception(exc),
-    )
+    traceback = _clip("\n".join(_wasm_kernel_traceback.format_exception(exc)))
+    call_host("error", ename=type(exc).__name__, evalue=_clip(str(exc)),
+              traceback=traceback.split("\n"))
+
+
+def _report(exc):
+    """report_error that a late KeyboardInterrupt cannot escape; if formatting fails, the
+    error still goes out bare (and if even that fails, the host rolls the cell back)."""
+    for _ in range(3):
+        try:
+            report_error(exc)
+            return
+        except KeyboardInterrupt:
+            continue
+        except Exception:
+            break
+    try:
+        evalue = _clip(str(exc))
+    except Exception:
+        evalue = ""
+    call_host("error", ename=type(exc).__name__, evalue=evalue, traceback=[])
 
 
 # indent, optional "target =" (as in ``result = %timeit -o ...``), then %magic, %%magic or !cmd
@@ -245,27 +279,38 @@ def _run_code(code, namespace):
 
 
 def run_cell(source, execution_count):
-    """Run one notebook cell in ``__main__``; report its outcome through the host."""
-    filename = f"{CELL_PREFIX}{execution_count}]"
-    lines = source.splitlines(True)
-    linecache.cache[filename] = (len(source), None, lines, filename)
-    namespace = sys.modules["__main__"].__dict__
-    shell.execution_count = execution_count
-    shell.events.trigger("pre_execute")
-    shell.events.trigger("pre_run_cell")
+    """Run one notebook cell in ``__main__``; report its outcome through the host.
+
+    Ends the turn with status DAMAGED when the cell broke what the host relies on in here,
+    so that the host rolls the cell back instead of keeping a kernel that cannot run cells.
+    """
     try:
+        filename = f"{CELL_PREFIX}{execution_count}]"
+        lines = source.splitlines(True)
+        linecache.cache[filename] = (len(source), None, lines, filename)
+        namespace = sys.modules["__main__"].__dict__
+        shell.execution_count = execution_count
+        shell.events.trigger("pre_execute")
+        shell.events.trigger("pre_run_cell")
         for code in _compile_cell(source, filename):
             _run_code(code, namespace)
     except BaseException as exc:  # noqa: BLE001 - every failure is the user's to see
-        report_error(exc)
+        _report(exc)
     for event in ("post_execute", "post_run_cell"):
         try:
             shell.events.trigger(event)
         except BaseException as exc:  # noqa: BLE001 - a failing hook is reported, not fatal
-            report_error(exc)
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    _note_new_files()
+            _report(exc)
+    try:
+        flush_streams()
+        _note_new_files()
+    except BaseException:  # noqa: BLE001 - an interrupt after the cell's code has no work to stop
+        pass
+    for name in ("stdout", "stderr"):
+        if not hasattr(sys, name):  # deleted: the interpreter's end of turn cannot do without
+            setattr(sys, name, getattr(sys, f"__{name}__"))
+    if not _intact():
+        raise SystemExit(DAMAGED)
 
 
 # -- the shell object behind get_ipython() ---------------------------------------------------
@@ -628,7 +673,25 @@ def get_ipython():
 
 
 def install_modules(sources):
+    """Called by the host once this module is registered: ship the guest-only modules and
+    remember the pieces the host drives, for ``_intact``."""
+    global _self, _originals
     sys.meta_path.insert(0, ShippedModules(sources))
+    _self = sys.modules[__name__]
+    _originals = {name: value for name, value in globals().items()
+                  if isinstance(value, (type, types.FunctionType, Shell))}
+
+
+def _intact():
+    """Whether the host can still drive this module: a cell may have removed it from
+    sys.modules, replaced its functions or broken the import system."""
+    try:
+        module = builtins.__import__(__name__)
+    except BaseException:  # noqa: BLE001 - whatever the cell put there
+        return False
+    return module is _self and all(
+        module.__dict__.get(name) is value for name, value in _originals.items()
+    )
 
 
 # -- boot -------------------------------------------------------------------------------------
@@ -636,7 +699,7 @@ def install_modules(sources):
 
 def boot():
     # Line-buffered, write-through streams: output reaches the kernel as it is printed.
-    for stream in (sys.stdout, sys.stderr):
+    for stream in (sys.__stdout__, sys.__stderr__):
         stream.reconfigure(line_buffering=True, write_through=True)
     sys.displayhook = displayhook
     builtins.display = display

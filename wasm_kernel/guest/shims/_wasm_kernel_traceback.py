@@ -18,6 +18,11 @@ REFUSED_HINT = (
     "(The sandbox refused this path: only its mounted folders are reachable, and only /tmp"
     " and read-write mounts can be changed. %sandbox lists them.)"
 )
+TOO_MANY_FILES = "[Errno 33] "  # EMFILE: the sandbox's cap on open descriptors
+TOO_MANY_FILES_HINT = (
+    "(The sandbox limits how many files a kernel may hold open at once: close the ones you"
+    " no longer need, for example by opening them in a `with` block.)"
+)
 
 
 def _user_frames(stack):
@@ -59,6 +64,8 @@ def _exception_line(report):
     notes = getattr(report, "__notes__", None) or []
     if issubclass(report.exc_type or Exception, PermissionError) and text.startswith(REFUSED):
         notes = [*notes, REFUSED_HINT]
+    elif issubclass(report.exc_type or Exception, OSError) and text.startswith(TOO_MANY_FILES):
+        notes = [*notes, TOO_MANY_FILES_HINT]
     return "\n".join([first, *map(str, notes)])
 
 

@@ -349,12 +349,15 @@ HOSTILE_REPAIRS = {
 
 @pytest.mark.parametrize("repair", list(HOSTILE_REPAIRS))
 def test_sabotaged_step_after_a_rollback_cannot_hang_or_lose_state(start_kernel, repair: str) -> None:
-    """After a rollback the kernel runs a short guest step that closes stale files. It runs in
-    the user's interpreter, so a cell can replace it: the step is bounded like a cell, and if it
-    fails the checkpoint is simply restored again."""
+    """After a rollback the kernel runs a short guest step that closes stale files. It lives in
+    the user's interpreter, so a cell could replace it: the guest checks its own code at the
+    end of every cell, so the replacing cell itself is rolled back, and a later trap still
+    rolls back to the last good cell (the step is also bounded like a cell, in case a
+    replacement slips past the check)."""
     kernel = start_kernel(["--WasmKernel.fuel=3000000000"])
-    run_ok(kernel, "import os, time, _wasm_kernel\nkept = 41\n"
-                   f"_wasm_kernel.close_stale_files = {HOSTILE_REPAIRS[repair]}")
+    run_ok(kernel, "import os, time, _wasm_kernel\nkept = 41")
+    sabotage = kernel.execute(f"kept = 0\n_wasm_kernel.close_stale_files = {HOSTILE_REPAIRS[repair]}")
+    assert_rolled_back(sabotage.content, "KernelSupportDamaged")
     trapped = kernel.execute("kept = 0\nwhile True:\n    pass", timeout=60)
     assert_rolled_back(trapped.content, "FuelExhausted")
     assert trapped.seconds < 30

@@ -36,6 +36,7 @@ from .sandbox import CellStopped, Interrupts, Limits, Sandbox, memory_limit_text
 
 ENV_PREFIX = "WASM_KERNEL_"
 INPUT_POLL = 0.05  # seconds between checks for an input_reply or an interrupt
+BACKLOG_FLOOR = 64 << 20  # bytes of cell output that may wait for slow IOPub clients
 BRIEF_ERROR = 1024  # characters of an error's value shown when the output budget is spent
 
 
@@ -183,6 +184,9 @@ class WasmKernel(Kernel):
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
         self.session.pack = messages.pack  # guest text may hold what UTF-8 cannot
+        self.guest_output = messages.GuestPublisher(
+            self.session, self.iopub_thread, max(BACKLOG_FLOOR, 2 * self.output_limit)
+        )
         _keep_working_folder_off_sys_path()
         _log_to_process_stderr()
         self.runtime = load_runtime(self.runtime_name)
@@ -604,12 +608,17 @@ class CellHost:
         self.execution_count = kernel.execution_count
         self.error: dict | None = None
         self._error_published = True
+        self._told_backlog = False
 
     def _publish(self, msg_type: str, content: dict) -> None:
-        self.session.send(
-            self.kernel.iopub_socket, msg_type, content, self.parent,
-            ident=self.kernel._topic(msg_type),
-        )
+        ident = self.kernel._topic(msg_type)
+        if not self.kernel.guest_output.publish(msg_type, content, self.parent, ident):
+            if not self._told_backlog:
+                self._told_backlog = True
+                self.kernel.log.warning(
+                    "leaving out cell output: more than %d bytes wait for clients that do not"
+                    " read IOPub", self.kernel.guest_output.limit,
+                )
 
     def stream(self, name: str, text: str) -> None:
         if not self.silent:

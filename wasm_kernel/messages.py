@@ -1,4 +1,5 @@
-"""Sending what the guest produced: every message is sendable, whatever text it holds.
+"""Sending what the guest produced: every message is sendable, whatever text it holds, and
+what waits to be sent is bounded.
 
 Guest text can hold lone surrogates (``'\\ud800'`` in an exception, a repr, a completion, a
 docstring). UTF-8 cannot encode them, and jupyter_client's packer then raises inside the
@@ -9,8 +10,12 @@ with ``pack`` instead, which replaces them with U+FFFD, as decoding bytes does e
 from __future__ import annotations
 
 import json
+import threading
+from collections import deque
+from functools import partial
 from typing import Any
 
+import zmq
 from jupyter_client.jsonutil import json_clean, json_default
 
 
@@ -29,3 +34,60 @@ def pack(obj: Any) -> bytes:
     except UnicodeEncodeError:
         # surrogate pairs become their character, lone surrogates U+FFFD
         return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace").encode()
+
+
+class GuestPublisher:
+    """Publishes what the guest produced on IOPub, and bounds what waits there for clients.
+
+    ZMQ keeps up to a thousand messages for each subscriber that does not read, so a client
+    that stops reading IOPub would let cell output pile up in the kernel's memory. Messages are
+    handed to ZMQ with tracking (ZMQ then says when it has let go of them); while more than
+    ``limit`` bytes wait, further ones are left out. Messages under ZMQ's copy threshold
+    (64 KiB) are copied at once and so not counted: at most a thousand of them can wait.
+    """
+
+    def __init__(self, session: Any, iopub_thread: Any, limit: int):
+        self._session = session
+        self._thread = iopub_thread
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._waiting: deque[list[Any]] = deque()  # [size, tracker, or True once sent]
+        self._bytes = 0
+        self.dropped = 0
+
+    def publish(self, msg_type: str, content: dict, parent: dict, ident: bytes) -> bool:
+        """Send one message (thread-safe); False if it was left out."""
+        frames = self._session.serialize(self._session.msg(msg_type, content, parent=parent), ident)
+        size = sum(len(frame) for frame in frames)
+        entry: list[Any] = [size, None]
+        with self._lock:
+            self._forget_sent()
+            if self._bytes + size > self.limit:
+                self.dropped += 1
+                return False
+            self._waiting.append(entry)
+            self._bytes += size
+        self._thread.schedule(partial(self._send, frames, entry))
+        return True
+
+    @property
+    def waiting(self) -> int:
+        """Bytes handed to ZMQ and not yet let go of."""
+        with self._lock:
+            self._forget_sent()
+            return self._bytes
+
+    def _send(self, frames: list[bytes], entry: list[Any]) -> None:
+        """On the IOPub thread, which owns the socket."""
+        try:
+            entry[1] = self._thread.socket.send_multipart(frames, copy=False, track=True)
+        except (AttributeError, zmq.ZMQError):  # the socket closed at shutdown
+            entry[1] = True
+
+    def _forget_sent(self) -> None:
+        while self._waiting:
+            size, tracker = self._waiting[0]
+            if tracker is None or (tracker is not True and not tracker.done):
+                break
+            self._waiting.popleft()
+            self._bytes -= size

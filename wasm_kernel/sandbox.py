@@ -687,18 +687,18 @@ class Sandbox:
             return -2
 
     def _oversized(self, caller: wasmtime.Caller, ptr: int, size: int) -> dict:
-        """A message too big for the cell's output budget, or to read at all: output is left
-        out with the notice, unread; an error too big to read still fails the cell."""
+        """A message too big for the cell's output budget, or to read at all: output (and
+        anything unreadable) is left out with the notice, unread; an error too big to read
+        still fails the cell."""
         op = protocol.peek_op(self._read(caller, ptr, min(size, protocol.PEEK_BYTES)))
-        if op in protocol.DROPPABLE_OPS:
-            self._output.charge(size)  # does not fit: queues the notice, counts nothing
-            return {}
-        if size <= MAX_MESSAGE:  # not output: budgets do not apply
+        if size <= MAX_MESSAGE and op not in protocol.DROPPABLE_OPS:
+            # not output, or an error: read it as any other message
             return self._dispatch(protocol.parse(self._read(caller, ptr, size)), size, caller)
         if op == "error" and self._host is not None:
             self._output.flush()
             return self._host.message(protocol.oversized_error(size), self.interrupts)
-        raise protocol.ProtocolError(f"a {op or 'message'} of {size:,} bytes is too large")
+        self._output.charge(size)  # does not fit: queues the notice, counts nothing
+        return {}
 
     def _dispatch(self, message: dict, size: int, caller: wasmtime.Caller) -> dict:
         op = message["op"]

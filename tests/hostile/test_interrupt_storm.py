@@ -1,0 +1,90 @@
+"""Interrupts sent faster than anyone would: the kernel must never hang on them.
+
+A Python signal handler runs on the main thread between two bytecodes, possibly inside the
+lock it needs itself; the kernel's handler therefore only pokes a pipe, and interrupts
+merge. Each test sends real SIGINTs to a real kernel process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from conftest import Kernel, ok
+
+SETUP = "sentinel = {'kept': [1, 2, 3]}"
+SWALLOWING_LOOP = """
+import time
+while True:
+    try:
+        time.sleep(0.01)
+    except KeyboardInterrupt:
+        pass
+"""
+
+
+@pytest.fixture
+def kernel() -> Kernel:
+    started = Kernel(["--WasmKernel.interrupt_grace=1"])
+    ok(started.execute(SETUP))
+    yield started
+    started.shutdown()
+
+
+def kernel_pid(kernel: Kernel) -> int:
+    return kernel.manager.provisioner.process.pid
+
+
+def assert_alive_with_state(kernel: Kernel) -> None:
+    assert kernel.execute("sentinel").result_text() == "{'kept': [1, 2, 3]}"
+    reply = kernel.client.kernel_info(reply=True, timeout=30)
+    assert reply["content"]["status"] == "ok"
+
+
+def test_a_storm_of_signals_during_a_busy_cell(kernel: Kernel) -> None:
+    msg_id = kernel.client.execute("n = 0\nwhile True:\n    n += 1")
+    time.sleep(1.0)
+    for _ in range(2000):
+        os.kill(kernel_pid(kernel), signal.SIGINT)
+    run = kernel.collect(msg_id, timeout=60)
+    assert run.content["status"] == "error"
+    assert run.content["ename"] == "KeyboardInterrupt"
+    assert_alive_with_state(kernel)
+
+
+def test_a_storm_against_a_cell_that_swallows_interrupts(kernel: Kernel) -> None:
+    """Extra interrupts merge into the first, whose grace timer stops the cell hard."""
+    msg_id = kernel.client.execute(SWALLOWING_LOOP)
+    time.sleep(1.0)
+    for _ in range(2000):
+        os.kill(kernel_pid(kernel), signal.SIGINT)
+    run = kernel.collect(msg_id, timeout=60)
+    assert run.content["ename"] == "KeyboardInterrupt"
+    assert "rolled back" in run.content["evalue"]
+    assert_alive_with_state(kernel)
+
+
+def test_five_interrupts_ten_milliseconds_apart(kernel: Kernel) -> None:
+    msg_id = kernel.client.execute("import time\nfor i in range(1000):\n    time.sleep(0.01)")
+    time.sleep(0.5)
+    for _ in range(5):
+        os.kill(kernel_pid(kernel), signal.SIGINT)
+        time.sleep(0.01)
+    run = kernel.collect(msg_id, timeout=60)
+    assert run.content["ename"] == "KeyboardInterrupt", run.content
+    assert_alive_with_state(kernel)
+
+
+def test_shutdown_after_a_storm_is_prompt(kernel: Kernel) -> None:
+    msg_id = kernel.client.execute("while True:\n    pass")
+    time.sleep(0.5)
+    for _ in range(500):
+        os.kill(kernel_pid(kernel), signal.SIGINT)
+    kernel.collect(msg_id, timeout=60)
+    began = time.monotonic()
+    kernel.client.shutdown()
+    kernel.manager.finish_shutdown(waittime=30)
+    assert not kernel.manager.is_alive()
+    assert time.monotonic() - began < 30

@@ -15,7 +15,8 @@ calls that create, close or renumber descriptors, or that change the private /tm
 - descriptors opened by a cell that is then rolled back are closed: the restored guest has
   never heard of them;
 - every call that may grow the private /tmp is reported through ``touched`` (the scratch
-  watch only measures the folder after one).
+  watch only measures the folder after one), and while /tmp is over its size limit
+  (``full``) such calls fail with ``EDQUOT`` (``OSError: [Errno 19] Disk quota exceeded``).
 
 The shadows must reach wasmtime's own WASI functions, which read the *calling instance's*
 ``memory`` export. A host function has no such instance, so the real calls go through a
@@ -32,6 +33,7 @@ import wasmtime
 WASI = "wasi_snapshot_preview1"
 ERRNO_SUCCESS = 0
 ERRNO_BADF = 8
+ERRNO_DQUOT = 19
 ERRNO_MFILE = 33
 ERRNO_PERM = 63
 OFLAG_CREAT, OFLAG_TRUNC = 1, 8
@@ -91,6 +93,7 @@ class GuestFiles:
         self.scratch = FIRST_PREOPEN + scratch_index
         self.limit = default_limit() if limit is None else limit
         self._touched = touched
+        self.full = False  # the private /tmp is over its size limit: it may not grow
         self._real: dict[str, wasmtime.Func] = {}
         self._memory: wasmtime.Memory | None = None
         self.open: dict[int, tuple[bool, bool]] = {}  # fd -> (in the scratch folder, writable)
@@ -162,6 +165,8 @@ class GuestFiles:
         in_scratch = self._in_scratch(fd)
         writable = bool(rights & RIGHT_FD_WRITE) or bool(oflags & (OFLAG_CREAT | OFLAG_TRUNC))
         if in_scratch and writable:
+            if self.full:
+                return ERRNO_DQUOT
             self._touched()
         errno = self._real["path_open"](
             caller, fd, dirflags, path, path_len, oflags, rights, inheriting, fdflags, opened
@@ -174,20 +179,27 @@ class GuestFiles:
 
     def _path_create_directory(self, caller: wasmtime.Caller, fd: int, path: int,
                                path_len: int) -> int:
-        self._touch_if(fd)
+        if not self._may_grow(fd):
+            return ERRNO_DQUOT
         return self._real["path_create_directory"](caller, fd, path, path_len)
 
     def _path_rename(self, caller: wasmtime.Caller, fd: int, old: int, old_len: int,
                      new_fd: int, new: int, new_len: int) -> int:
-        self._touch_if(new_fd)
+        if not (self._may_grow(new_fd) or self._in_scratch(fd)):  # within /tmp: no growth
+            return ERRNO_DQUOT
         return self._real["path_rename"](caller, fd, old, old_len, new_fd, new, new_len)
 
     def _path_link(self, caller: wasmtime.Caller, fd: int, flags: int, old: int, old_len: int,
                    new_fd: int, new: int, new_len: int) -> int:
-        self._touch_if(new_fd)
+        if not self._may_grow(new_fd):
+            return ERRNO_DQUOT
         return self._real["path_link"](caller, fd, flags, old, old_len, new_fd, new, new_len)
 
-    def _touch_if(self, fd: int) -> None:
-        if self._in_scratch(fd):
-            self._touched()
+    def _may_grow(self, fd: int) -> bool:
+        """For a call that adds to folder ``fd``: report it if that is in /tmp, and refuse it
+        there while /tmp is full."""
+        if not self._in_scratch(fd):
+            return True
+        self._touched()
+        return not self.full
 

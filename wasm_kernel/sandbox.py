@@ -39,7 +39,7 @@ from .cache import CompiledRuntime
 from .descriptors import GuestFiles
 from .mounts import SCRATCH, Mount
 from .output import OutputPump
-from .scratch import ScratchWatch, usage
+from .scratch import ScratchWatch, Usage, usage
 from .snapshot import CheckpointStats, GuestState, SignalFlags, memory_address
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,8 @@ class Sandbox:
         self._turn_lock = threading.Lock()
         self._tmp = Path(tempfile.mkdtemp(prefix="wasm-kernel-tmp-"))
         self._scratch = ScratchWatch(
-            self._tmp, limits.scratch, partial(self.interrupts.request_stop, "scratch")
+            self._tmp, limits.scratch, partial(self.interrupts.request_stop, "scratch"),
+            touches=True,  # GuestFiles reports every call that may grow /tmp
         )
         self._host: GuestHost | None = None
         self._reply: dict | None = None
@@ -411,7 +412,7 @@ class Sandbox:
     def run_cell(self, source: str, execution_count: int, host: GuestHost) -> None:
         """Run a notebook cell; output and messages go to ``host``. Raises CellStopped."""
         call = f"__import__({GUEST_MODULE!r}).run_cell({source!r}, {int(execution_count)})"
-        self._turn(call, host, self.limits, watch_scratch=True)
+        self._turn(call, host, self.limits)
 
     def request(self, function: str, *args: object, host: GuestHost) -> dict:
         """Call a guest service function (completion, inspection...) and return its reply."""
@@ -421,13 +422,15 @@ class Sandbox:
             seconds=min(self.limits.seconds or 10.0, 10.0),
             memory=self.limits.memory,
             output=MAX_MESSAGE,
+            scratch=self.limits.scratch,
         )
         self._reply = None
         self._turn(f"__import__({GUEST_MODULE!r}).{function}({arguments})", host, service_limits)
         return self._reply or {}
 
-    def _turn(self, source: str, host: GuestHost, limits: Limits,
-              watch_scratch: bool = False) -> None:
+    def _turn(self, source: str, host: GuestHost, limits: Limits) -> None:
+        """One guest turn (a cell or a request: every one can write to /tmp, so every one is
+        measured), and the recovery from a trap."""
         with self._turn_lock:
             store = self._store
             assert store is not None
@@ -438,8 +441,10 @@ class Sandbox:
             if self._state is not None:
                 self._state.growth_failed(store, reset=True)
             with self._metered(store, limits.fuel, limits.seconds) as turn:
-                if watch_scratch:
-                    self._scratch.begin(turn)
+                self._scratch.begin(turn)
+                self._files.full = self._scratch.over_limit
+                if self._files.full:  # no growth until files are deleted, even through
+                    self._scratch.stop_writers()  # files kept open from earlier cells
                 self._output.begin(
                     host.stream, limits.output, self._output_notice(limits.output)
                 )
@@ -606,7 +611,8 @@ class Sandbox:
                 )
             if self.interrupts.stop_reason == "scratch":
                 return CellStopped(
-                    "ScratchLimitExceeded", self._scratch_text(usage(self._tmp), limits)
+                    "ScratchLimitExceeded",
+                    self._scratch_text(self._scratch.stopped or usage(self._tmp), limits),
                 )
             return CellStopped(
                 "KeyboardInterrupt",
@@ -626,14 +632,21 @@ class Sandbox:
 
     def _scratch_touched(self) -> None:
         """The guest did something that may grow the private /tmp (see ``descriptors``)."""
+        self._scratch.touched()
 
     @staticmethod
-    def _scratch_text(size: int, limits: Limits) -> str:
+    def _scratch_text(size: Usage, limits: Limits) -> str:
+        if size.unmeasured:
+            return (
+                f"the kernel could not measure the private {SCRATCH} ({size.unmeasured}), so it"
+                f" counts as past its limit of {limits.scratch >> 20} MiB. Its files stay: delete"
+                " some (os.remove, shutil.rmtree) to go on."
+            )
         return (
             f"the cell filled the private {SCRATCH} past its limit of {limits.scratch >> 20} MiB"
-            f" ({size >> 20} MiB there now; files count at least 4 KiB each). Its files stay:"
-            " delete some (os.remove, shutil.rmtree) to go on. The limit is"
-            " --WasmKernel.scratch_limit=BYTES."
+            f" ({size >> 20} MiB there now; files count at least 4 KiB each, and so do deleted"
+            " files still open). Its files stay: delete some (os.remove, shutil.rmtree) to go"
+            " on. The limit is --WasmKernel.scratch_limit=BYTES."
         )
 
     @staticmethod

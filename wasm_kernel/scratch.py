@@ -109,6 +109,25 @@ class _Place:
                 return True
         return False
 
+    def stop_writers(self) -> int:
+        """Make every file in the folder that this process holds open for writing read-only,
+        in place: the same descriptor number now leads to a read-only opening of the same
+        file (deleted or not), so the guest's writes through it fail. Returns how many."""
+        stopped = 0
+        for descriptor, _ in self.held_files()[0]:
+            try:
+                if fcntl.fcntl(descriptor, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+                    continue
+                reader = os.open(f"{_HELD}/{descriptor}", os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    os.dup2(reader, descriptor)
+                finally:
+                    os.close(reader)
+            except OSError:
+                continue  # closed meanwhile
+            stopped += 1
+        return stopped
+
     def usage(self, cancel: Callable[[], bool] | None = None) -> Usage | None:
         """The folder's size; None if ``cancel()`` became true meanwhile."""
         try:
@@ -323,6 +342,19 @@ class ScratchWatch:
             self._active = self._active or writing
             self.stopped = None
             self._lock.notify()
+
+    @property
+    def over_limit(self) -> bool:
+        """Whether the running turn began with the folder over the limit (or unmeasurable)."""
+        baseline = self._baseline
+        return bool(self.limit) and (bool(baseline.unmeasured) or baseline > self.limit)
+
+    def stop_writers(self) -> int:
+        """Turn files open for writing in the folder read-only (see ``_Place.stop_writers``):
+        while it is over the limit, a file kept open from an earlier cell must not let each
+        new cell grow it again before a measurement catches it."""
+        self._dirty = True
+        return self._place.stop_writers()
 
     def end(self) -> Usage | None:
         """The turn ended (the guest is not running): the folder's size if the turn took it

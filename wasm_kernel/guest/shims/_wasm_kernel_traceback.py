@@ -18,6 +18,11 @@ REFUSED_HINT = (
     "(The sandbox refused this path: only its mounted folders are reachable, and only /tmp"
     " and read-write mounts can be changed. %sandbox lists them.)"
 )
+QUOTA = "[Errno 19] "  # EDQUOT: the private /tmp is over its size limit
+QUOTA_HINT = (
+    "(The private /tmp is over its size limit, so nothing there can grow: delete files in it"
+    " to write again. Files that were open for writing there have become read-only.)"
+)
 TOO_MANY_FILES = "[Errno 33] "  # EMFILE: the sandbox's cap on open descriptors
 TOO_MANY_FILES_HINT = (
     "(The sandbox limits how many files a kernel may hold open at once: close the ones you"
@@ -64,8 +69,9 @@ def _exception_line(report):
     notes = getattr(report, "__notes__", None) or []
     if issubclass(report.exc_type or Exception, PermissionError) and text.startswith(REFUSED):
         notes = [*notes, REFUSED_HINT]
-    elif issubclass(report.exc_type or Exception, OSError) and text.startswith(TOO_MANY_FILES):
-        notes = [*notes, TOO_MANY_FILES_HINT]
+    elif issubclass(report.exc_type or Exception, OSError):
+        hint = {TOO_MANY_FILES: TOO_MANY_FILES_HINT, QUOTA: QUOTA_HINT}.get(text[:len(QUOTA)])
+        notes = [*notes, hint] if hint else notes
     return "\n".join([first, *map(str, notes)])
 
 

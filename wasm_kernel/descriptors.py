@@ -15,8 +15,8 @@ calls that create, close or renumber descriptors, or that change the private /tm
 - descriptors opened by a cell that is then rolled back are closed: the restored guest has
   never heard of them;
 - every call that may grow the private /tmp is reported through ``touched`` (the scratch
-  watch only measures the folder after one), and while /tmp is over its size limit
-  (``full``) such calls fail with ``EDQUOT`` (``OSError: [Errno 19] Disk quota exceeded``).
+  watch only measures the folder after one), and while /tmp has no room (it is over its size
+  limit) such calls fail with ``EDQUOT`` (``OSError: [Errno 19] Disk quota exceeded``).
 
 The shadows must reach wasmtime's own WASI functions, which read the *calling instance's*
 ``memory`` export. A host function has no such instance, so the real calls go through a
@@ -88,12 +88,12 @@ class GuestFiles:
     """
 
     def __init__(self, preopens: int, scratch_index: int, touched: Callable[[], None],
-                 limit: int | None = None):
+                 room: Callable[[], bool], limit: int | None = None):
         self.protected = FIRST_PREOPEN + preopens  # descriptors below this are the kernel's
         self.scratch = FIRST_PREOPEN + scratch_index
         self.limit = default_limit() if limit is None else limit
         self._touched = touched
-        self.full = False  # the private /tmp is over its size limit: it may not grow
+        self._room = room  # whether /tmp may grow now
         self._real: dict[str, wasmtime.Func] = {}
         self._memory: wasmtime.Memory | None = None
         self.open: dict[int, tuple[bool, bool]] = {}  # fd -> (in the scratch folder, writable)
@@ -165,7 +165,7 @@ class GuestFiles:
         in_scratch = self._in_scratch(fd)
         writable = bool(rights & RIGHT_FD_WRITE) or bool(oflags & (OFLAG_CREAT | OFLAG_TRUNC))
         if in_scratch and writable:
-            if self.full:
+            if not self._room():
                 return ERRNO_DQUOT
             self._touched()
         errno = self._real["path_open"](
@@ -200,6 +200,8 @@ class GuestFiles:
         there while /tmp is full."""
         if not self._in_scratch(fd):
             return True
+        if not self._room():
+            return False
         self._touched()
-        return not self.full
+        return True
 

@@ -17,6 +17,7 @@ MAX_ERROR_TEXT = 256 * 1024  # characters kept of an error's value and traceback
 OUTPUT_OPS = frozenset({"display", "result", "clear", "error"})
 DROPPABLE_OPS = OUTPUT_OPS - {"error"}  # left out when over budget; an error must still count
 PEEK_BYTES = 64
+MESSAGE_COST = 512  # bytes an output message costs beyond its payload (its Jupyter header)
 _OP_FIELD = re.compile(rb'\s*\{\s*"op"\s*:\s*"([a-z]{1,16})"')
 
 

@@ -254,6 +254,7 @@ class Sandbox:
         self._scratch = ScratchWatch(
             self._tmp, limits.scratch, partial(self.interrupts.request_stop, "scratch"),
             touches=True,  # GuestFiles reports every call that may grow /tmp
+            writing=lambda: self._files.writing_to_scratch(),
         )
         self._host: GuestHost | None = None
         self._reply: dict | None = None
@@ -303,7 +304,7 @@ class Sandbox:
         linker.allow_shadowing = True
         # the runtime's two folders, then /tmp, then the mounts (see _wasi)
         files = GuestFiles(preopens=3 + len(self.mounts), scratch_index=2,
-                           touched=self._scratch_touched)
+                           touched=self._scratch.touched, room=self._scratch.has_room)
         files.shadow(linker)
         i32 = wasmtime.ValType.i32()
         i64 = wasmtime.ValType.i64()
@@ -442,9 +443,8 @@ class Sandbox:
                 self._state.growth_failed(store, reset=True)
             with self._metered(store, limits.fuel, limits.seconds) as turn:
                 self._scratch.begin(turn)
-                self._files.full = self._scratch.over_limit
-                if self._files.full:  # no growth until files are deleted, even through
-                    self._scratch.stop_writers()  # files kept open from earlier cells
+                if self._scratch.over_limit:  # no growth until files are deleted, not even
+                    self._scratch.stop_writers()  # through files kept open from earlier cells
                 self._output.begin(
                     host.stream, limits.output, self._output_notice(limits.output)
                 )
@@ -630,10 +630,6 @@ class Sandbox:
             return CellStopped("MemoryLimitExceeded", memory_limit_text(limits.memory))
         return CellStopped("GuestCrashed", f"the interpreter trapped: {trap.message}.")
 
-    def _scratch_touched(self) -> None:
-        """The guest did something that may grow the private /tmp (see ``descriptors``)."""
-        self._scratch.touched()
-
     @staticmethod
     def _scratch_text(size: Usage, limits: Limits) -> str:
         if size.unmeasured:
@@ -680,7 +676,7 @@ class Sandbox:
                    out_ptr: int, out_len_ptr: int) -> int:
         try:
             size = length & 0xFFFFFFFF
-            if size > MAX_MESSAGE or not self._output.fits(size):
+            if size > MAX_MESSAGE or not self._output.fits(size + protocol.MESSAGE_COST):
                 reply = self._oversized(caller, ptr, size)
             else:
                 reply = self._dispatch(protocol.parse(self._read(caller, ptr, size)), size, caller)
@@ -720,7 +716,7 @@ class Sandbox:
             message["memory_limit"] = self._hit_memory_limit(
                 caller, self._memory_at_start, self.limits.memory
             )
-        if op in protocol.OUTPUT_OPS and not self._output.charge(size):
+        if op in protocol.OUTPUT_OPS and not self._output.charge(size + protocol.MESSAGE_COST):
             if op != "error":
                 return {}  # over the cell's output budget: left out, with the notice
             message["shown"] = False  # an error still fails the cell, shown briefly at its end

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Self
 
 POLL_SECONDS = 0.25
+ROOM_SECONDS = 0.5  # while over the limit, how often a growth attempt may re-measure
 ENTRY_BYTES = 4096  # the least a file or folder costs, so that a million empty files count
 _ENTRY_BLOCKS = ENTRY_BYTES // 512
 _OPEN_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -292,20 +293,26 @@ class ScratchWatch:
     :meth:`end` after it, both on the thread that runs the guest, and :meth:`touched` (any
     thread) whenever the guest may have grown the folder. A turn nothing touched costs a look
     at this process's descriptors, not a walk. Until the sandbox says it reports touches
-    (``touches=True``), every turn counts as touched.
+    (``touches=True``), every turn counts as touched. ``writing`` says whether the guest holds
+    a file in the folder open for writing; by default the watch looks at the process's
+    descriptors (about a millisecond), the sandbox knows it at once.
     """
 
     def __init__(
-        self, folder: Path, limit: int, stop: Callable[[int], None], touches: bool = False
+        self, folder: Path, limit: int, stop: Callable[[int], None], touches: bool = False,
+        writing: Callable[[], bool] | None = None,
     ):
         self.folder = folder
         self.limit = limit
         self.touches = touches  # the sandbox calls touched(); else every turn is touched
         self._stop = stop
         self._place = _Place(folder)
+        self._writing = writing or self._place.writable_open
         self._lock = threading.Condition()
         self._turn: int | None = None
         self._baseline = Usage(0)
+        self._full = False  # the running turn began over the limit and may not grow yet
+        self._room_checked = 0.0
         self._last: Usage | None = None  # the size measured last while no guest ran
         self._dirty = True  # touched since _last was measured
         self._active = False  # the running turn (or the next one) may grow the folder
@@ -336,9 +343,10 @@ class ScratchWatch:
             self._dirty = False
             last = self._last = self._measure()
         # a file left open for writing may still grow
-        writing = not self.touches or self._place.writable_open()
+        writing = not self.touches or self._writing()
         with self._lock:
             self._turn, self._baseline = turn, last
+            self._full, self._room_checked = bool(last.unmeasured) or last > self.limit, 0.0
             self._active = self._active or writing
             self.stopped = None
             self._lock.notify()
@@ -346,8 +354,25 @@ class ScratchWatch:
     @property
     def over_limit(self) -> bool:
         """Whether the running turn began with the folder over the limit (or unmeasurable)."""
-        baseline = self._baseline
-        return bool(self.limit) and (bool(baseline.unmeasured) or baseline > self.limit)
+        return self._full
+
+    def has_room(self) -> bool:
+        """Whether the running turn may grow the folder now (called by the sandbox, while the
+        guest waits, before anything that would). A turn that began over the limit may once
+        it has deleted enough: the folder is measured again, at most every ROOM_SECONDS."""
+        if not self._full:
+            return True
+        now = time.monotonic()
+        if now - self._room_checked < ROOM_SECONDS:
+            return False
+        self._room_checked = now
+        size = self._last = self._measure()
+        self._dirty = False
+        if size.unmeasured or size > self.limit:
+            return False
+        with self._lock:
+            self._baseline, self._full = size, False
+        return True
 
     def stop_writers(self) -> int:
         """Turn files open for writing in the folder read-only (see ``_Place.stop_writers``):
@@ -366,7 +391,7 @@ class ScratchWatch:
             self._turn = None
             baseline, active = self._baseline, self._active
             self._active = False
-        if not (active or self._dirty or self._place.writable_open()):
+        if not (active or self._dirty or self._writing()):
             return None
         self._dirty = False
         size = self._last = self._measure()
@@ -401,7 +426,7 @@ class ScratchWatch:
                 turn, baseline = self._turn, self._baseline
                 active = self._active
             if not active:
-                if not self._place.writable_open():
+                if not self._writing():
                     continue  # nothing can grow: no walk
                 with self._lock:
                     if self._turn != turn:

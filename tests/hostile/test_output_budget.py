@@ -81,3 +81,37 @@ def test_output_after_a_dropped_large_image_is_kept(strict: Kernel) -> None:
     assert NOTICE in run.stream_text("stderr")
     assert [data["data"] for data in run.of_type("display_data")] == [{"text/plain": "small"}]
     assert strict.execute("sentinel").result_text() == "'kept'"
+
+
+def test_output_waiting_for_a_client_that_does_not_read_is_bounded() -> None:
+    """A subscriber that never reads IOPub: ZMQ would queue a thousand messages for it, here
+    ~300 MiB of cell output, in the kernel's memory. What waits is bounded (64 MiB)."""
+    import psutil
+    import zmq
+
+    kernel = Kernel(kernel_name="wasm-python-strict")
+    context = zmq.Context()
+    stalled = context.socket(zmq.SUB)
+    try:
+        stalled.setsockopt(zmq.RCVHWM, 1)
+        stalled.setsockopt(zmq.RCVBUF, 4096)
+        info = kernel.manager.get_connection_info()
+        stalled.connect(f"{info['transport']}://{info['ip']}:{info['iopub_port']}")
+        stalled.setsockopt(zmq.SUBSCRIBE, b"")
+        ok(kernel.execute("import base64\nfrom IPython.display import display"))
+        kernel.client.iopub_channel.stop()  # our own client stops reading too
+        process = psutil.Process(kernel.manager.provisioner.process.pid)
+        before = process.memory_info().rss
+        cell = ("for i in range(3):\n"
+                "    display({'image/png': base64.b64encode(bytes(300_000)).decode() + str(i)},"
+                " raw=True)")
+        for _ in range(250):
+            kernel.client.execute(cell)
+            assert kernel.client.get_shell_msg(timeout=60)["content"]["status"] == "ok"
+        grown = process.memory_info().rss - before
+        assert grown < 150 << 20, f"kernel grew by {grown >> 20} MiB"
+    finally:
+        stalled.close(linger=0)
+        context.term()
+        kernel.client.stop_channels()
+        kernel.manager.shutdown_kernel(now=True)

@@ -158,7 +158,14 @@ class Interrupts:
 
 
 class Watchdog:
-    """Runs callbacks at deadlines on one thread (a Timer thread per cell costs a thread start)."""
+    """Runs callbacks at deadlines on one thread (a Timer thread per cell costs a thread start).
+
+    Nothing may end that thread, or no deadline and no interrupt escalation would fire again:
+    a callback's exception is logged, and a deadline too far off (or not a number) is capped.
+    """
+
+    LONGEST = 10 * 365 * 86400.0  # seconds: the furthest deadline kept, as a finite number
+    NAP = 3600.0  # longest single wait; Condition.wait overflows past threading.TIMEOUT_MAX
 
     def __init__(self) -> None:
         self._ready = threading.Condition()
@@ -168,6 +175,8 @@ class Watchdog:
         threading.Thread(target=self._run, name="wasm-kernel-watchdog", daemon=True).start()
 
     def arm(self, seconds: float, callback: Callable[[], None]) -> int:
+        if not seconds <= self.LONGEST:  # also NaN
+            seconds = self.LONGEST
         with self._ready:
             token = next(self._tokens)
             self._jobs[token] = (time.monotonic() + seconds, callback)
@@ -209,10 +218,13 @@ class Watchdog:
                     if delay <= 0:
                         del self._jobs[token]
                         break
-                    self._ready.wait(delay)
+                    self._ready.wait(min(delay, self.NAP))
                 else:
                     return
-            callback()
+            try:
+                callback()
+            except Exception:
+                log.exception("a watchdog callback failed; the watchdog carries on")
 
 
 def bootstrap_source() -> str:
@@ -259,7 +271,11 @@ class Sandbox:
         self._deadline: int | None = None  # watchdog token of the running turn's time limit
         self._closing = False
         self._memory_at_start = 0
-        self._start_interpreter()
+        try:
+            self._start_interpreter()
+        except BaseException:
+            self.close()  # no interpreter: remove the private /tmp and stop the helper threads
+            raise
 
     # -- life cycle ---------------------------------------------------------------------------
 

@@ -18,21 +18,42 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from copy import deepcopy
 from pathlib import Path
 from typing import Any
 
 import platformdirs
 import psutil
 from ipykernel.kernelbase import Kernel
-from traitlets import Bool, Enum, Float, Int, List, Unicode, default
+from traitlets import List, TraitError, Unicode, default
+from traitlets.config import Config
+from traitlets.config.loader import DeferredConfig, LazyConfigValue
 
 from . import __version__, messages
 from .cache import RuntimeCache
 from .history import History
 from .mounts import SCRATCH, Mount, MountError, guest_cwd, holds_home, parse_mounts
 from .profiles import DEFAULT_PROFILE, PROFILES
-from .runtime import DEFAULT_RUNTIME, load_runtime
+from .runtime import DEFAULT_RUNTIME, Runtime, RuntimeUnavailable, load_runtime
 from .sandbox import CellStopped, Interrupts, Limits, Sandbox, memory_limit_text
+from .settings import (
+    INT64_MAX,
+    MAX_GRACE,
+    MAX_MEMORY,
+    MAX_SECONDS,
+    MIN_FUEL,
+    MIN_MEMORY,
+    MIN_OUTPUT,
+    MIN_SCRATCH,
+    MIN_SECONDS,
+    CheckedBool,
+    CheckedEnum,
+    InvalidSettings,
+    Limit,
+    Text,
+    config_source,
+    describe_refusal,
+)
 
 ENV_PREFIX = "WASM_KERNEL_"
 INPUT_POLL = 0.05  # seconds between checks for an input_reply or an interrupt
@@ -40,18 +61,12 @@ BACKLOG_FLOOR = 64 << 20  # bytes of cell output that may wait for slow IOPub cl
 BRIEF_ERROR = 1024  # characters of an error's value shown when the output budget is spent
 
 
-def _parse_bool(raw: str) -> bool:
-    word = raw.strip().lower()
-    if word in ("1", "true", "yes", "on"):
-        return True
-    if word in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(raw)
-
-
 def _env_default(trait: str, fallback: Any) -> Any:
     """A trait default read from ``WASM_KERNEL_<TRAIT>`` in the environment, else ``fallback``
-    (a value, or a function of the kernel such as a profile's setting)."""
+    (a value, or a function of the kernel such as a profile's setting).
+
+    The variable is checked by the trait itself; a value it refuses is recorded for every
+    cell to report, and ``fallback`` stands in for it (so the kernel can describe itself)."""
 
     def read(kernel: WasmKernel) -> Any:
         value = fallback(kernel) if callable(fallback) else fallback
@@ -59,14 +74,14 @@ def _env_default(trait: str, fallback: Any) -> Any:
         raw = os.environ.get(variable)
         if raw is None:
             return value
+        given: Any = raw
+        if isinstance(value, (list, tuple)):
+            given = [item.strip() for item in raw.split(";") if item.strip()]
         try:
-            if isinstance(value, bool):
-                return _parse_bool(raw)
-            if isinstance(value, (list, tuple)):
-                return [item.strip() for item in raw.split(";") if item.strip()]
-            return type(value)(raw)
-        except ValueError:
-            raise ValueError(f"{variable}={raw!r} is not a valid {type(value).__name__}") from None
+            return kernel.traits()[trait].validate(kernel, given)
+        except TraitError as exc:
+            kernel._refuse_setting(trait, raw, f"the environment ({variable})", str(exc))
+            return value
 
     return default(trait)(read)
 
@@ -104,8 +119,9 @@ class WasmKernel(Kernel):
     language = "python"
     help_links = [{"text": "Python", "url": "https://docs.python.org/3/"}]
 
-    profile = Enum(
+    profile = CheckedEnum(
         sorted(PROFILES),
+        DEFAULT_PROFILE,
         help="Named defaults for limits and mounts; explicit settings win over them. "
         + "; ".join(f"{name}: {profile.summary}" for name, profile in PROFILES.items())
         + ". Env: WASM_KERNEL_PROFILE.",
@@ -116,53 +132,63 @@ class WasmKernel(Kernel):
         " ':rw'), e.g. 'data:/data:ro'. A relative HOST is taken from the kernel's working"
         " folder. Default: the profile's. Env: WASM_KERNEL_MOUNTS, ';'-separated.",
     ).tag(config=True)
-    working_dir = Unicode(
+    working_dir = Text(
         help="Guest folder cells start in: a mount's guest path or /tmp. Default: the mount of"
         " the kernel's working folder (the notebook's folder), else /tmp."
         " Env: WASM_KERNEL_WORKING_DIR.",
     ).tag(config=True)
-    fuel = Int(
+    # Limits: each refuses values outside its range (see settings.py for why these bounds).
+    fuel = Limit(
+        integer=True, low=MIN_FUEL, high=INT64_MAX, unit="units",
         help="Fuel per cell (about one unit per WebAssembly instruction; ~1e10 per second of"
-        " pure-Python work). A cell that runs out stops with FuelExhausted. Env: WASM_KERNEL_FUEL."
+        " pure-Python work). A cell that runs out stops with FuelExhausted. The interpreter's"
+        " start-up (~1.4e8) is paid from it too. Env: WASM_KERNEL_FUEL.",
     ).tag(config=True)
-    time_limit = Float(
-        help="Wall-clock seconds a cell may run, 0 for no limit. Env: WASM_KERNEL_TIME_LIMIT."
+    time_limit = Limit(
+        integer=False, low=MIN_SECONDS, high=MAX_SECONDS, unit="seconds", zero="no limit",
+        help="Wall-clock seconds a cell may run, 0 for no limit. Env: WASM_KERNEL_TIME_LIMIT.",
     ).tag(config=True)
-    memory_limit = Int(
-        help="Bytes of linear memory the guest interpreter may use. Env: WASM_KERNEL_MEMORY_LIMIT."
+    memory_limit = Limit(
+        integer=True, low=MIN_MEMORY, high=MAX_MEMORY, unit="bytes",
+        help="Bytes of linear memory the guest interpreter may use (it needs 40 MiB to start)."
+        " Env: WASM_KERNEL_MEMORY_LIMIT.",
     ).tag(config=True)
-    output_limit = Int(
+    output_limit = Limit(
+        integer=True, low=MIN_OUTPUT, high=INT64_MAX, unit="bytes",
         help="Bytes of output (streams and display data) shown per cell; the rest is dropped"
-        " with a notice. Env: WASM_KERNEL_OUTPUT_LIMIT."
+        " with a notice. Env: WASM_KERNEL_OUTPUT_LIMIT.",
     ).tag(config=True)
-    scratch_limit = Int(
+    scratch_limit = Limit(
+        integer=True, low=MIN_SCRATCH, high=INT64_MAX, unit="bytes", zero="no limit",
         help="Bytes a cell may fill the private /tmp with (on the host's disk; each file counts"
         " at least 4 KiB), 0 for no limit. A cell that grows it past the limit is stopped."
         " Env: WASM_KERNEL_SCRATCH_LIMIT.",
     ).tag(config=True)
-    interrupt_grace = Float(
+    interrupt_grace = Limit(
+        integer=False, low=0.0, high=MAX_GRACE, unit="seconds", default_text="1.0",
         help="Seconds an interrupted cell gets to stop by itself (KeyboardInterrupt) before it"
-        " is stopped hard. Env: WASM_KERNEL_INTERRUPT_GRACE."
+        " is stopped hard; 0 stops it hard at once. Env: WASM_KERNEL_INTERRUPT_GRACE.",
     ).tag(config=True)
-    rollback = Bool(
+    rollback = CheckedBool(
+        True,
         help="Checkpoint the interpreter after each cell and roll back to it when a cell traps"
         " (fuel, time, memory, stack, hard interrupt). Costs a copy of guest memory per cell"
         " and as much host memory again; off: a trap restarts the interpreter."
         " Env: WASM_KERNEL_ROLLBACK.",
     ).tag(config=True)
-    active_output = Enum(
+    active_output = CheckedEnum(
         ["block", "allow"],
         help="Output that runs code in the front end (JavaScript, scripts and event handlers in"
         " HTML and SVG, widget and other script-bearing mime types): 'block' drops or sanitizes"
         " it, with a notice; 'allow' passes it on, so a cell can act in the user's browser with"
         " the server's credentials. Default: the profile's. Env: WASM_KERNEL_ACTIVE_OUTPUT.",
     ).tag(config=True)
-    runtime_name = Unicode(DEFAULT_RUNTIME, help="Runtime manifest to load.").tag(config=True)
-    cache_dir = Unicode(
+    runtime_name = Text(DEFAULT_RUNTIME, help="Runtime manifest to load.").tag(config=True)
+    cache_dir = Text(
         help="Folder of compiled runtimes. Env: WASM_KERNEL_CACHE_DIR; default: the per-user"
         " cache folder."
     ).tag(config=True)
-    history_file = Unicode(
+    history_file = Text(
         help="SQLite file of input history (':memory:' to keep none). Env: WASM_KERNEL_HISTORY_FILE."
     ).tag(config=True)
 
@@ -182,6 +208,11 @@ class WasmKernel(Kernel):
     )
 
     def __init__(self, **kwargs: Any):
+        self._refused: list[str] = []  # settings refused at start, reported by every cell
+        parent = kwargs.get("parent")
+        config = kwargs.get("config") or getattr(parent, "config", None)
+        if config is not None:
+            kwargs["config"] = self._screened(config, parent)
         super().__init__(**kwargs)
         self.session.pack = messages.pack  # guest text may hold what UTF-8 cannot
         self.guest_output = messages.GuestPublisher(
@@ -189,7 +220,12 @@ class WasmKernel(Kernel):
         )
         _keep_working_folder_off_sys_path()
         _log_to_process_stderr()
-        self.runtime = load_runtime(self.runtime_name)
+        settings = self.class_own_traits(config=True)
+        self._configured = {name for name in settings if self.trait_has_value(name)}
+        for name in settings:
+            getattr(self, name)  # reads, and so checks, every WASM_KERNEL_* variable now
+        self.runtime = self._load_runtime()
+        self._settings_error = InvalidSettings(self._refused) if self._refused else None
         self.limits = Limits(
             fuel=self.fuel,
             seconds=self.time_limit,
@@ -216,10 +252,48 @@ class WasmKernel(Kernel):
         self._boot_stage = "starting"
         self._boot: Future[Sandbox] = self._worker.submit(self._start_sandbox)
 
+    def _screened(self, config: Config, app: Any) -> Config:
+        """``config`` less the WasmKernel values their traits refuse, each recorded instead:
+        traitlets would raise on loading one, and the kernel process would end."""
+        if "WasmKernel" not in config:
+            return config
+        screened = deepcopy(config)
+        section = screened["WasmKernel"]
+        traits = self.traits(config=True)
+        for name, value in list(section.items()):
+            trait = traits.get(name)
+            if trait is None or isinstance(value, LazyConfigValue):
+                continue
+            given = value.get_value(trait) if isinstance(value, DeferredConfig) else value
+            try:
+                trait.validate(self, given)
+            except TraitError as exc:
+                del section[name]
+                self._refuse_setting(name, given, config_source(app, name), str(exc))
+        return screened
+
+    def _refuse_setting(self, name: str, value: Any, source: str, reason: str) -> None:
+        """Record a refused value (the first one per setting: argv and config win over the
+        environment, so a refused argv value is what the user meant to set)."""
+        if not any(problem.startswith(f"WasmKernel.{name} = ") for problem in self._refused):
+            self._refused.append(describe_refusal(name, value, source, reason))
+
+    def _load_runtime(self) -> Runtime:
+        """The configured runtime; if there is none by that name, the setting is refused and
+        the default one describes the kernel (no sandbox starts)."""
+        try:
+            return load_runtime(self.runtime_name)
+        except RuntimeUnavailable as exc:
+            if self.runtime_name == DEFAULT_RUNTIME:
+                raise
+            source = config_source(self.parent, "runtime_name")
+            self._refuse_setting("runtime_name", self.runtime_name, source, str(exc))
+            return load_runtime(DEFAULT_RUNTIME)
+
     def _withheld_folder(self, here: Path) -> str:
         """Why the profile's folder is not mounted, or "". A notebook in the home folder would
         expose keys and tokens; mounts set explicitly (config, argv, env) are the operator's."""
-        explicit = self.trait_has_value("mounts") or ENV_PREFIX + "MOUNTS" in os.environ
+        explicit = "mounts" in self._configured or ENV_PREFIX + "MOUNTS" in os.environ
         if explicit or not self.mounts or not holds_home(here):
             return ""
         return (
@@ -231,8 +305,9 @@ class WasmKernel(Kernel):
     # -- sandbox start-up ---------------------------------------------------------------------
 
     def _start_sandbox(self) -> Sandbox:
-        if self._mount_error is not None:
-            raise self._mount_error
+        for problem in (self._settings_error, self._mount_error):
+            if problem is not None:  # raised in every cell; the kernel itself stays up
+                raise problem
         cache = RuntimeCache(Path(self.cache_dir) if self.cache_dir else None)
 
         @contextmanager
@@ -286,8 +361,13 @@ class WasmKernel(Kernel):
         return self.describe_sandbox()
 
     def describe_sandbox(self) -> str:
-        """The running configuration, for the banner and ``%sandbox``."""
+        """The running configuration, for the banner and ``%sandbox``; or why there is none."""
         limits = self.limits
+        if self._settings_error is not None:
+            return (
+                f"Python {self.runtime.python_version} in a WebAssembly sandbox"
+                f" (wasm-kernel {__version__}): not started.\n{self._settings_error}"
+            )
         if self._mount_error is not None or self.withheld:
             folders = f"  none: {self._mount_error or self.withheld}"
         else:
@@ -300,8 +380,9 @@ class WasmKernel(Kernel):
             f"Host folders:\n{folders}\n"
             f"  {SCRATCH}: private scratch, deleted when the kernel stops, {scratch_size}\n"
             f"Starting folder: {self.start_dir}\n"
-            f"Per cell: fuel {limits.fuel:,}, time {limits.seconds:g} s,"
-            f" memory {limits.memory >> 20} MiB, output {limits.output >> 20} MiB\n"
+            f"Per cell: fuel {limits.fuel:,},"
+            f" {f'time {limits.seconds:.10g} s' if limits.seconds else 'no time limit'},"
+            f" memory {_size(limits.memory)}, output {_size(limits.output)}\n"
             "No host environment, network or processes."
         )
 
@@ -323,6 +404,8 @@ class WasmKernel(Kernel):
             return cell.fail("TypeError", "the code of an execute_request must be a string")
         try:
             sandbox = await self._sandbox(lambda text: cell.stream("stderr", text))
+        except InvalidSettings as exc:
+            return cell.fail(exc.ename, str(exc))
         except Exception as exc:
             return cell.fail("SandboxUnavailable", f"the sandbox could not start: {exc}")
         if self.withheld and not self._withheld_told:
@@ -352,7 +435,10 @@ class WasmKernel(Kernel):
 
     async def _service(self, function: str, *args: Any) -> dict:
         """Run a guest service function (completion, inspection...) and return its reply."""
-        sandbox = await self._sandbox(lambda _: None)
+        try:
+            sandbox = await self._sandbox(lambda _: None)
+        except Exception:  # no sandbox (bad settings or mounts): cells say why; this answers empty
+            return {}
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(
@@ -520,6 +606,10 @@ class WasmKernel(Kernel):
         self._worker.shutdown(wait=False, cancel_futures=True)
         self.history.close()
         return {"status": "ok", "restart": restart}
+
+
+def _size(count: int) -> str:
+    return f"{count >> 20} MiB" if count % (1 << 20) == 0 else f"{count:,} bytes"
 
 
 def _encodable(text: str) -> bool:

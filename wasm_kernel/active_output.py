@@ -8,7 +8,7 @@ update_display_data, execute_result, inspect_reply data, user_expressions) goes 
 they are, raster images when they are text (base64), text/html cleaned by nh3 (ammonia),
 image/svg+xml rebuilt from an allowlist of SVG elements, text/markdown and text/latex only when
 they hold no HTML and no script URL. Everything else is dropped. What was dropped or changed is
-said once per cell through ``tell`` (the cell's stderr). ``"allow"`` returns every bundle
+said once per cell, when it ends, through ``tell`` (the cell's stderr). ``"allow"`` returns every bundle
 untouched.
 
 The guest is hostile: nothing here may raise on odd input (non-str payloads, lone surrogates,
@@ -20,6 +20,7 @@ from __future__ import annotations
 import html
 import logging
 import re
+import threading
 import xml.parsers.expat
 from collections.abc import Callable
 from typing import Any
@@ -92,16 +93,12 @@ DATA_URLS = {"img": ("image/",), "video": ("video/",), "audio": ("audio/",),
              "source": ("video/", "audio/")}
 
 _TAG_NAME = re.compile(r"<([A-Za-z][^\t\n\f\r />]*)")
-_SCHEME_LIKE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]{0,63}(?=:)")
 _URL_SPACE = str.maketrans("", "", "\t\n\r")
 _ALLOWED_LOWER = {name.lower() for name in HTML_TAGS | SVG_TAGS}
 # Removed with their content; every other tag that is not allowed is unwrapped (text kept).
 _CLEAN_CONTENT = {"script", "iframe", "object", "embed", "frame", "frameset", "noscript",
                   "noembed", "noframes", "template", "textarea", "xmp", "plaintext", "select",
                   "applet", "math", "foreignObject"} - HTML_TAGS - SVG_TAGS
-_COMMON_SCHEMES = {"http", "https", "mailto", "data", "javascript", "vbscript", "file", "ftp",
-                   "blob", "about", "filesystem", "tel", "ws", "wss"}
-
 
 def _scheme(url: str) -> str | None:
     """The scheme a browser would see in ``url`` (lowercase), or None for a relative URL."""
@@ -128,14 +125,22 @@ def _css_urls_local(value: str) -> bool:
                for part in lowered.split("url(")[1:])
 
 
-class _HtmlPass:
-    """One text/html clean: nh3 parses and rebuilds it; ``keep`` decides every attribute."""
+class _HtmlFilter(threading.local):
+    """nh3's attribute filter: it sees every attribute of every allowed tag and decides.
+
+    One Cleaner serves every call (building one costs more than cleaning a small table), so
+    what a call removed is kept per thread: cells clean on the guest worker, inspection and
+    user_expressions on the event loop.
+    """
 
     def __init__(self) -> None:
         self.removed: list[str] = []
+        self.urls = 0  # href and src attributes seen
 
     def keep(self, tag: str, attribute: str, value: str) -> str | None:
         try:
+            if attribute.endswith(("href", "src")):
+                self.urls += 1
             verdict = self._verdict(tag, attribute, value)
         except Exception:  # a raising filter would be reported on stderr by nh3
             verdict = False
@@ -144,7 +149,8 @@ class _HtmlPass:
             return None
         return value
 
-    def _verdict(self, tag: str, attribute: str, value: str) -> bool:
+    @staticmethod
+    def _verdict(tag: str, attribute: str, value: str) -> bool:
         svg = tag in SVG_TAGS
         if not (attribute in GLOBAL_ATTRIBUTES or attribute.startswith("aria-")
                 or attribute in TAG_ATTRIBUTES.get(tag, ())
@@ -163,27 +169,33 @@ class _HtmlPass:
         return True  # CSS is not policed in HTML: a <style> element could do the same
 
 
+_FILTER = _HtmlFilter()
+_CLEANER = nh3.Cleaner(
+    tags=HTML_TAGS | SVG_TAGS,
+    clean_content_tags=_CLEAN_CONTENT,
+    attributes={},
+    generic_attribute_prefixes={""},  # every attribute reaches the filter, which decides
+    attribute_filter=_FILTER.keep,
+    link_rel=None,  # JupyterLab adds rel="noopener" and target="_blank" to output links
+    # other schemes are removed by ammonia before the filter sees them: counted below
+    url_schemes={"http", "https", "mailto", "data"},
+    strip_comments=True,
+)
+# Every href/src the parser can see is written so in the source: at least as many as these.
+_URL_ATTRIBUTE = re.compile(r"(?:href|src)[\t\n\f\r ]*=", re.IGNORECASE)
+
+
 def _clean_html(text: str) -> tuple[str, str]:
     """Sanitized HTML and what was removed ("" when nothing was)."""
-    tags = {match.group(1).lower() for match in _TAG_NAME.finditer(text) if match.group(1).isascii()}
-    tags |= {match.group(1) for match in _TAG_NAME.finditer(text) if not match.group(1).isascii()}
-    foreign = sorted(name for name in tags if name not in _ALLOWED_LOWER)
-    decoded = html.unescape(text) if "&" in text else text
-    schemes = {m.lower() for m in _SCHEME_LIKE.findall(decoded.translate(_URL_SPACE))}
-    run = _HtmlPass()
-    cleaned = nh3.clean(
-        text,
-        tags=HTML_TAGS | SVG_TAGS,
-        clean_content_tags=_CLEAN_CONTENT,
-        attributes={},
-        generic_attribute_prefixes={""},  # every attribute reaches ``keep``, which decides
-        attribute_filter=run.keep,
-        link_rel=None,  # JupyterLab adds rel="noopener" and target="_blank" to output links
-        url_schemes=_COMMON_SCHEMES | schemes,  # ``keep`` applies the real URL policy
-        strip_comments=True,
-    )
-    parts = [f"<{name[:32]}>" for name in foreign[:6]]
-    parts += sorted({name[:32] for name in run.removed})[:6]
+    names = set(_TAG_NAME.findall(text))  # every start tag the parser can see, and more
+    foreign = sorted({name.lower() if name.isascii() else name for name in names}
+                     - _ALLOWED_LOWER)
+    _FILTER.removed, _FILTER.urls = [], 0
+    cleaned = _CLEANER.clean(text)
+    removed = sorted({name[:32] for name in _FILTER.removed})
+    if not foreign and _FILTER.urls < len(_URL_ATTRIBUTE.findall(text)):
+        removed.append("a URL")  # a scheme ammonia refused, or only text that looked like one
+    parts = [f"<{name[:32]}>" for name in foreign[:6]] + removed[:6]
     return cleaned, ", ".join(parts)
 
 
@@ -225,6 +237,7 @@ class _SvgPass:
         parser.StartElementHandler = self.start
         parser.EndElementHandler = self.end
         parser.CharacterDataHandler = self.text
+        parser.buffer_text = True  # one call per run of text, not per line
         parser.EntityDeclHandler = self.entity
         parser.StartDoctypeDeclHandler = self.doctype
         parser.SetParamEntityParsing(xml.parsers.expat.XML_PARAM_ENTITY_PARSING_NEVER)
@@ -280,7 +293,9 @@ class _SvgPass:
                 if not ok:
                     self.removed.add(f"{prefix}href")
                     continue
-            elif (local in CSS_ATTRIBUTES and not _css_urls_local(value)) or _script_url(value):
+            elif (local in CSS_ATTRIBUTES and not _css_urls_local(value)) or (
+                (":" in value or "&" in value) and _script_url(value)
+            ):
                 self.removed.add(local[:32])
                 continue
             yield prefix + local, value
@@ -424,21 +439,28 @@ def passive_bundle(data: Any) -> tuple[dict, list[str]]:
     return kept, changes
 
 
+MAX_NAMED = 8  # kinds of change a notice names; a cell can invent any number of mime types
+
+
 def notice(changes: list[str]) -> str:
-    """The one-line notice for a cell's stderr."""
-    return f"[wasm-kernel] active output blocked: {'; '.join(changes)}{NOTICE_TAIL}\n"
+    """The one-line notice for a cell's stderr: each kind of change once, the first example."""
+    kinds: dict[str, str] = {}
+    for change in changes:
+        kinds.setdefault(change.split(" (")[0], change)
+    named = list(kinds.values())[:MAX_NAMED]
+    if len(kinds) > MAX_NAMED:
+        named.append(f"{len(kinds) - MAX_NAMED} more kinds")
+    return f"[wasm-kernel] active output blocked: {'; '.join(named)}{NOTICE_TAIL}\n"
 
 
 class ActiveOutput:
-    """The policy for one cell (or one request): ``bundle`` each output, told once per kind.
-
-    ``tell`` receives the notice text; without it the notice is only returned by ``inspect``.
-    """
+    """The policy for one cell (or one request): ``bundle`` each output, then ``finish`` says
+    in one notice, through ``tell``, what was dropped or changed during the whole cell."""
 
     def __init__(self, policy: str, tell: Callable[[str], None] | None = None):
         self.blocking = policy != ALLOW
         self._tell = tell
-        self._told: set[str] = set()
+        self._changes: list[str] = []
 
     def bundle(self, data: Any) -> Any:
         """The bundle to send instead of ``data``: ``data`` itself under allow."""
@@ -448,7 +470,8 @@ class ActiveOutput:
         if changes:
             if not kept:  # something must still show where the output was
                 kept = {"text/plain": "[output blocked by wasm-kernel's active-output policy]"}
-            self._say(changes)
+            if len(self._changes) < 10_000:
+                self._changes.extend(changes)
         return kept
 
     def expressions(self, results: Any) -> Any:
@@ -474,12 +497,8 @@ class ActiveOutput:
             kept["text/plain"] = f"{plain}\n\n{text}" if isinstance(plain, str) else text
         return kept
 
-    def _say(self, changes: list[str]) -> None:
-        # one line per cell, and a further one only for a kind of change not told yet
-        kinds = {change.split(" (")[0]: change for change in changes}
-        new = [change for kind, change in kinds.items() if kind not in self._told]
-        if not new:
-            return
-        self._told.update(kind for kind in kinds)
-        if self._tell is not None:
-            self._tell(notice(new))
+    def finish(self) -> None:
+        """At the end of the cell: tell what was blocked, if anything, once."""
+        if self._changes and self._tell is not None:
+            self._tell(notice(self._changes))
+        self._changes = []

@@ -572,7 +572,7 @@ class CellHost:
         self.allow_stdin = allow_stdin
         self.execution_count = kernel.execution_count
         self.error: dict | None = None
-        # active-output policy: passive bundles, and a notice on stderr once per cell
+        # active-output policy: passive bundles; one notice on stderr when the cell ends
         self.active_output = ActiveOutput(
             kernel.active_output, lambda text: self.stream("stderr", text)
         )
@@ -631,6 +631,7 @@ class CellHost:
         return self.reply()
 
     def reply(self, user_expressions: dict | None = None) -> dict:
+        self.active_output.finish()  # active-output policy: one notice for the cell, if any
         if self.error:
             return {"status": "error", "execution_count": self.execution_count, **self.error}
         return {

@@ -7,9 +7,9 @@ update_display_data, execute_result, inspect_reply data, user_expressions) goes 
 ``ActiveOutput.bundle``, which keeps an allowlist of passive mime types: text/plain and JSON as
 they are, raster images when they are text (base64), text/html cleaned by nh3 (ammonia),
 image/svg+xml rebuilt from an allowlist of SVG elements, text/markdown and text/latex only when
-they hold no HTML and no script URL. Everything else is dropped. What was dropped or changed is
-said once per cell, when it ends, through ``tell`` (the cell's stderr). ``"allow"`` returns every bundle
-untouched.
+they hold no HTML and no script URL. Everything else is dropped. What was dropped or changed
+is said once per cell, when it ends, through ``tell`` (the cell's stderr). ``"allow"`` returns
+every bundle untouched.
 
 The guest is hostile: nothing here may raise on odd input (non-str payloads, lone surrogates,
 huge strings), and a bundle of passive types alone is returned as it is, unexamined.
@@ -39,7 +39,9 @@ PASSIVE = frozenset({
     "application/vnd.jupyter.stderr",
 })
 # Rendered as <img src="data:MIME;base64,PAYLOAD">: an image context runs no script.
-RASTER = frozenset({"image/png", "image/jpeg", "image/gif", "image/bmp", "image/webp", "image/avif"})
+RASTER = frozenset({
+    "image/png", "image/jpeg", "image/gif", "image/bmp", "image/webp", "image/avif",
+})
 NOTICE_TAIL = "; see WasmKernel.active_output"
 
 # -- text/html ----------------------------------------------------------------------------------
@@ -60,7 +62,9 @@ SVG_ATTRIBUTES = frozenset({
     "patternTransform", "markerWidth", "markerHeight", "refX", "refY", "orient", "markerUnits",
     "marker-start", "marker-mid", "marker-end", "visibility", "display", "href",
 })
-HTML_TAGS = (set(nh3.ALLOWED_TAGS) - {"area", "map"}) | {"style", "font", "video", "audio", "source"}
+HTML_TAGS = (set(nh3.ALLOWED_TAGS) - {"area", "map"}) | {
+    "style", "font", "video", "audio", "source",
+}
 GLOBAL_ATTRIBUTES = frozenset({
     "class", "id", "style", "title", "lang", "dir", "align", "valign", "width", "height", "role",
 })
@@ -100,6 +104,7 @@ _CLEAN_CONTENT = {"script", "iframe", "object", "embed", "frame", "frameset", "n
                   "noembed", "noframes", "template", "textarea", "xmp", "plaintext", "select",
                   "applet", "math", "foreignObject"} - HTML_TAGS - SVG_TAGS
 
+
 def _scheme(url: str) -> str | None:
     """The scheme a browser would see in ``url`` (lowercase), or None for a relative URL."""
     url = url.translate(_URL_SPACE).strip("\x00\x01\x02\x03\x04\x05\x06\x07\x08\x0b\x0c\x0e"
@@ -115,12 +120,13 @@ def _scheme(url: str) -> str | None:
 
 
 def _css_urls_local(value: str) -> bool:
-    """True unless ``value`` (CSS or an SVG paint) points a url() outside the document."""
+    """True unless ``value`` (CSS or an SVG paint) may load something outside the document.
+    CSS escapes could hide a url(), so any backslash counts as outside."""
     lowered = value.lower()
-    if "url(" not in lowered and "image-set(" not in lowered and "\\" not in value:
-        return True
-    if "\\" in value or "image-set(" in lowered or "@import" in lowered:
+    if "\\" in value or "@import" in lowered or "image-set(" in lowered:
         return False
+    if "url(" not in lowered:
+        return True
     return all(part.lstrip(" \t\n\"'").startswith(("#", "data:image/"))
                for part in lowered.split("url(")[1:])
 
@@ -193,8 +199,8 @@ def _clean_html(text: str) -> tuple[str, str]:
     _FILTER.removed, _FILTER.urls = [], 0
     cleaned = _CLEANER.clean(text)
     removed = sorted({name[:32] for name in _FILTER.removed})
-    if not foreign and _FILTER.urls < len(_URL_ATTRIBUTE.findall(text)):
-        removed.append("a URL")  # a scheme ammonia refused, or only text that looked like one
+    if _FILTER.urls < len(_URL_ATTRIBUTE.findall(text)):
+        removed.insert(0, "URLs")  # a scheme ammonia refused (or text that looked like one)
     parts = [f"<{name[:32]}>" for name in foreign[:6]] + removed[:6]
     return cleaned, ", ".join(parts)
 
@@ -280,7 +286,8 @@ class _SvgPass:
         for name, value in attributes.items():
             namespace, _, local = name.rpartition(" ")
             prefix = {"": "", XLINK_NS: "xlink:", XML_NS: "xml:"}.get(namespace)
-            if prefix is None or local.lower().startswith("on") or (prefix, local) == ("xml:", "base"):
+            handler = local.lower().startswith("on")
+            if prefix is None or handler or (prefix, local) == ("xml:", "base"):
                 self.removed.add(local[:32])
                 continue
             if local == "href":
@@ -369,7 +376,7 @@ def _check_latex(text: str) -> str:
     return "text/latex dropped (it holds a script URL)" if _script_url(text) else ""
 
 
-# -- the policy -------------------------------------------------------------------------------------
+# -- the policy ---------------------------------------------------------------------------------
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

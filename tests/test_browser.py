@@ -3,7 +3,10 @@ Chromium (driven by Playwright) runs it, and the rendered page is checked.
 
 The other tests talk to the kernel over ZMQ; only this one shows that what the kernel sends
 renders in the front end people use: the kernel's name in the toolbar, printed text, a pandas
-table and an inline matplotlib figure. Playwright drives the system's Chromium
+table, a Styler's colours and inline matplotlib figures (PNG and SVG), and that the
+active-output policy holds in the browser: under the default (block) a cell's script changes
+nothing on the page and sends no request; under ``allow`` (a second kernelspec written into the
+server's private data folder) the same script runs. Playwright drives the system's Chromium
 (``/usr/bin/chromium``, Debian's ``chromium`` package, or ``$WASM_KERNEL_CHROMIUM``); it never
 downloads a browser. A full-page screenshot and JupyterLab's log are written to
 ``test-artifacts/`` at the repository root (or ``$WASM_KERNEL_ARTIFACTS``).
@@ -27,7 +30,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_core.paths import jupyter_data_dir
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Page, expect, sync_playwright
@@ -58,6 +61,25 @@ CELLS = [
     'import pandas as pd\npd.read_csv("animals.csv")',
     "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()",
 ]
+# What a hostile cell would do in the page: mark the body and call the server's API, from an
+# HTML <script>, an event handler and a Javascript display.
+ACTIVE_CELL = (
+    "from IPython.display import HTML, Javascript, display\n"
+    "display(HTML('<b id=\"html-out\">html kept</b><script>document.body.dataset.pwnedHtml = 1;"
+    " fetch(\"/api/contents/pwned-html\")</script>"
+    "<img src=\"missing.png\" onerror=\"document.body.dataset.pwnedImg = 1\">'))\n"
+    "display(Javascript('document.body.dataset.pwnedJs = 1; fetch(\"/api/contents/pwned-js\")'))"
+)
+PWNED = ("data-pwned-html", "data-pwned-img", "data-pwned-js")
+BLOCKED_CELLS = [
+    ACTIVE_CELL,
+    'df = pd.read_csv("animals.csv")\n'
+    'df.style.map(lambda v: "background-color: rgb(255, 0, 0)" if v == "owl" else "")',
+    "%config InlineBackend.figure_formats = ['svg']\nplt.plot([3, 1, 2])\nplt.show()",
+]
+NOTICE = "[wasm-kernel] active output blocked"
+ALLOW_KERNEL = "wasm-python-allow"  # KERNEL_NAME with --WasmKernel.active_output=allow
+ALLOW_NOTEBOOK = "allow.ipynb"
 
 STARTUP_TIMEOUT = 120  # seconds for JupyterLab to answer
 UI_TIMEOUT_MS = 60_000  # for the page and its menus
@@ -214,7 +236,7 @@ def _screenshot(page: Page, name: str) -> None:
         pass
 
 
-def _run_and_check(page: Page, lab: JupyterLab, display_name: str) -> None:
+def _run_and_check(page: Page, lab: JupyterLab, display_name: str, requests: list[str]) -> None:
     """Open the notebook, run all cells from the Run menu and check what renders."""
     page.goto(f"{lab.url}/lab/tree/{NOTEBOOK}?token={lab.token}")
     panel = page.locator(".jp-NotebookPanel:visible")
@@ -237,26 +259,99 @@ def _run_and_check(page: Page, lab: JupyterLab, display_name: str) -> None:
     expect(table.locator("tbody th")).to_have_text(["0", "1"])
     expect(table.locator("tbody td")).to_have_text(["owl", "2", "newt", "4"])
 
-    image = outputs.nth(2).locator('img[src^="data:image/png"]')
+    _expect_decoded(outputs.nth(2).locator('img[src^="data:image/png"]'), page)
+
+    # The active cell's passive part shows (its scripts are checked below, once later cells
+    # have rendered too, so that an event handler would have had its chance).
+    active = outputs.nth(3)
+    expect(active.locator("b#html-out")).to_have_text("html kept", timeout=RENDER_TIMEOUT_MS)
+    # The Styler's <style> survived the cleaning: its colour reaches the cell.
+    owl = outputs.nth(4).locator("td", has_text="owl")
+    expect(owl).to_have_css("background-color", "rgb(255, 0, 0)", timeout=RENDER_TIMEOUT_MS)
+    # The cleaned matplotlib SVG still decodes as an image.
+    _expect_decoded(outputs.nth(5).locator('img[src^="data:image/svg+xml"]'), page)
+
+    # Every cell finished (a prompt shows [*] while its cell runs) and the kernel is back to
+    # idle under our name.
+    prompts = [f"[{n}]:" for n in range(1, len(CELLS) + len(BLOCKED_CELLS) + 1)]
+    expect(panel.locator(".jp-InputPrompt")).to_have_text(prompts)
+    expect(status).to_contain_text("Idle")
+    expect(kernel_name).to_have_text(display_name)
+
+    # The scripts did nothing: no change to the page, no request; and the cell said why, once
+    # (naming the removed <script> and the dropped Javascript).
+    body = page.locator("body")
+    for attribute in PWNED:
+        assert body.get_attribute(attribute) is None, f"a blocked script set {attribute}"
+    pwned = [url for url in requests if "pwned" in url]
+    assert not pwned, f"a blocked script sent requests: {pwned}"
+    notice = active.locator('[data-mime-type="application/vnd.jupyter.stderr"]')
+    expect(notice).to_contain_text(NOTICE)
+    expect(notice).to_contain_text("<script>")
+    expect(notice).to_contain_text("application/javascript dropped")
+    expect(active).to_contain_text("<IPython.core.display.Javascript object>")
+    # Only the active cell wrote to stderr (its notice), and no cell failed.
+    stderr = panel.locator('[data-mime-type="application/vnd.jupyter.stderr"]')
+    texts = stderr.all_inner_texts()
+    assert len(texts) == 1 and texts[0].startswith(NOTICE), f"stderr output: {texts}"
+    assert panel.locator('[data-mime-type="application/vnd.jupyter.error"]').count() == 0
+    sessions = lab.api("sessions")
+    assert [s["kernel"]["name"] for s in sessions] == [KERNEL_NAME], f"sessions: {sessions}"
+
+
+def _expect_decoded(image, page: Page) -> None:
+    """An <img> output is shown and its data decoded to a picture of some size."""
     expect(image).to_be_visible(timeout=RENDER_TIMEOUT_MS)
     page.wait_for_function("img => img.complete", arg=image.element_handle())
     size = image.evaluate("img => [img.naturalWidth, img.naturalHeight]")
     assert size[0] > 0 and size[1] > 0, f"the figure did not decode: natural size {size}"
 
-    # Every cell finished (a prompt shows [*] while its cell runs), none wrote to stderr or
-    # failed, and the kernel is back to idle under our name.
-    expect(panel.locator(".jp-InputPrompt")).to_have_text(["[1]:", "[2]:", "[3]:"])
-    expect(status).to_contain_text("Idle")
-    expect(kernel_name).to_have_text(display_name)
+
+def _run_allowed(page: Page, lab: JupyterLab, requests: list[str]) -> None:
+    """The same active cell on a kernel with active_output=allow: its scripts run (the control
+    that shows the blocked run above would have been caught). A page of its own, in a
+    workspace of its own: leaving the first notebook would ask whether to discard its outputs."""
+    page.goto(f"{lab.url}/lab/workspaces/allow/tree/{ALLOW_NOTEBOOK}?token={lab.token}")
+    panel = page.locator(".jp-NotebookPanel:visible")
+    status = page.locator(".jp-StatusBar-Widget").filter(has_text="active output allowed").first
+    expect(status).to_contain_text("Idle", timeout=RENDER_TIMEOUT_MS)
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.locator(".lm-Menu").get_by_text("Run All Cells", exact=True).click()
+    expect(panel.locator("b#html-out")).to_have_text("html kept", timeout=RENDER_TIMEOUT_MS)
+    body = page.locator("body")
+    for attribute in PWNED:
+        expect(body).to_have_attribute(attribute, "1", timeout=RENDER_TIMEOUT_MS)
+    deadline = time.monotonic() + 30
+    while not {"pwned-html", "pwned-js"} <= {url.rsplit("/", 1)[-1] for url in requests}:
+        assert time.monotonic() < deadline, f"the allowed scripts sent no request: {requests}"
+        page.wait_for_timeout(100)
     stderr = panel.locator('[data-mime-type="application/vnd.jupyter.stderr"]')
-    assert stderr.count() == 0, f"stderr or error output: {stderr.all_inner_texts()}"
-    sessions = lab.api("sessions")
-    assert [s["kernel"]["name"] for s in sessions] == [KERNEL_NAME], f"sessions: {sessions}"
+    assert stderr.count() == 0, f"stderr under allow: {stderr.all_inner_texts()}"
+
+
+def _write_allow_kernelspec(data_dir: Path, base: KernelSpec) -> None:
+    """A kernelspec like ``base`` but with active output allowed, where only this server looks."""
+    spec = base.to_dict()
+    spec["argv"] = [*spec["argv"], "--WasmKernel.active_output=allow"]
+    spec["display_name"] = f"{base.display_name} (active output allowed)"
+    folder = data_dir / "kernels" / ALLOW_KERNEL
+    folder.mkdir(parents=True)
+    (folder / "kernel.json").write_text(json.dumps(spec, indent=1))
+
+
+def _write_notebook(path: Path, kernel: str, display_name: str, cells: list[str]) -> None:
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["kernelspec"] = {
+        "name": kernel, "display_name": display_name, "language": "python"
+    }
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in cells]
+    nbformat.write(notebook, path)
 
 
 @pytest.mark.timeout(300)
 def test_notebook_renders_in_jupyterlab(tmp_path: Path) -> None:
-    """Run a notebook on wasm-python in Chromium and check the kernel name, text, table, figure."""
+    """Run a notebook on wasm-python in Chromium and check the kernel name, text, table,
+    figures and that a cell's script is blocked; then check the same script runs under allow."""
     assert Path(CHROMIUM).is_file(), (
         f"Chromium not found at {CHROMIUM}: install Debian's chromium package "
         "(.ci/install-system-deps does) or point WASM_KERNEL_CHROMIUM at a Chromium binary"
@@ -265,20 +360,17 @@ def test_notebook_renders_in_jupyterlab(tmp_path: Path) -> None:
     for name in ("browser-notebook.png", "browser-failure.png", "browser-console.log"):
         (ARTIFACTS / name).unlink(missing_ok=True)  # no stale pictures from an earlier run
 
-    display_name = KernelSpecManager().get_kernel_spec(KERNEL_NAME).display_name
+    spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
+    display_name = spec.display_name
     root = tmp_path / "notebooks"
     root.mkdir()
-    notebook = nbformat.v4.new_notebook()
-    notebook.metadata["kernelspec"] = {
-        "name": KERNEL_NAME,
-        "display_name": display_name,
-        "language": "python",
-    }
-    notebook.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
-    nbformat.write(notebook, root / NOTEBOOK)
+    _write_notebook(root / NOTEBOOK, KERNEL_NAME, display_name, CELLS + BLOCKED_CELLS)
+    _write_notebook(root / ALLOW_NOTEBOOK, ALLOW_KERNEL, "allow", [ACTIVE_CELL])
     (root / "animals.csv").write_text("animal,legs\nowl,2\nnewt,4\n")
+    _write_allow_kernelspec(tmp_path / "jupyter-state" / "data", spec)  # JupyterLab's data dir
 
     console: list[str] = []
+    requests: list[str] = []
     with (
         running_jupyterlab(root, ARTIFACTS / "jupyterlab.log") as lab,
         sync_playwright() as playwright,
@@ -292,8 +384,15 @@ def test_notebook_renders_in_jupyterlab(tmp_path: Path) -> None:
             page.set_default_timeout(UI_TIMEOUT_MS)
             page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
             page.on("pageerror", lambda error: console.append(f"pageerror: {error}"))
+            page.on("request", lambda request: requests.append(request.url))
             try:
-                _run_and_check(page, lab, display_name)
+                _run_and_check(page, lab, display_name, requests)
+                _screenshot(page, "browser-notebook.png")
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                page.set_default_timeout(UI_TIMEOUT_MS)
+                page.on("pageerror", lambda error: console.append(f"pageerror: {error}"))
+                page.on("request", lambda request: requests.append(request.url))
+                _run_allowed(page, lab, requests)
             except Exception as error:
                 _screenshot(page, "browser-failure.png")
                 recent = "\n".join(console[-20:])
@@ -301,7 +400,6 @@ def test_notebook_renders_in_jupyterlab(tmp_path: Path) -> None:
                     f"{type(error).__name__}: {error}\n"
                     f"--- browser console (tail) ---\n{recent}\n{lab.log_tail()}"
                 ) from error
-            _screenshot(page, "browser-notebook.png")
             assert (ARTIFACTS / "browser-notebook.png").is_file(), "no screenshot was saved"
         finally:
             browser.close()

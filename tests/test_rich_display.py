@@ -2,6 +2,8 @@
 
 There is no real IPython in the guest; these tests check that wasm-kernel's own
 IPython.display gives the Jupyter messages IPython's would, over ZMQ through jupyter_client.
+Their kernel allows active output, so that bundles arrive exactly as the guest made them
+(the policy that blocks them is tested in tests/hostile/test_active_output.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,14 @@ import pytest
 from conftest import Kernel, ok
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """One kernel for the module, with active output allowed: representations, not policy."""
+    started = Kernel(["--WasmKernel.active_output=allow"])
+    yield started
+    started.shutdown()
 
 
 def shown(kernel: Kernel, code: str) -> list[dict]:

@@ -30,6 +30,7 @@ from traitlets.config import Config
 from traitlets.config.loader import DeferredConfig, LazyConfigValue
 
 from . import __version__, messages
+from .active_output import ActiveOutput
 from .cache import RuntimeCache
 from .history import History
 from .mounts import SCRATCH, Mount, MountError, guest_cwd, holds_home, parse_mounts
@@ -431,6 +432,7 @@ class WasmKernel(Kernel):
             expressions = await self._service(
                 "evaluate_expressions", {str(k): str(v) for k, v in user_expressions.items()}
             )
+            expressions = cell.active_output.expressions(expressions)  # active-output policy
         return cell.reply(expressions)
 
     async def _service(self, function: str, *args: Any) -> dict:
@@ -555,6 +557,7 @@ class WasmKernel(Kernel):
         code, cursor = _clean_request(code, cursor_pos)
         reply = await self._service("inspect_object", code, cursor, 1 if detail_level else 0)
         data = reply.get("data") if isinstance(reply.get("data"), dict) else {}
+        data = ActiveOutput(self.active_output).inspect(data)  # active-output policy
         return {"status": "ok", "found": bool(reply.get("found")), "data": data, "metadata": {}}
 
     async def do_is_complete(self, code: str) -> dict:  # type: ignore[override]
@@ -699,6 +702,10 @@ class CellHost:
         self.error: dict | None = None
         self._error_published = True
         self._told_backlog = False
+        # active-output policy: passive bundles; one notice on stderr when the cell ends
+        self.active_output = ActiveOutput(
+            kernel.active_output, lambda text: self.stream("stderr", text)
+        )
 
     def _publish(self, msg_type: str, content: dict) -> None:
         ident = self.kernel._topic(msg_type)
@@ -716,6 +723,8 @@ class CellHost:
 
     def message(self, message: dict, interrupts: Interrupts) -> dict:
         op = message["op"]
+        if op in ("result", "display"):  # active-output policy
+            message["data"] = self.active_output.bundle(message["data"])
         if op == "result":
             if not self.silent:
                 self._publish("execute_result", {
@@ -761,6 +770,7 @@ class CellHost:
         return self.reply()
 
     def reply(self, user_expressions: dict | None = None) -> dict:
+        self.active_output.finish()  # active-output policy: one notice for the cell, if any
         if self.error:
             if not self._error_published:
                 self._publish_brief_error()

@@ -1,0 +1,391 @@
+"""The active-output policy through real kernels: under ``block`` (both profiles' default) what a
+cell displays cannot run code in the front end, and the cell says what was taken out; under
+``allow`` every bundle arrives exactly as the guest sent it.
+
+Each hostile output is a real display from a cell (IPython.display objects, raw bundles,
+``_repr_*_`` methods, a replaced guest inspector), checked on the messages a front end receives.
+"""
+
+from __future__ import annotations
+
+import html.parser
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+
+import pytest
+from conftest import CellRun, Kernel, ok
+
+ALLOW = ["--WasmKernel.active_output=allow"]
+NOTICE = "[wasm-kernel] active output blocked"
+
+JAVASCRIPT = (
+    "from IPython.display import Javascript, display\n"
+    "display(Javascript('document.body.dataset.pwned = 1'))"
+)
+HOSTILE_HTML = (
+    '<p id="keep">kept <b>bold</b> <a href="https://jupyter.org/">safe link</a></p>'
+    "<script>fetch('/api/contents/pwned', {method: 'PUT'})</script>"
+    '<img src="data:image/png;base64,iVBORw0KGgo=" alt="inline" onerror="alert(1)">'
+    '<iframe src="/lab"></iframe>'
+    '<a href=" JaVa&#x09;script:alert(2)">bad link</a>'
+    '<div data-commandlinker-command="terminal:create-new" onclick="alert(3)">click</div>'
+)
+HOSTILE_SVG = (
+    '<svg xmlns="http://www.w3.org/2000/svg" width="40" height="40" onload="alert(1)">'
+    "<script>alert(2)</script>"
+    '<rect id="kept" width="20" height="20" fill="#00f"/>'
+    '<foreignObject><div xmlns="http://www.w3.org/1999/xhtml">x</div></foreignObject>'
+    '<a href="javascript:alert(3)"><circle r="5"/></a>'
+    "</svg>"
+)
+
+
+@pytest.fixture(scope="module")
+def blocked() -> Iterator[Kernel]:
+    """A kernel with the default policy (the notebook profile's: block)."""
+    started = Kernel()
+    yield started
+    started.shutdown()
+
+
+@pytest.fixture(scope="module")
+def allowed() -> Iterator[Kernel]:
+    started = Kernel(ALLOW)
+    yield started
+    started.shutdown()
+
+
+def shown(run: CellRun) -> list[dict]:
+    """The data of every display_data, update_display_data and execute_result, in order."""
+    kinds = ("display_data", "update_display_data", "execute_result")
+    return [m["content"]["data"] for m in run.messages if m["msg_type"] in kinds]
+
+
+def notices(run: CellRun) -> list[str]:
+    return [line for line in run.stream_text("stderr").splitlines() if line.startswith(NOTICE)]
+
+
+def only(items: list) -> object:
+    assert len(items) == 1, items
+    return items[0]
+
+
+class Structure(html.parser.HTMLParser):
+    """Tags, attributes and text of an HTML fragment: equal for equal documents, however
+    they are serialized (quoting, ``scoped`` vs ``scoped=""``, spaces inside tags)."""
+
+    def __init__(self, source: str):
+        super().__init__(convert_charrefs=True)
+        self.events: list[tuple] = []
+        self.feed(source)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self.events.append(("start", tag, sorted((k, v or "") for k, v in attrs)))
+
+    def handle_endtag(self, tag: str) -> None:
+        self.events.append(("end", tag))
+
+    def handle_data(self, data: str) -> None:
+        if data.strip():
+            self.events.append(("text", data.strip()))
+
+
+# -- JavaScript and script-bearing mime types -------------------------------------------------
+
+
+def test_javascript_is_dropped_with_a_notice(blocked: Kernel) -> None:
+    """display(Javascript(...)) loses its script; its text/plain still shows; stderr says why."""
+    run = ok(blocked.execute(JAVASCRIPT))
+    data = only(shown(run))
+    assert "application/javascript" not in data
+    assert data["text/plain"] == "<IPython.core.display.Javascript object>"
+    assert "application/javascript dropped" in only(notices(run))
+
+
+def test_javascript_passes_under_allow(allowed: Kernel) -> None:
+    run = ok(allowed.execute(JAVASCRIPT))
+    data = only(shown(run))
+    assert data["application/javascript"] == "document.body.dataset.pwned = 1"
+    assert notices(run) == []
+    assert run.stream_text("stderr") == ""
+
+
+def test_one_notice_per_cell(blocked: Kernel) -> None:
+    """Ten scripts and an HTML handler in one cell: passive displays, and one notice line, at
+    the end of the cell, naming each kind of change once."""
+    run = ok(blocked.execute(
+        "from IPython.display import HTML, Javascript, display\n"
+        "for i in range(10):\n    display(Javascript(f'window.n = {i}'))\n"
+        "display(HTML('<b onclick=\"x()\">b</b>'))\n"
+        "print('done')"
+    ))
+    assert len(shown(run)) == 11
+    assert all("application/javascript" not in data for data in shown(run))
+    notice = only(notices(run))
+    assert notice.count("application/javascript dropped") == 1 and "onclick" in notice
+    assert run.messages[-1]["content"]["text"].startswith(NOTICE)  # after all the output
+    again = ok(blocked.execute(JAVASCRIPT))  # the next cell is told again
+    assert len(notices(again)) == 1
+
+
+CODE_MIME_TYPES = {
+    "application/vnd.jupyter.widget-view+json": {"model_id": "0123", "version_major": 2,
+                                                 "version_minor": 0},
+    "application/vnd.jupyter.widget-state+json": {"state": {}, "version_major": 2},
+    "application/vnd.bokehjs_exec.v0+json": "",
+    "application/vnd.holoviews_exec.v0+json": "document.title = 'pwned'",
+    "text/javascript": "alert(1)",
+    "application/vnd.vegalite.v5+json": {"data": {"url": "/api/contents/secret.csv"},
+                                         "mark": "point"},
+    "application/vnd.plotly.v1+json": {"data": [], "layout": {}},
+}
+
+
+def test_code_carrying_mime_types_are_dropped(blocked: Kernel, allowed: Kernel) -> None:
+    """Widget, bokeh/holoviews loaders, other script types and data-spec renderers are not
+    shown under block; a raw bundle of them alone leaves a placeholder text."""
+    cell = f"display({{**{CODE_MIME_TYPES!r}, 'text/plain': 'a widget'}}, raw=True)\n" \
+           f"display({{'application/vnd.jupyter.widget-view+json': {{'model_id': 'x'}}}}, raw=True)"
+    run = ok(blocked.execute(cell))
+    first, second = shown(run)
+    assert first == {"text/plain": "a widget"}
+    assert set(second) == {"text/plain"} and "blocked" in second["text/plain"]
+    notice = only(notices(run))
+    for mime in CODE_MIME_TYPES:
+        assert f"{mime} dropped" in notice
+
+    first, second = shown(ok(allowed.execute(cell)))
+    assert first == {**CODE_MIME_TYPES, "text/plain": "a widget"}
+    assert second == {"application/vnd.jupyter.widget-view+json": {"model_id": "x"}}
+
+
+def test_execute_result_of_a_custom_repr(blocked: Kernel) -> None:
+    """A cell's value is a result, not a display: its _repr_html_ and bundle are cleaned too."""
+    run = ok(blocked.execute(
+        "class Sneaky:\n"
+        "    def _repr_html_(self):\n"
+        "        return '<b>value</b><img src=x onerror=\"alert(1)\">'\n"
+        "    def _repr_mimebundle_(self, include=None, exclude=None):\n"
+        "        return {'application/javascript': 'alert(2)'}\n"
+        "Sneaky()"
+    ))
+    data = only(run.of_type("execute_result"))["data"]
+    assert "application/javascript" not in data
+    assert "<b>value</b>" in data["text/html"] and "onerror" not in data["text/html"]
+    assert "onerror" in only(notices(run))
+
+
+# -- HTML ---------------------------------------------------------------------------------------
+
+
+def test_html_loses_scripts_handlers_frames_and_script_links(blocked: Kernel) -> None:
+    run = ok(blocked.execute(f"from IPython.display import HTML\nHTML({HOSTILE_HTML!r})"))
+    cleaned = only(run.of_type("execute_result"))["data"]["text/html"]
+    for gone in ("<script", "onerror", "onclick", "<iframe", "javascript", "commandlinker"):
+        assert gone not in cleaned.lower().replace("\t", ""), cleaned
+    for kept in ('<p id="keep">', "<b>bold</b>", 'href="https://jupyter.org/"', "safe link",
+                 'src="data:image/png;base64,iVBORw0KGgo="', 'alt="inline"', "bad link", "click"):
+        assert kept in cleaned, (kept, cleaned)
+    notice = only(notices(run))
+    assert "text/html sanitized" in notice
+    for what in ("<script>", "<iframe>", "onerror", "onclick", "URLs",
+                 "data-commandlinker-command"):
+        assert what in notice
+
+
+def test_html_passes_under_allow(allowed: Kernel) -> None:
+    run = ok(allowed.execute(f"from IPython.display import HTML\nHTML({HOSTILE_HTML!r})"))
+    assert only(run.of_type("execute_result"))["data"]["text/html"] == HOSTILE_HTML
+    assert notices(run) == []
+
+
+def test_updated_display_is_cleaned_too(blocked: Kernel) -> None:
+    """update_display_data replaces a shown output: it must not smuggle a script in later."""
+    run = ok(blocked.execute(
+        "from IPython.display import HTML, display\n"
+        "handle = display(HTML('<i>first</i>'), display_id=True)\n"
+        "handle.update(HTML('<i>second</i><script>alert(1)</script>'))"
+    ))
+    updates = run.of_type("update_display_data")
+    assert only(updates)["data"]["text/html"] == "<i>second</i>"
+    assert "<script>" in only(notices(run))
+
+
+def test_dataframe_and_styler_html_keep_their_structure(blocked: Kernel, allowed: Kernel) -> None:
+    """pandas' table, its <style scoped> and class attributes, and a Styler's ids, classes and
+    CSS survive the cleaning unchanged but for serialization, with no notice."""
+    cells = [
+        "import pandas as pd\n"
+        "df = pd.DataFrame({'animal': ['owl', 'newt'], 'legs': [2, 4], 'w': [0.5, 1.5]})\ndf",
+        "df.style.set_uuid('t').background_gradient().format(precision=1)"
+        ".set_caption('<b>caption</b>')",
+    ]
+    for cell in cells:
+        before = only(ok(allowed.execute(cell)).of_type("execute_result"))["data"]["text/html"]
+        run = ok(blocked.execute(cell))
+        after = only(run.of_type("execute_result"))["data"]["text/html"]
+        assert Structure(after).events == Structure(before).events
+        assert notices(run) == []
+        assert "<style" in after and ('class="dataframe"' in after or 'id="T_' in after)
+
+
+# -- SVG ------------------------------------------------------------------------------------------
+
+
+def test_svg_loses_scripts_handlers_and_foreign_content(blocked: Kernel) -> None:
+    run = ok(blocked.execute(
+        f"from IPython.display import display\n"
+        f"display({{'image/svg+xml': {HOSTILE_SVG!r}, 'text/plain': 'svg'}}, raw=True)"
+    ))
+    svg = only(shown(run))["image/svg+xml"]
+    root = ET.fromstring(svg)  # still a well-formed SVG document
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    assert root.find("{http://www.w3.org/2000/svg}rect").get("id") == "kept"
+    for gone in ("script", "onload", "foreignObject", "javascript", "xhtml"):
+        assert gone not in svg, svg
+    assert "<circle" in svg  # the content of a dropped link attribute's <a> stays
+    notice = only(notices(run))
+    assert "image/svg+xml sanitized" in notice and "<script>" in notice and "onload" in notice
+
+
+def test_svg_passes_under_allow(allowed: Kernel) -> None:
+    run = ok(allowed.execute(
+        f"display({{'image/svg+xml': {HOSTILE_SVG!r}, 'text/plain': 'svg'}}, raw=True)"
+    ))
+    assert only(shown(run))["image/svg+xml"] == HOSTILE_SVG
+
+
+def test_matplotlib_svg_stays_valid(blocked: Kernel, allowed: Kernel) -> None:
+    """A real matplotlib SVG: same elements (less its RDF metadata), no notice, well-formed."""
+    cell = (
+        "%config InlineBackend.figure_formats = ['svg']\n"
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 3, 2], label='a < b & c'); plt.legend(); plt.title('T'); plt.show()"
+    )
+
+    def elements(svg: str) -> list[str]:
+        root = ET.fromstring(svg)
+        skip = {id(e) for m in root.iter("{http://www.w3.org/2000/svg}metadata") for e in m.iter()}
+        return [e.tag for e in root.iter() if id(e) not in skip]
+
+    before = only(shown(ok(allowed.execute(cell))))["image/svg+xml"]
+    run = ok(blocked.execute(cell))
+    after = only(shown(run))["image/svg+xml"]
+    assert notices(run) == []
+    assert elements(after) == elements(before)
+    assert len(re.findall(r"<use ", after)) == len(re.findall(r"<use ", before)) > 0
+    assert 'xlink:href="#' in after
+
+
+# -- Markdown and LaTeX ---------------------------------------------------------------------------
+
+
+def test_markdown_with_html_or_script_links_is_dropped(blocked: Kernel, allowed: Kernel) -> None:
+    cell = (
+        "from IPython.display import Markdown, display\n"
+        "display(Markdown('# Title <img src=x onerror=\"alert(1)\">'))\n"
+        "display(Markdown('[click](jav&#x61;script:alert(2))'))\n"
+        "display(Markdown('# Plain\\n\\n> a < b, see <https://jupyter.org>\\n\\n**bold**'))"
+    )
+    run = ok(blocked.execute(cell))
+    with_html, with_link, plain = shown(run)
+    assert "text/markdown" not in with_html and "text/plain" in with_html
+    assert "text/markdown" not in with_link and "text/plain" in with_link
+    assert plain["text/markdown"].startswith("# Plain")
+    notice = only(notices(run))
+    assert "text/markdown dropped (it holds HTML)" in notice
+    assert "script URL" not in notice  # each kind of change is named once, by its first case
+    assert all("text/markdown" in data for data in shown(ok(allowed.execute(cell))))
+
+
+def test_latex_with_a_script_link_is_dropped(blocked: Kernel) -> None:
+    run = ok(blocked.execute(
+        "from IPython.display import Latex, display\n"
+        "display(Latex(r'$\\href{javascript:alert(1)}{x}$'))\n"
+        "display(Latex(r'$x^2$'))"
+    ))
+    hostile, fine = shown(run)
+    assert "text/latex" not in hostile and fine["text/latex"] == "$x^2$"
+    assert "text/latex dropped" in only(notices(run))
+
+
+# -- inspection and user_expressions ----------------------------------------------------------
+
+
+def test_user_expressions_are_passive(blocked: Kernel, allowed: Kernel) -> None:
+    expression = {"e": "HTML('<b>x</b><script>alert(1)</script>')", "n": "1 + 1"}
+    ok(blocked.execute("from IPython.display import HTML"))
+    ok(allowed.execute("from IPython.display import HTML"))
+    run = ok(blocked.execute("pass", user_expressions=expression))
+    results = run.content["user_expressions"]
+    assert results["e"]["data"]["text/html"] == "<b>x</b>"
+    assert results["n"]["data"] == {"text/plain": "2"}
+    assert "<script>" in only(notices(run))
+    run = ok(allowed.execute("pass", user_expressions=expression))
+    assert "<script>" in run.content["user_expressions"]["e"]["data"]["text/html"]
+
+
+INSPECTOR = (
+    "import _wasm_kernel as guest\n"
+    "def inspect_object(code, cursor, detail_level):\n"
+    "    guest.call_host('reply', content={'found': True, 'data': {\n"
+    "        'text/plain': 'docs', 'text/html': '<b>docs</b><img src=x onerror=alert(1)>',\n"
+    "        'application/javascript': 'alert(2)'}})\n"
+    "guest.inspect_object = inspect_object"
+)
+
+
+def _inspect(kernel: Kernel) -> dict:
+    ok(kernel.execute(INSPECTOR))
+    reply = kernel.client.inspect("print", 5, reply=True, timeout=60)
+    assert reply["content"]["status"] == "ok"
+    return reply["content"]["data"]
+
+
+def test_inspection_is_passive(blocked: Kernel, allowed: Kernel) -> None:
+    """JupyterLab's inspector renders inspect_reply data; a cell can replace the guest's
+    inspector, so that data is guest output like any other."""
+    data = _inspect(blocked)
+    assert "application/javascript" not in data
+    assert data["text/html"] == '<b>docs</b><img src="x">'
+    assert data["text/plain"].startswith("docs\n\n" + NOTICE)
+    assert _inspect(allowed)["application/javascript"] == "alert(2)"
+
+
+# -- odd input, settings --------------------------------------------------------------------------
+
+
+def test_odd_payloads_do_not_break_the_kernel(blocked: Kernel) -> None:
+    """Lists for text, dicts for images, lone surrogates, bad XML: dropped or cleaned, never
+    a crash, and the next cell runs."""
+    run = ok(blocked.execute(
+        "display({'text/html': ['<b>', 'x'], 'image/png': {'a': 1}, 'text/plain': 'p'}, raw=True)\n"
+        "display({'text/html': '<b>\\ud800</b>', 'image/svg+xml': '<svg><unclosed>',"
+        " 'text/plain': 'q'}, raw=True)\n"
+        "display({'image/svg+xml': '<!DOCTYPE s [<!ENTITY a \"aaaa\">]><svg>&a;</svg>'}, raw=True)"
+    ))
+    first, second, third = shown(run)
+    assert first == {"text/plain": "p"}
+    assert second["text/html"] == "<b>\N{REPLACEMENT CHARACTER}</b>"
+    assert "image/svg+xml" not in second
+    assert set(third) == {"text/plain"}
+    notice = only(notices(run))
+    assert "text/html dropped (not text)" in notice and "image/svg+xml dropped" in notice
+    assert ok(blocked.execute("6 * 7")).result_text() == "42"
+
+
+def test_plain_text_is_untouched_and_unnoticed(blocked: Kernel) -> None:
+    run = ok(blocked.execute("print('hi'); {'a': '<script>alert(1)</script>'}"))
+    assert run.result_text() == "{'a': '<script>alert(1)</script>'}"
+    assert run.stream_text("stderr") == ""
+
+
+def test_environment_and_strict_profile(start_kernel) -> None:
+    """WASM_KERNEL_ACTIVE_OUTPUT=allow turns blocking off; the strict kernelspec blocks."""
+    allowed_by_env = start_kernel(env={"WASM_KERNEL_ACTIVE_OUTPUT": "allow"})
+    assert "application/javascript" in only(shown(ok(allowed_by_env.execute(JAVASCRIPT))))
+    strict = start_kernel(kernel_name="wasm-python-strict")
+    run = ok(strict.execute(JAVASCRIPT))
+    assert "application/javascript" not in only(shown(run)) and notices(run)

@@ -442,7 +442,8 @@ class Sandbox:
             scratch=self.limits.scratch,
         )
         self._reply = None
-        self._turn(f"__import__({GUEST_MODULE!r}).{function}({arguments})", host, service_limits)
+        call = f"__import__({GUEST_MODULE!r}).serve({function!r}, {arguments})"
+        self._turn(call, host, service_limits)
         return self._reply or {}
 
     def _turn(self, source: str, host: GuestHost, limits: Limits) -> None:
@@ -491,7 +492,9 @@ class Sandbox:
         """Make the interpreter usable after a failed turn; returns what became of the user's
         state, for the error. Roll back to the checkpoint where there is one; if even the
         checkpoint cannot run the kernel's code, reinstall that code; else start afresh."""
-        if self._state is not None and self._state.taken and not fresh:
+        if fresh:
+            pass  # only a new interpreter will do
+        elif self._state is not None and self._state.taken:
             self._state.restore(store)
             if self._after_rollback(store):
                 return (
@@ -504,6 +507,12 @@ class Sandbox:
                     "The interpreter was rolled back to its state before this cell and the"
                     " kernel's code inside it reinstalled: your names are intact."
                 )
+        elif self._reinstall(store):  # no checkpoint (rollback off, or the first cell): an
+            # interpreter that did not trap takes its code again (one that trapped refuses)
+            return (
+                "The kernel's code inside the interpreter was reinstalled: names, imports and"
+                " objects from earlier cells are kept, with this cell's changes."
+            )
         self.restart()
         return (
             "The interpreter was restarted: variables, imports and objects from"
@@ -556,7 +565,8 @@ class Sandbox:
                     return False
             except (wasmtime.Trap, wasmtime.WasmtimeError):
                 return False
-        self._take_checkpoint(store)
+        if self._state is not None:
+            self._take_checkpoint(store)
         return True
 
     def _check_status(self, status: int, limits: Limits, memory_at_start: int) -> CellStopped | None:

@@ -327,13 +327,18 @@ def test_user_expressions_are_passive(blocked: Kernel, allowed: Kernel) -> None:
     assert "<script>" in run.content["user_expressions"]["e"]["data"]["text/html"]
 
 
-INSPECTOR = (
-    "import _wasm_kernel as guest\n"
-    "def inspect_object(code, cursor, detail_level):\n"
-    "    guest.call_host('reply', content={'found': True, 'data': {\n"
-    "        'text/plain': 'docs', 'text/html': '<b>docs</b><img src=x onerror=alert(1)>',\n"
-    "        'application/javascript': 'alert(2)'}})\n"
-    "guest.inspect_object = inspect_object"
+INSPECTOR = (  # rewrites the guest's inspect reply on its way out, through the raw channel
+    "import _host, json\n"
+    "_real_call = _host.call\n"
+    "def forging(payload):\n"
+    "    message = json.loads(payload)\n"
+    "    if message.get('op') == 'reply' and 'found' in message.get('content', {}):\n"
+    "        message['content'] = {'found': True, 'data': {\n"
+    "            'text/plain': 'docs', 'text/html': '<b>docs</b><img src=x onerror=alert(1)>',\n"
+    "            'application/javascript': 'alert(2)'}}\n"
+    "        payload = json.dumps(message).encode()\n"
+    "    return _real_call(payload)\n"
+    "_host.call = forging"
 )
 
 
@@ -345,8 +350,8 @@ def _inspect(kernel: Kernel) -> dict:
 
 
 def test_inspection_is_passive(blocked: Kernel, allowed: Kernel) -> None:
-    """JupyterLab's inspector renders inspect_reply data; a cell can replace the guest's
-    inspector, so that data is guest output like any other."""
+    """JupyterLab's inspector renders inspect_reply data; a cell can rewrite what the guest's
+    inspector sends, so that data is guest output like any other."""
     data = _inspect(blocked)
     assert "application/javascript" not in data
     assert data["text/html"] == '<b>docs</b><img src="x">'

@@ -43,26 +43,27 @@ def assert_alive_with_state(kernel: Kernel) -> None:
     assert reply["content"]["status"] == "ok"
 
 
-def test_a_storm_of_signals_during_a_busy_cell(kernel: Kernel) -> None:
-    msg_id = kernel.client.execute("n = 0\nwhile True:\n    n += 1")
+def storm(kernel: Kernel, code: str, signals: int = 2000) -> dict:
+    """Run ``code``, send ``signals`` SIGINTs at once while it runs; its reply's content."""
+    msg_id = kernel.client.execute(code)
     time.sleep(1.0)
-    for _ in range(2000):
+    for _ in range(signals):
         os.kill(kernel_pid(kernel), signal.SIGINT)
-    run = kernel.collect(msg_id, timeout=60)
-    assert run.content["status"] == "error"
-    assert run.content["ename"] == "KeyboardInterrupt"
+    return kernel.collect(msg_id, timeout=60).content
+
+
+def test_a_storm_of_signals_during_a_busy_cell(kernel: Kernel) -> None:
+    content = storm(kernel, "n = 0\nwhile True:\n    n += 1")
+    assert content["status"] == "error"
+    assert content["ename"] == "KeyboardInterrupt"
     assert_alive_with_state(kernel)
 
 
 def test_a_storm_against_a_cell_that_swallows_interrupts(kernel: Kernel) -> None:
     """Extra interrupts merge into the first, whose grace timer stops the cell hard."""
-    msg_id = kernel.client.execute(SWALLOWING_LOOP)
-    time.sleep(1.0)
-    for _ in range(2000):
-        os.kill(kernel_pid(kernel), signal.SIGINT)
-    run = kernel.collect(msg_id, timeout=60)
-    assert run.content["ename"] == "KeyboardInterrupt"
-    assert "rolled back" in run.content["evalue"]
+    content = storm(kernel, SWALLOWING_LOOP)
+    assert content["ename"] == "KeyboardInterrupt"
+    assert "rolled back" in content["evalue"]
     assert_alive_with_state(kernel)
 
 
@@ -78,11 +79,7 @@ def test_five_interrupts_ten_milliseconds_apart(kernel: Kernel) -> None:
 
 
 def test_shutdown_after_a_storm_is_prompt(kernel: Kernel) -> None:
-    msg_id = kernel.client.execute("while True:\n    pass")
-    time.sleep(0.5)
-    for _ in range(500):
-        os.kill(kernel_pid(kernel), signal.SIGINT)
-    kernel.collect(msg_id, timeout=60)
+    storm(kernel, "while True:\n    pass", signals=500)
     began = time.monotonic()
     kernel.client.shutdown()
     kernel.manager.finish_shutdown(waittime=30)

@@ -408,6 +408,18 @@ def sleep(seconds):
         raise KeyboardInterrupt
 
 
+def serve(name, *args):
+    """Run the service function ``name`` for the host (completion, inspection...). These run
+    the user's code too (properties, ``__dir__``, reprs): if that raises, the reply is empty;
+    if it broke the kernel's code, the turn ends DAMAGED, as a cell's would."""
+    try:
+        globals()[name](*args)
+    except Exception:  # noqa: BLE001 - the user's code failed, not the service
+        call_host("reply", content={})
+    if not _intact():
+        raise SystemExit(DAMAGED)
+
+
 def evaluate_expressions(expressions):
     """user_expressions of an execute_request: each evaluated in the user's namespace."""
     results = {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import os
 import signal
 import sys
@@ -466,14 +467,11 @@ class WasmKernel(Kernel):
     # only be set on the main thread; subshell handlers run elsewhere and keep the main one's.
     def pre_handler_hook(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            self.saved_sigint_handler = signal.signal(signal.SIGINT, self._on_sigint)
+            self._saved_signals = self._interrupt_relay.install()
 
     def post_handler_hook(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, self.saved_sigint_handler)
-
-    def _on_sigint(self, _signum: int, _frame: Any) -> None:
-        self._interrupt_relay.signal()
+            self._interrupt_relay.uninstall(self._saved_signals)
 
     def _interrupt_sandbox(self) -> None:
         if self._boot.done() and not self._boot.exception():
@@ -646,12 +644,15 @@ def _clamp(value: Any, fallback: int, upper: int) -> int:
 
 
 class InterruptRelay:
-    """Carries SIGINTs from the signal handler to a thread that interrupts the sandbox.
+    """Carries SIGINTs to a thread that interrupts the sandbox, with no Python in between.
 
-    A Python signal handler runs on the main thread between any two bytecodes, possibly
-    inside the very lock it would need, so it must never wait: it writes one byte to a
-    non-blocking pipe and returns. A storm of signals fills the pipe and the extra writes
-    are dropped; the thread wakes once per burst.
+    A Python signal handler runs on the main thread between any two bytecodes, its own
+    included: under a storm of signals its frames nest until a RecursionError breaks whatever
+    the main thread was doing, and a handler that takes a lock can wait on itself forever. So
+    while a request is handled, CPython's C-level handler writes each signal's number to a
+    pipe (``signal.set_wakeup_fd``), the Python-level handler is a C function that does
+    nothing (no frame: nothing nests), and a thread reading the pipe interrupts the sandbox,
+    once per burst. A full pipe drops the extra bytes: the interrupts merge.
     """
 
     def __init__(self, interrupt: Callable[[], None]):
@@ -660,17 +661,27 @@ class InterruptRelay:
         os.set_blocking(self._write, False)
         threading.Thread(target=self._run, name="wasm-kernel-interrupts", daemon=True).start()
 
-    def signal(self) -> None:
-        """Safe in a signal handler: never blocks, never raises."""
-        with contextlib.suppress(OSError):  # BlockingIOError: a burst is already pending
-            os.write(self._write, b"!")
+    def install(self) -> tuple[Any, int]:
+        """On the main thread: route SIGINT to the pipe; returns what to restore."""
+        previous = signal.signal(signal.SIGINT, _DO_NOTHING)
+        return previous, signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+
+    def uninstall(self, saved: tuple[Any, int]) -> None:
+        handler, wakeup = saved
+        signal.set_wakeup_fd(wakeup)
+        signal.signal(signal.SIGINT, handler)
 
     def _run(self) -> None:
-        while os.read(self._read, 4096):
+        while data := os.read(self._read, 1 << 16):  # a whole pipe's worth: one per burst
+            if signal.SIGINT not in data:  # the pipe carries every handled signal's number
+                continue
             try:
                 self._interrupt()
             except Exception:
                 logging.getLogger(__name__).exception("could not interrupt the sandbox")
+
+
+_DO_NOTHING = operator.is_  # a C function of two arguments: a signal handler with no frame
 
 
 class QuietHost:

@@ -105,12 +105,13 @@ class Interrupts:
         self._active = False
         self.stop_reason: str | None = None
 
-    def begin(self) -> int:
-        """A turn starts; returns its number."""
+    def begin(self, soft: bool = True) -> int:
+        """A turn starts; returns its number. ``soft=False``: the kernel's own repair turns,
+        which a user's interrupt must not break (their deadline still stops them)."""
         with self._lock:
             self._turn += 1
             self._active = True
-            self._soft, self._requested, self.stop_reason = False, False, None
+            self._soft, self._requested, self.stop_reason = False, not soft, None
             self._event.clear()
             return self._turn
 
@@ -520,10 +521,11 @@ class Sandbox:
         )
 
     @contextmanager
-    def _metered(self, store: wasmtime.Store, fuel: int, seconds: float) -> Iterator[int]:
+    def _metered(self, store: wasmtime.Store, fuel: int, seconds: float,
+                 interruptible: bool = True) -> Iterator[int]:
         """Fuel, a wall-clock deadline (none if 0) and interrupts around one guest call;
         yields the turn's number."""
-        turn = self.interrupts.begin()
+        turn = self.interrupts.begin(soft=interruptible)
         store.set_fuel(fuel)
         store.set_epoch_deadline(1)
         deadline = self._deadline = None
@@ -547,7 +549,8 @@ class Sandbox:
         This runs the user's interpreter, so it is bounded like a cell (fuel, a deadline,
         interrupts); if it fails in any way the checkpoint is simply restored again.
         """
-        with self._metered(store, REPAIR_FUEL, REPAIR_SECONDS):
+        self._signal_flags(store)  # clears any the trapped cell's interrupt left tripped
+        with self._metered(store, REPAIR_FUEL, REPAIR_SECONDS, interruptible=False):
             try:
                 self._files.close_newer(store)
                 status = self._call_turn(f"__import__({GUEST_MODULE!r}).close_stale_files()")
@@ -559,7 +562,8 @@ class Sandbox:
 
     def _reinstall(self, store: wasmtime.Store) -> bool:
         """Load the kernel's guest code again (names in __main__ stay); True if it worked."""
-        with self._metered(store, REPAIR_FUEL, REPAIR_SECONDS):
+        self._signal_flags(store)
+        with self._metered(store, REPAIR_FUEL, REPAIR_SECONDS, interruptible=False):
             try:
                 if self._call_turn(self._boot_source()) != 0:
                     return False

@@ -560,30 +560,29 @@ print(json.dumps(seen))
     Case("urllib-to-host-server",
          "import urllib.request\n"
          "urllib.request.urlopen('http://127.0.0.1:$port/', timeout=5).read()",
-         raises("URLError", "OSError", "AttributeError", "ConnectionRefusedError",
-                "PermissionError", "NotImplementedError")),
+         raises("URLError")),
     Case("http-client-to-host-server", """
 import http.client
 connection = http.client.HTTPConnection('127.0.0.1', $port, timeout=5)
 connection.request('GET', '/')
 connection.getresponse().read()
-""", raises("OSError", "AttributeError", "ConnectionRefusedError", "PermissionError")),
+""", raises("NetworkUnavailable")),
     Case("socket-create-connection",
          "import socket\nsocket.create_connection(('127.0.0.1', $port), timeout=5)",
-         raises("OSError", "AttributeError", "ConnectionRefusedError", "PermissionError")),
+         raises("NetworkUnavailable")),
     Case("udp-sendto-host", """
 import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.sendto(b'knock knock', ('127.0.0.1', $udp_port))
-""", raises("OSError", "AttributeError", "PermissionError")),
+""", raises("NetworkUnavailable")),
     Case("socket-listen", """
 import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 s.bind(('127.0.0.1', 0))
 s.listen()
-""", raises("OSError", "AttributeError", "PermissionError")),
+""", raises("NetworkUnavailable")),
     Case("dns-lookup", "import socket\nsocket.getaddrinfo('localhost', $port)",
-         raises("OSError", "AttributeError", "gaierror")),
+         raises("NetworkUnavailable")),
     # -- processes
     Case("subprocess-shell",
          "import subprocess\nsubprocess.Popen('touch $home_marker', shell=True)",

@@ -30,6 +30,40 @@ class WasmKernelApp(IPKernelApp):
             self.control_thread.stop()
             self.control_thread.join()
 
+    def init_sockets(self) -> None:
+        """Bind the kernel's ports; warn about unencrypted TCP only where it matters.
+
+        ipykernel warns at every start that TCP without CurveZMQ can be eavesdropped, and
+        Jupyter shows that in its log for every kernel. On a loopback address only accounts on
+        this machine can reach the ports: there it goes to the info level, saying how to turn
+        encryption on. Any other address keeps ipykernel's warning.
+        """
+        import ipaddress
+
+        try:
+            loopback = ipaddress.ip_address(self.ip).is_loopback
+        except ValueError:
+            loopback = self.ip == "localhost"
+        if self.transport != "tcp" or self.curve_secretkey is not None or not loopback:
+            super().init_sockets()
+            return
+
+        def quiet(record: object) -> bool:
+            return not str(getattr(record, "msg", "")).startswith(
+                "Kernel is running over TCP without encryption")
+
+        self.log.addFilter(quiet)
+        try:
+            super().init_sockets()
+        finally:
+            self.log.removeFilter(quiet)
+        self.log.info(
+            "Kernel ports on %s are not encrypted: other accounts on this machine could read"
+            " its messages. To encrypt them, start Jupyter with"
+            " --KernelManager.transport_encryption=auto (this kernelspec supports CurveZMQ).",
+            self.ip,
+        )
+
     def init_profile_dir(self) -> None:
         """No IPython profile: settings live in the Jupyter config file, and IPython would
         write a profile folder to HOME (a fresh temporary one at every start if HOME is

@@ -25,6 +25,7 @@ from typing import Any
 
 import platformdirs
 import psutil
+from ipykernel._version import kernel_protocol_version
 from ipykernel.kernelbase import Kernel
 from traitlets import List, TraitError, Unicode, default
 from traitlets.config import Config
@@ -339,12 +340,18 @@ class WasmKernel(Kernel):
 
     @property
     def kernel_info(self) -> dict[str, Any]:  # type: ignore[override]
-        """ipykernel offers its debugger whenever debugpy is installed; the guest has none."""
-        info = super().kernel_info
-        info["supported_features"] = [
-            feature for feature in info["supported_features"] if feature != "debugger"
-        ]
-        return info
+        """ipykernel's version imports its debugger to offer it whenever debugpy is installed:
+        the guest has none, and importing debugpy prints a warning about frozen modules that
+        reaches clients as stderr output (``jupyter console`` shows it after the banner)."""
+        return {
+            "protocol_version": kernel_protocol_version,
+            "implementation": self.implementation,
+            "implementation_version": self.implementation_version,
+            "language_info": self.language_info,
+            "banner": self.banner,
+            "help_links": self.help_links,
+            "supported_features": ["kernel subshells"] if self._supports_kernel_subshells else [],
+        }
 
     @property
     def language_info(self) -> dict[str, Any]:  # type: ignore[override]

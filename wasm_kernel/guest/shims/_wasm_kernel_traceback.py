@@ -6,6 +6,8 @@ notes and exception groups are kept.
 """
 
 import linecache
+import re
+import sys
 import traceback
 
 RED, GREEN, CYAN, BOLD, RESET = "\x1b[31m", "\x1b[32m", "\x1b[36m", "\x1b[1m", "\x1b[0m"
@@ -28,6 +30,17 @@ TOO_MANY_FILES_HINT = (
     "(The sandbox limits how many files a kernel may hold open at once: close the ones you"
     " no longer need, for example by opening them in a `with` block.)"
 )
+
+NO_NETWORK = "there is no network in this sandbox"  # in the message of socket.NetworkUnavailable
+NETWORK_HINT = (
+    "(The sandbox has no network. To use data, put the files in the notebook's folder (the"
+    " notebook profile mounts it read-only at /notebook) or in a folder the operator mounts,"
+    " or upload them there with Jupyter, then read them by path. %sandbox lists the folders.)"
+)
+NETWORK_MODULES = {"ssl", "_ssl", "requests", "httpx", "aiohttp", "urllib3"}
+# CPython adds this to every ModuleNotFoundError when site is off, as it is in the sandbox
+SITE_DISABLED = re.compile(r"\. Site initialization is disabled, did you forget .*$", re.DOTALL)
+MODULE_NAME = re.compile(r"'([^']+)'")
 
 
 def _user_frames(stack):
@@ -69,10 +82,41 @@ def _exception_line(report):
     notes = getattr(report, "__notes__", None) or []
     if issubclass(report.exc_type or Exception, PermissionError) and text.startswith(REFUSED):
         notes = [*notes, REFUSED_HINT]
+    elif issubclass(report.exc_type or Exception, ModuleNotFoundError):
+        text = SITE_DISABLED.sub("", text)
+        first = f"{RED}{name}{RESET}: {text}" if text else f"{RED}{name}{RESET}"
+        notes = [*notes, _missing_module_hint(text)]
     elif issubclass(report.exc_type or Exception, OSError):
         hint = {TOO_MANY_FILES: TOO_MANY_FILES_HINT, QUOTA: QUOTA_HINT}.get(text[:len(QUOTA)])
         notes = [*notes, hint] if hint else notes
     return "\n".join([first, *map(str, notes)])
+
+
+def _missing_module_hint(text):
+    """Whether the runtime ships the module, and how to see what it ships."""
+    match = MODULE_NAME.search(text)
+    name = match.group(1) if match else ""
+    top = name.partition(".")[0]
+    listing = "help('modules') lists the modules it ships."
+    if top in NETWORK_MODULES:
+        return (f"(The sandbox's runtime does not ship {top}: the sandbox has no network for it"
+                f" to use. {listing})")
+    if top != name and _ships(top):
+        return f"(The sandbox's runtime ships {top}, but not {name}. {listing})"
+    if top in sys.stdlib_module_names:
+        return (f"(The sandbox's runtime, a WASI build of CPython, leaves out this part of the"
+                f" standard library. {listing})")
+    return (f"(The sandbox's runtime does not ship {name or 'this module'}, and nothing can be"
+            f" installed into it: no pip, no network. {listing})")
+
+
+def _ships(name):
+    try:
+        import importlib.util
+
+        return importlib.util.find_spec(name) is not None
+    except Exception:  # noqa: BLE001 - a broken package counts as not shipped
+        return False
 
 
 def _syntax_error(report):
@@ -133,4 +177,6 @@ def format_exception(exc):
         if link:
             chunks.append(link)
         chunks.extend(_format_one(report))
+    if any(NO_NETWORK in str(report) for report, _ in chain):
+        chunks.append(NETWORK_HINT)  # once, at the end, however the error was wrapped
     return chunks

@@ -42,7 +42,7 @@ def test_opening_until_refused_leaves_the_kernel_room(strict: Kernel) -> None:
     assert strict.execute("sentinel").result_text() == "'kept'"
     fresh = BlockingKernelClient()
     fresh.load_connection_info(strict.manager.get_connection_info())
-    fresh.start_channels()
+    fresh.start_channels(hb=False)
     try:
         assert fresh.kernel_info(reply=True, timeout=30)["content"]["status"] == "ok"
     finally:

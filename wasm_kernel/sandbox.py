@@ -546,8 +546,8 @@ class Sandbox:
         file objects whose descriptor that cell closed (the host's descriptor table is not
         part of the checkpoint). False if the kernel's guest code cannot run even there.
 
-        This runs the user's interpreter, so it is bounded like a cell (fuel, a deadline,
-        interrupts); if it fails in any way the checkpoint is simply restored again.
+        This runs the user's interpreter, so it is bounded like a cell (fuel, a deadline); if
+        it traps, the checkpoint is simply restored again and the file check skipped.
         """
         self._signal_flags(store)  # clears any the trapped cell's interrupt left tripped
         with self._metered(store, REPAIR_FUEL, REPAIR_SECONDS, interruptible=False):

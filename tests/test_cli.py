@@ -203,3 +203,23 @@ def test_readme_papermill_line_works_from_the_repository_root(tmp_path: Path) ->
 def test_readme_jupyter_execute_line_works_from_the_repository_root() -> None:
     done = run_from_root(readme_command("jupyter execute"))
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+# -- the README's list of what works -----------------------------------------------------------
+
+def readme_examples() -> list[tuple[str, str]]:
+    """(works, example) for each row of the README's "What works" table."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("### What works as under ipykernel")[1].split("\n#")[0]
+    rows = re.findall(r"^\| (yes|no) \|.*\| `([^`]+)` \|$", section, re.MULTILINE)
+    assert len(rows) >= 10, rows
+    return rows
+
+
+def test_readme_list_of_what_works_is_true(start_kernel) -> None:
+    """Each example succeeds or fails as its row says (how it fails is other tests' concern:
+    the messages are being improved)."""
+    kernel = start_kernel(cwd=ROOT / "notebooks")
+    for works, example in readme_examples():
+        reply = kernel.execute(example).content
+        assert reply["status"] == ("ok" if works == "yes" else "error"), (example, reply)

@@ -159,6 +159,7 @@ def test_run_from_another_folder_mounts_the_notebooks_folder(
     done = cli("run", os.path.relpath(notebook_with_csv, elsewhere), cwd=elsewhere)
     assert "in /notebook" in done.stdout
     assert "total 7" in done.stdout
+    assert "Parent appears to have exited" not in done.stderr  # the kernel was shut down
 
 
 def test_run_reports_a_missing_notebook_or_kernelspec(

@@ -221,6 +221,9 @@ def run_notebook(args: argparse.Namespace) -> int:
         except CellExecutionError as exc:
             print(exc, file=sys.stderr)
             status = 1
+        finally:  # nbclient shuts down only kernels it made; left running, ours would warn
+            if manager.has_kernel:
+                manager.shutdown_kernel(now=False)
     for cell in notebook.cells:
         if cell.cell_type != "code":
             continue

@@ -54,7 +54,7 @@ def installed_specs(prefix: Path, *arguments: str) -> dict[str, dict]:
 def test_install_registers_one_kernelspec_per_profile(
     tmp_path: Path, profile: str, name: str, display_suffix: str
 ) -> None:
-    specs = installed_specs(tmp_path, "--profile", profile)
+    specs = installed_specs(tmp_path, "--sandbox-profile", profile)
     assert list(specs) == [name]
     spec = specs[name]
     assert spec["argv"][:4] == [sys.executable, "-P", "-m", "wasm_kernel"]  # -P: see below
@@ -71,7 +71,7 @@ def test_install_without_a_profile_registers_them_all(tmp_path: Path) -> None:
 def test_install_with_a_cache_dir_points_kernels_at_it(tmp_path: Path) -> None:
     baked = tmp_path / "baked-cache"
     specs = installed_specs(
-        tmp_path, "--cache-dir", str(baked), "--profile", "strict", "--name", "custom"
+        tmp_path, "--cache-dir", str(baked), "--sandbox-profile", "strict", "--name", "custom"
     )
     assert f"--WasmKernel.cache_dir={baked.resolve()}" in specs["custom"]["argv"]
 

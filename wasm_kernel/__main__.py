@@ -1,29 +1,36 @@
-"""Command line: run the kernel, install its kernelspec, precompile the runtime, run a notebook.
+"""Command line: run the kernel, install its kernelspecs, precompile the runtime, run a notebook.
 
-    python -m wasm_kernel -f CONNECTION_FILE [--WasmKernel.fuel=N ...]   (what Jupyter runs)
-    python -m wasm_kernel --help-all                                     (every setting)
-    python -m wasm_kernel install [--profile notebook|strict ...] [--user | --prefix DIR]
-                                  [--name NAME] [--no-precompile] [--cache-dir DIR]
-    python -m wasm_kernel precompile [--cache-dir DIR]
-    python -m wasm_kernel run NOTEBOOK                                  (execute, print outputs)
+``python -m wasm_kernel --help`` lists the subcommands; ``--help-all`` every kernel setting.
+Anything that is not one of our subcommands goes to the kernel application (that is what
+Jupyter runs: ``python -m wasm_kernel -f CONNECTION_FILE [--WasmKernel.fuel=N ...]``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
+import shutil
 import sys
 import tempfile
 import threading
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
-from .profiles import PROFILES, Profile
+from .profiles import DEFAULT_PROFILE, PROFILES, Profile
 
 KERNEL_NAME = "wasm-python"
-SUBCOMMANDS = ("install", "precompile", "run")
+SUBCOMMANDS = {
+    "install": "register the kernelspecs (one per sandbox profile) and precompile the runtime",
+    "precompile": "compile the runtime to native code once, into the cache (1-4 minutes)",
+    "run": "execute a notebook in the sandbox, from any folder, and print its outputs",
+    "kernel": "the kernel itself, as Jupyter starts it: kernel -f CONNECTION_FILE"
+    " [--WasmKernel.SETTING=VALUE ...] (the word 'kernel' may be left out)",
+}
+HELP_ALL = "python -m wasm_kernel --help-all"
 
 
 @contextlib.contextmanager
@@ -62,64 +69,161 @@ def precompile(cache_dir: str | None) -> Path:
     return entry
 
 
-def kernelspec_name(profile: Profile) -> str:
-    return "-".join(filter(None, (KERNEL_NAME, profile.kernel_suffix)))
+def kernelspec_name(profile: Profile, base: str = KERNEL_NAME) -> str:
+    """``base`` for the default profile, ``base-PROFILE`` for the others."""
+    return "-".join(filter(None, (base, profile.kernel_suffix)))
+
+
+def display_name(profile: Profile, base: str) -> str:
+    """``base`` for the default profile; the others name their profile inside the closing
+    parenthesis ("Python 3 (WASM sandbox, strict)") or in one of their own ("Mine (strict)")."""
+    if not profile.kernel_suffix:
+        return base
+    if base.endswith(")"):
+        return f"{base[:-1]}, {profile.name})"
+    return f"{base} ({profile.name})"
+
+
+def kernelspec(profile: Profile, args: argparse.Namespace, single: bool) -> dict:
+    """The kernel.json for one profile: this Python, its profile pinned in argv.
+
+    With a single profile --name and --display-name are taken as written; with several they
+    are bases that each profile's name is derived from, as the default names are."""
+    spec = json.loads((resources.files("wasm_kernel") / "kernelspec" / "kernel.json").read_text())
+    spec["argv"][0] = sys.executable
+    spec["argv"].append(f"--WasmKernel.profile={profile.name}")
+    if not profile.mounts:  # pinned: no config file or variable can add folders to it
+        spec["argv"].append("--WasmKernel.mounts=[]")
+    if getattr(args, "cache_dir", None):  # kernels use the cache this install precompiled
+        spec["argv"].append(f"--WasmKernel.cache_dir={Path(args.cache_dir).resolve()}")
+    given = getattr(args, "display_name", None)
+    if given and single:
+        spec["display_name"] = given
+    else:
+        spec["display_name"] = display_name(profile, given or spec["display_name"])
+    if getattr(args, "env", None):
+        spec["env"] = dict(args.env)
+    return spec
+
+
+def write_kernelspec(folder: Path, spec: dict) -> None:
+    """The kernelspec folder: our logos and ``spec`` as kernel.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for item in (resources.files("wasm_kernel") / "kernelspec").iterdir():
+        if item.is_file() and item.name != "kernel.json":
+            (folder / item.name).write_bytes(item.read_bytes())
+    (folder / "kernel.json").write_text(json.dumps(spec, indent=1))
+
+
+def chosen_profiles(args: argparse.Namespace) -> list[Profile]:
+    names = args.sandbox_profile or list(PROFILES)
+    return [PROFILES[name] for name in dict.fromkeys(names)]
 
 
 def install(args: argparse.Namespace) -> None:
     """Register one kernelspec per chosen profile (each fixes its profile in its argv)."""
-    for name in args.profile or PROFILES:
-        install_kernelspec(PROFILES[name], args)
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_core.paths import jupyter_path
+
+    profiles = chosen_profiles(args)
+    single = len(profiles) == 1
+    in_venv = sys.prefix != sys.base_prefix
+    if args.prefix:
+        prefix = args.prefix
+    elif args.sys_prefix or (in_venv and not args.user):
+        prefix = sys.prefix
+    else:
+        prefix = None  # the user's Jupyter data folder
+    installed = []
+    for profile in profiles:
+        name = args.name if args.name and single else kernelspec_name(
+            profile, args.name or KERNEL_NAME
+        )
+        spec = kernelspec(profile, args, single)
+        with tempfile.TemporaryDirectory() as staging:
+            write_kernelspec(Path(staging), spec)
+            path = KernelSpecManager().install_kernel_spec(
+                staging, name, user=prefix is None, prefix=prefix
+            )
+        installed.append((name, spec["display_name"], profile))
+        print(f"Installed kernelspec {name} ({spec['display_name']!r}, profile {profile.name})"
+              f" in {path}")
+    searched = {str(Path(folder).resolve()) for folder in jupyter_path("kernels")}
+    if str(Path(path).parent.resolve()) not in searched:
+        share = Path(path).parent.parent.resolve()
+        print(f"Jupyter does not look in {share} by default: start it with"
+              f" JUPYTER_PATH={share} (or install with --user or --sys-prefix).")
     if not args.no_precompile:
         precompile(args.cache_dir)
+    print()
+    _how_to_start(installed)
 
 
-def install_kernelspec(profile: Profile, args: argparse.Namespace) -> None:
-    from jupyter_client.kernelspec import KernelSpecManager
+def _how_to_start(installed: list[tuple[str, str, Profile]]) -> None:
+    """Where to go next: the launcher tile to pick, and the command-line clients (by full
+    path when this environment's are not the ones on PATH, e.g. a venv not activated)."""
+    here = Path(sys.executable).parent
 
-    name = args.name or kernelspec_name(profile)
-    source = resources.files("wasm_kernel") / "kernelspec"
-    with tempfile.TemporaryDirectory() as staging:
-        for item in source.iterdir():
-            if item.is_file():
-                (Path(staging) / item.name).write_bytes(item.read_bytes())
-        spec = json.loads((Path(staging) / "kernel.json").read_text())
-        spec["argv"][0] = sys.executable
-        spec["argv"].append(f"--WasmKernel.profile={profile.name}")
-        if not profile.mounts:  # pinned: no config file or variable can add folders to it
-            spec["argv"].append("--WasmKernel.mounts=[]")
-        if args.cache_dir:  # kernels use the cache this install precompiled
-            spec["argv"].append(f"--WasmKernel.cache_dir={Path(args.cache_dir).resolve()}")
-        if args.display_name:
-            spec["display_name"] = args.display_name
-        elif profile.kernel_suffix:
-            spec["display_name"] = f"{spec['display_name'].removesuffix(')')}, {profile.name})"
-        (Path(staging) / "kernel.json").write_text(json.dumps(spec, indent=1))
-        in_venv = sys.prefix != sys.base_prefix
-        prefix = args.prefix or (sys.prefix if in_venv and not args.user else None)
-        path = KernelSpecManager().install_kernel_spec(
-            staging, name, user=prefix is None, prefix=prefix
-        )
-    print(f"installed kernelspec {name!r} (profile {profile.name}) in {path}", file=sys.stderr)
+    def command(name: str) -> str:
+        found = shutil.which(name)
+        return name if found and Path(found).parent == here else str(here / name)
+
+    jupyter, python = command("jupyter"), command("python")
+    if importlib.util.find_spec("jupyterlab") is None:
+        print(f"JupyterLab is not installed here; add it with: {here / 'pip'} install jupyterlab")
+    print(f"Start JupyterLab with `{jupyter} lab` and pick in its launcher:")
+    for name, title, profile in installed:
+        print(f"  {title}  (kernel {name}, profile {profile.name})")
+    print(f"Or, without a browser: {jupyter} console --kernel {installed[0][0]},"
+          f" or {python} -m wasm_kernel run NOTEBOOK.ipynb")
 
 
 def run_notebook(args: argparse.Namespace) -> int:
-    """Execute a notebook on this kernel and print each cell's outputs as text."""
+    """Execute a notebook on this kernel and print each cell's outputs as text.
+
+    The kernel starts in the notebook's own folder, as Jupyter starts it, so the notebook
+    profile mounts that folder wherever this command is run from. Without --kernel-name the
+    kernelspec is built for this Python on the fly, so no installed one is needed."""
     import nbformat
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
-    notebook = nbformat.read(args.notebook, as_version=4)
-    client = NotebookClient(
-        notebook, kernel_name=args.kernel_name, timeout=args.timeout,
-        resources={"metadata": {"path": str(Path(args.notebook).parent)}},
-    )
+    path = Path(args.notebook).expanduser().resolve()
+    if not path.is_file():
+        print(f"error: no notebook at {path}", file=sys.stderr)
+        return 2
+    notebook = nbformat.read(path, as_version=4)
     status = 0
-    try:
-        client.execute()
-    except CellExecutionError as exc:
-        print(exc, file=sys.stderr)
-        status = 1
+    with tempfile.TemporaryDirectory() as specs:
+        if args.kernel_name:
+            try:
+                KernelSpecManager().get_kernel_spec(args.kernel_name)
+            except NoSuchKernel:
+                print(f"error: no kernelspec named {args.kernel_name!r}; `jupyter kernelspec"
+                      " list` shows the installed ones", file=sys.stderr)
+                return 2
+            manager = KernelManager(kernel_name=args.kernel_name)
+        else:
+            profile = PROFILES[args.sandbox_profile]
+            name = kernelspec_name(profile)
+            write_kernelspec(Path(specs) / name, kernelspec(profile, args, single=True))
+            manager = KernelManager(
+                kernel_name=name, kernel_spec_manager=KernelSpecManager(kernel_dirs=[specs])
+            )
+        client = NotebookClient(
+            notebook, km=manager, timeout=args.timeout,
+            resources={"metadata": {"path": str(path.parent)}},
+        )
+        try:
+            client.execute()
+        except CellExecutionError as exc:
+            print(exc, file=sys.stderr)
+            status = 1
+        finally:  # nbclient shuts down only kernels it made; left running, ours would warn
+            if manager.has_kernel:
+                manager.shutdown_kernel(now=False)
     for cell in notebook.cells:
         if cell.cell_type != "code":
             continue
@@ -143,46 +247,107 @@ def _describe_output(output: dict) -> str:
     return ", ".join(f"[{mime}: {len(str(value))} characters]" for mime, value in data.items())
 
 
+class _OldProfileFlag(argparse.Action):
+    """``install --profile NAME``, our spelling before --sandbox-profile: still taken, with a
+    note, since ipykernel's --profile names an IPython profile, which this kernel never uses."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        if values not in PROFILES:
+            parser.error(
+                f"--profile {values}: ipykernel's --profile names an IPython profile, which this"
+                " kernel does not use; choose a sandbox profile with --sandbox-profile"
+                f" ({' or '.join(sorted(PROFILES))})"
+            )
+        print(f"note: --profile is deprecated here, use --sandbox-profile {values}",
+              file=sys.stderr)
+        namespace.sandbox_profile = [*(namespace.sandbox_profile or []), values]
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="python -m wasm_kernel",
+        description="wasm-kernel: a Jupyter kernel whose Python cells run in a CPython sandboxed"
+        " in WebAssembly.",
+        epilog=f"Every kernel setting (limits, mounts, profiles) with its default: {HELP_ALL}."
+        " Settings go in the kernelspec's argv (--WasmKernel.fuel=1e11), in"
+        " jupyter_wasm_kernel_config.py on the Jupyter config path, or in WASM_KERNEL_*"
+        " variables (install --env).",
+    )
+    commands = top.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    profiles_help = "; ".join(f"{p.name}: {p.summary}" for p in PROFILES.values())
+
+    cmd = commands.add_parser(
+        "install", help=SUBCOMMANDS["install"], description=SUBCOMMANDS["install"] + ".",
+        epilog="Default names: " + ", ".join(
+            f"{kernelspec_name(p)} for {p.name}" for p in PROFILES.values()
+        ) + ". With several profiles, --name and --display-name are bases: the notebook profile"
+        " takes them as given, the others add their profile (--name mine gives mine and"
+        " mine-strict; --display-name 'Mine' gives 'Mine' and 'Mine (strict)', 'Mine (x)' gives"
+        " 'Mine (x, strict)').",
+    )
+    cmd.add_argument(
+        "--sandbox-profile", choices=sorted(PROFILES), action="append", metavar="PROFILE",
+        help=f"register this profile's kernelspec (repeatable; default: every profile). "
+        f"{profiles_help}",
+    )
+    cmd.add_argument("--profile", action=_OldProfileFlag, dest="sandbox_profile",
+                     help=argparse.SUPPRESS)
+    cmd.add_argument("--name", help=f"kernelspec name (default: {KERNEL_NAME}[-PROFILE])")
+    cmd.add_argument("--display-name", metavar="TEXT",
+                     help="name shown in the launcher and kernel menus")
+    where = cmd.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true",
+                       help="install for the current user (default outside a virtual env)")
+    where.add_argument("--sys-prefix", action="store_true",
+                       help=f"install into this Python's prefix, {sys.prefix}"
+                       " (default inside a virtual env)")
+    where.add_argument("--prefix", metavar="DIR",
+                       help="install under DIR/share/jupyter/kernels")
+    cmd.add_argument("--env", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                     help="set an environment variable for the kernel (repeatable), e.g."
+                     " --env WASM_KERNEL_FUEL 1e11")
+    cmd.add_argument("--no-precompile", action="store_true",
+                     help="skip compiling the runtime (kernels compile it on first use)")
+    cmd.add_argument("--cache-dir", metavar="DIR",
+                     help="compile into DIR and point the kernelspecs at it")
+
+    cmd = commands.add_parser("precompile", help=SUBCOMMANDS["precompile"],
+                              description=SUBCOMMANDS["precompile"] + ".")
+    cmd.add_argument("--cache-dir", metavar="DIR", help="cache folder (default: per-user cache)")
+
+    cmd = commands.add_parser(
+        "run", help=SUBCOMMANDS["run"], description=SUBCOMMANDS["run"] + ". The kernel starts"
+        " in the notebook's folder, as under Jupyter: the notebook profile mounts it read-only"
+        " at /notebook.",
+    )
+    cmd.add_argument("notebook", metavar="NOTEBOOK")
+    cmd.add_argument("--sandbox-profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE,
+                     metavar="PROFILE", help=f"sandbox profile (default: {DEFAULT_PROFILE})")
+    cmd.add_argument("--kernel-name", help="use this installed kernelspec (and its --env,"
+                     " --cache-dir) instead of one built for this Python")
+    cmd.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
+
+    commands.add_parser("kernel", help=SUBCOMMANDS["kernel"], add_help=False)
+    return top
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in SUBCOMMANDS:
-        from .app import WasmKernelApp
-
-        WasmKernelApp.launch_instance(argv=argv)
+    if argv and argv[0] == "kernel":
+        argv = argv[1:]
+    elif argv and (argv[0] in SUBCOMMANDS or argv[0] in ("-h", "--help")):
+        args = parser().parse_args(argv)
+        if args.command == "install":
+            install(args)
+        elif args.command == "precompile":
+            precompile(args.cache_dir)
+        elif args.command == "run":
+            return run_notebook(args)
         return 0
-    parser = argparse.ArgumentParser(prog="python -m wasm_kernel")
-    commands = parser.add_subparsers(dest="command", required=True)
-    cmd_install = commands.add_parser("install", help="register the kernelspec and precompile")
-    cmd_install.add_argument(
-        "--profile", choices=sorted(PROFILES), action="append",
-        help="register this profile's kernelspec (repeatable; default: every profile). "
-        + "; ".join(f"{p.name}: {p.summary}" for p in PROFILES.values()),
-    )
-    cmd_install.add_argument(
-        "--name", help=f"kernelspec name, with one --profile (default: {KERNEL_NAME}[-PROFILE])"
-    )
-    cmd_install.add_argument("--display-name")
-    cmd_install.add_argument("--user", action="store_true", help="install for this user")
-    cmd_install.add_argument("--prefix", help="install under this prefix (default: the venv)")
-    cmd_install.add_argument("--no-precompile", action="store_true")
-    cmd_install.add_argument("--cache-dir")
-    cmd_pre = commands.add_parser("precompile", help="build the compiled-runtime cache entry")
-    cmd_pre.add_argument("--cache-dir", help="cache folder (default: per-user cache)")
-    cmd_run = commands.add_parser("run", help="execute a notebook and print its outputs")
-    cmd_run.add_argument("notebook")
-    cmd_run.add_argument("--kernel-name", default=KERNEL_NAME)
-    cmd_run.add_argument("--timeout", type=int, default=600)
-    args = parser.parse_args(argv)
-    if args.command == "install" and (args.name or args.display_name) and (
-        len(args.profile or PROFILES) != 1
-    ):
-        parser.error("--name and --display-name need exactly one --profile")
-    if args.command == "install":
-        install(args)
-    elif args.command == "precompile":
-        precompile(args.cache_dir)
-    else:
-        return run_notebook(args)
+    from .app import WasmKernelApp
+
+    WasmKernelApp.launch_instance(argv=argv)
     return 0
 
 

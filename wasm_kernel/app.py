@@ -2,14 +2,94 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+from collections.abc import Iterator
+from typing import Any
+
 from ipykernel.kernelapp import IPKernelApp
 from jupyter_core.paths import jupyter_config_path
 from traitlets import Type
-from traitlets.config import Application
+from traitlets.config import Application, Configurable
+from traitlets.utils.text import indent, wrap_paragraphs
 
-from .kernel import WasmKernel
+from .cache import default_cache_dir
+from .kernel import DEFAULT_HISTORY_FILE, ENV_PREFIX, WasmKernel
+from .profiles import PROFILES
+from .settings import Limit, _amount
 
 CONFIG_FILE = "jupyter_wasm_kernel_config"
+PROFILE_FIELDS = {field.name for field in dataclasses.fields(next(iter(PROFILES.values())))}
+# Configured by ipykernel's application but never created here: the kernel class is
+# WasmKernel and cells run in the sandbox, not in an IPython shell.
+UNUSED_CLASSES = (
+    "IPythonKernel", "InteractiveShell", "ZMQInteractiveShell", "InteractiveShellApp", "ProfileDir"
+)
+SETTINGS_INTRO = (
+    "Set them in the kernelspec's argv (--WasmKernel.fuel=1e11), in"
+    " jupyter_wasm_kernel_config.py on the Jupyter config path (`jupyter --paths`;"
+    " c.WasmKernel.fuel = 1e11) or in the WASM_KERNEL_* variable each names (argv and the config"
+    " file win over variables). A profile only supplies defaults; `install` registers one"
+    " kernelspec per profile, each pinning its profile in its argv. A refused value leaves the"
+    " kernel up and every cell reports it."
+)
+
+
+def _shown(trait: Any, value: Any) -> str:
+    if isinstance(trait, Limit):
+        return _amount(value, trait.unit) + ("" if trait.unit == "bytes" else f" {trait.unit}")
+    return repr(list(value) if isinstance(value, tuple) else value)
+
+
+def _per_profile(show: Any) -> str:
+    """One default per profile, or one for all when they agree."""
+    values = {name: show(profile) for name, profile in PROFILES.items()}
+    if len(set(values.values())) == 1:
+        return f"{next(iter(values.values()))} (every profile)"
+    return "; ".join(f"{value} ({name} profile)" for name, value in values.items())
+
+
+def _starting_folder(profile: Any) -> str:
+    here = [spec.split(":")[1] for spec in profile.mounts if spec.split(":")[0] == "."]
+    return repr(here[0]) if here else "'/tmp'"
+
+
+def real_default(name: str, trait: Any) -> str:
+    """What the kernel uses when nothing sets ``name``: traitlets would print the trait's static
+    default, which for profile-, environment- and platform-based settings is not the truth."""
+    if name in PROFILE_FIELDS:
+        shown = _per_profile(lambda profile: _shown(trait, getattr(profile, name)))
+    elif name == "working_dir":
+        shown = _per_profile(_starting_folder)
+    elif name == "cache_dir":
+        shown = repr(str(default_cache_dir()))
+    elif name == "history_file":
+        shown = repr(DEFAULT_HISTORY_FILE)
+    else:
+        shown = trait.default_value_repr()
+    variable = ENV_PREFIX + name.upper()
+    if variable in os.environ:
+        shown += f"; here {variable}={os.environ[variable]!r} sets it"
+    return shown
+
+
+def _trait_help(cls: type[Configurable], trait: Any, default: str | None = None) -> str:
+    """traitlets' help for one setting, its "Default:" line replaced by ``default``."""
+    lines = cls.class_get_trait_help(trait).splitlines()
+    if default is not None:
+        lines = [line for line in lines if not line.startswith("    Default: ")]
+        lines.append(indent("\n".join(wrap_paragraphs(f"Default: {default}", 76))))
+    return "\n".join(lines)
+
+
+def _class_help(cls: type[Configurable]) -> str:
+    """A class's settings as traitlets shows them, without the private (``_name``) ones."""
+    title = f"{cls.__name__}({', '.join(base.__name__ for base in cls.__bases__)}) options"
+    lines = [title, "-" * len(title)]
+    for name, trait in sorted(cls.class_traits(config=True).items()):
+        if not name.startswith("_"):
+            lines.append(_trait_help(cls, trait))
+    return "\n".join(lines)
 
 
 class WasmKernelApp(IPKernelApp):
@@ -17,6 +97,50 @@ class WasmKernelApp(IPKernelApp):
     description = "A Jupyter kernel running Python in a WebAssembly sandbox."
     classes = [*IPKernelApp.classes, WasmKernel]
     kernel_class = Type(WasmKernel, klass="ipykernel.kernelbase.Kernel").tag(config=True)
+    subcommands: dict = {}  # ours (install, precompile, run) are python -m wasm_kernel's
+
+    def emit_help(self, classes: bool = False) -> Iterator[str]:
+        """Our commands and settings first, with their real defaults; ipykernel's after.
+
+        traitlets would list our settings last, after some 900 lines of IPython's, with
+        static defaults (0, []) and private settings among them."""
+        from .__main__ import HELP_ALL, SUBCOMMANDS
+
+        yield from self.emit_description()
+        title = "Commands (python -m wasm_kernel COMMAND --help for each)"
+        yield title
+        yield "=" * len(title)
+        for command, summary in SUBCOMMANDS.items():
+            yield f"{command}"
+            yield indent("\n".join(wrap_paragraphs(summary, 76)))
+        yield ""
+        if not classes:
+            yield from self.emit_options_help()
+            yield f"Every WasmKernel setting, with its default: {HELP_ALL}"
+            return
+        title = "WasmKernel settings (the sandbox: profile, mounts, limits)"
+        yield title
+        yield "=" * len(title)
+        yield from wrap_paragraphs(SETTINGS_INTRO, 80)
+        yield ""
+        for name, trait in sorted(WasmKernel.class_own_traits(config=True).items()):
+            if not name.startswith("_"):
+                yield _trait_help(WasmKernel, trait, real_default(name, trait))
+        yield ""
+        title = "ipykernel settings (the kernel process: connection, ports, logging, session)"
+        yield title
+        yield "=" * len(title)
+        yield from wrap_paragraphs(
+            "The kernel runs in ipykernel's application. IPython's shell settings (and flags"
+            " such as --pylab) have no effect: cells run in the sandbox, not in an IPython"
+            " shell; their classes are left out below.", 80
+        )
+        yield ""
+        yield from self.emit_options_help()
+        for cls in self._classes_with_config_traits():
+            if cls is not WasmKernel and cls.__name__ not in UNUSED_CLASSES:
+                yield _class_help(cls)
+                yield ""
 
     def start(self) -> None:
         """Run the kernel; once its loop ends, let the control thread finish first.

@@ -62,6 +62,7 @@ ENV_PREFIX = "WASM_KERNEL_"
 INPUT_POLL = 0.05  # seconds between checks for an input_reply or an interrupt
 BACKLOG_FLOOR = 64 << 20  # bytes of cell output that may wait for slow IOPub clients
 BRIEF_ERROR = 1024  # characters of an error's value shown when the output budget is spent
+DEFAULT_HISTORY_FILE = str(Path(platformdirs.user_data_dir("wasm-kernel")) / "history.sqlite")
 
 
 def _env_default(trait: str, fallback: Any) -> Any:
@@ -206,9 +207,7 @@ class WasmKernel(Kernel):
     _interrupt_grace_default = _env_default("interrupt_grace", 1.0)
     _rollback_default = _env_default("rollback", True)
     _active_output_default = _env_default("active_output", _from_profile("active_output"))
-    _history_file_default = _env_default(
-        "history_file", str(Path(platformdirs.user_data_dir("wasm-kernel")) / "history.sqlite")
-    )
+    _history_file_default = _env_default("history_file", DEFAULT_HISTORY_FILE)
 
     def __init__(self, **kwargs: Any):
         self._refused: list[str] = []  # settings refused at start, reported by every cell

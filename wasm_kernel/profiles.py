@@ -1,8 +1,8 @@
 """Named sets of defaults for the kernel's limits and mounts.
 
 A profile only supplies defaults: anything set in the config file, on the command line or
-in a ``WASM_KERNEL_*`` variable wins over it. ``python -m wasm_kernel install --profile NAME``
-registers one kernelspec per profile.
+in a ``WASM_KERNEL_*`` variable wins over it. ``python -m wasm_kernel install`` registers one
+kernelspec per profile (``--sandbox-profile NAME`` picks).
 """
 
 from __future__ import annotations

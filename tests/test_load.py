@@ -222,15 +222,6 @@ def check(cell: Cell, outcome: Outcome, execution_count: int) -> None:
         where + "execute_input count"
     )
 
-    # No message carries another cell's (or another kernel's) token. That each output carries
-    # this cell's token is checked below on the merged outputs, since a stream may arrive in
-    # chunks; the exceptions are the kernel's own FuelExhausted error and output-limit notice.
-    for msg in outcome.messages:
-        found = tokens_in(msg)
-        assert found <= {cell.token}, (
-            where + f"foreign token(s) {found - {cell.token}} in {msg['msg_type']}"
-        )
-
     body = outcome.messages[2:-1]
     # Streams of one name may arrive in several chunks: merge consecutive ones to compare.
     merged: list[tuple[str, Any]] = []
@@ -243,6 +234,15 @@ def check(cell: Cell, outcome: Outcome, execution_count: int) -> None:
                 merged.append(("stream", (content["name"], content["text"])))
         else:
             merged.append((msg["msg_type"], content))
+
+    # No output carries another cell's (or another kernel's) token. Streams are checked merged:
+    # a chunk may end inside a token ("o-1-87|" split as "o-1-8" + "7|"). That each output
+    # carries this cell's token is checked below; the exceptions are the kernel's own
+    # FuelExhausted error and output-limit notice.
+    edges = outcome.messages[:2] + outcome.messages[-1:]  # status, execute_input, status
+    for kind, content in [(m["msg_type"], m["content"]) for m in edges] + merged:
+        found = tokens_in({"content": content})
+        assert found <= {cell.token}, where + f"foreign token(s) {found - {cell.token}} in {kind}"
 
     expected = cell.outputs
     if expected == [("flood", f"{cell.kernel}-{cell.index}")]:

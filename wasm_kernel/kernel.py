@@ -765,7 +765,8 @@ class CellHost:
             if ename == "MemoryError" and (message.get("memory_limit") or not evalue):
                 ename = "MemoryLimitExceeded"
                 evalue = memory_limit_text(self.kernel.limits.memory)
-            self._record_error(ename, evalue, message["traceback"], shown=message.get("shown", True))
+            shown = message.get("shown", True)  # False: past the output budget
+            self._record_error(ename, evalue, message["traceback"], shown=shown)
         elif op == "input":
             return self._input(message["prompt"], message["password"], interrupts)
         elif op == "describe":

@@ -573,7 +573,8 @@ class Sandbox:
             self._take_checkpoint(store)
         return True
 
-    def _check_status(self, status: int, limits: Limits, memory_at_start: int) -> CellStopped | None:
+    def _check_status(self, status: int, limits: Limits,
+                      memory_at_start: int) -> CellStopped | None:
         """A turn that returns non-zero escaped the guest's own error handling: it ran out of
         memory while reporting, or the cell broke the kernel's guest code (the guest checks
         its own integrity at the end of each cell). Either way the turn is undone."""

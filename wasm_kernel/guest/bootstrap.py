@@ -417,7 +417,7 @@ def serve(name, *args):
     if it broke the kernel's code, the turn ends DAMAGED, as a cell's would."""
     try:
         globals()[name](*args)
-    except Exception:  # noqa: BLE001 - the user's code failed, not the service
+    except BaseException:  # noqa: BLE001 - the user's code failed or was interrupted
         call_host("reply", content={})
     if not _intact():
         raise SystemExit(DAMAGED)

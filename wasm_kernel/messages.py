@@ -52,8 +52,7 @@ class GuestPublisher:
         self.limit = limit
         self._lock = threading.Lock()
         self._waiting: deque[list[Any]] = deque()  # [size, tracker, or True once sent]
-        self._bytes = 0
-        self.dropped = 0
+        self._bytes = 0  # handed to ZMQ and not yet let go of
 
     def publish(self, msg_type: str, content: dict, parent: dict, ident: bytes) -> bool:
         """Send one message (thread-safe); False if it was left out."""
@@ -63,19 +62,11 @@ class GuestPublisher:
         with self._lock:
             self._forget_sent()
             if self._bytes + size > self.limit:
-                self.dropped += 1
                 return False
             self._waiting.append(entry)
             self._bytes += size
         self._thread.schedule(partial(self._send, frames, entry))
         return True
-
-    @property
-    def waiting(self) -> int:
-        """Bytes handed to ZMQ and not yet let go of."""
-        with self._lock:
-            self._forget_sent()
-            return self._bytes
 
     def _send(self, frames: list[bytes], entry: list[Any]) -> None:
         """On the IOPub thread, which owns the socket."""

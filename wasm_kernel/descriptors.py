@@ -162,19 +162,16 @@ class GuestFiles:
                    opened: int) -> int:
         if len(self.open) >= self.limit:
             return ERRNO_MFILE
-        in_scratch = self._in_scratch(fd)
         writable = bool(rights & RIGHT_FD_WRITE) or bool(oflags & (OFLAG_CREAT | OFLAG_TRUNC))
-        if in_scratch and writable:
-            if not self._room():
-                return ERRNO_DQUOT
-            self._touched()
+        if writable and not self._may_grow(fd):
+            return ERRNO_DQUOT
         errno = self._real["path_open"](
             caller, fd, dirflags, path, path_len, oflags, rights, inheriting, fdflags, opened
         )
         if errno == ERRNO_SUCCESS:
             at = opened & 0xFFFFFFFF  # wasm i32 values arrive signed
             new_fd = int.from_bytes(self._memory.read(caller, at, at + 4), "little")
-            self.open[new_fd] = (in_scratch, writable)
+            self.open[new_fd] = (self._in_scratch(fd), writable)
         return errno
 
     def _path_create_directory(self, caller: wasmtime.Caller, fd: int, path: int,

@@ -72,7 +72,9 @@ def round_trips(
     client = manager.client()
     client.start_channels()
     client.wait_for_ready(timeout=120)
-    client.execute_interactive(STATES["~500 MiB"] + "\nx = 1", timeout=120, output_hook=lambda _: None)
+    client.execute_interactive(
+        STATES["~500 MiB"] + "\nx = 1", timeout=120, output_hook=lambda _: None
+    )
     samples = []
     for _ in range(trips):
         time.sleep(pause)
@@ -96,16 +98,20 @@ def main() -> None:
     costs = checkpoint_costs(args.reps)
     print(f"{'guest state':<14}{'MiB':>8}{'min ms':>9}{'median ms':>11}{'ms/10 MiB':>11}")
     for label, row in costs.items():
-        print(f"{label:<14}{row['mib']:>8.0f}{row['min_ms']:>9.1f}{row['median_ms']:>11.1f}"
-              f"{row['ms_per_10_mib']:>11.2f}")
+        print(
+            f"{label:<14}{row['mib']:>8.0f}{row['min_ms']:>9.1f}{row['median_ms']:>11.1f}"
+            f"{row['ms_per_10_mib']:>11.2f}"
+        )
 
     trips: dict[str, dict[str, float]] = {}
     for pause in (0.0, 1.0):
         for rollback in (False, True):
             samples = round_trips(rollback, args.trips if pause == 0 else args.trips // 4, pause)
             key = f"pause {pause:.0f} s, rollback {'on' if rollback else 'off'}"
-            trips[key] = {"min_ms": min(samples) * 1e3,
-                          "median_ms": statistics.median(samples) * 1e3}
+            trips[key] = {
+                "min_ms": min(samples) * 1e3,
+                "median_ms": statistics.median(samples) * 1e3,
+            }
     print(f"\n{'x + 1 round trip (~500 MiB guest)':<36}{'min ms':>9}{'median ms':>11}")
     for key, row in trips.items():
         print(f"{key:<36}{row['min_ms']:>9.1f}{row['median_ms']:>11.1f}")

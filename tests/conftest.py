@@ -61,8 +61,13 @@ def plain(run: CellRun) -> Any:
 class Kernel:
     """A started kernel and its blocking client, with a helper to run a cell to completion."""
 
-    def __init__(self, extra_arguments: list[str] | None = None, env: dict[str, str] | None = None,
-                 cwd: str | os.PathLike[str] | None = None, kernel_name: str = KERNEL_NAME):
+    def __init__(
+        self,
+        extra_arguments: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        kernel_name: str = KERNEL_NAME,
+    ):
         self.manager = KernelManager(kernel_name=kernel_name)
         kwargs: dict[str, Any] = {"extra_arguments": extra_arguments or []}
         if env is not None:
@@ -128,8 +133,9 @@ def start_kernel() -> Iterator[Any]:
     """Factory for kernels with their own settings; all are shut down after the test."""
     started: list[Kernel] = []
 
-    def start(extra_arguments: list[str] | None = None, env: dict[str, str] | None = None,
-              **options: Any) -> Kernel:
+    def start(
+        extra_arguments: list[str] | None = None, env: dict[str, str] | None = None, **options: Any
+    ) -> Kernel:
         started.append(Kernel(extra_arguments, env, **options))
         return started[-1]
 

@@ -65,9 +65,9 @@ CELLS = [
 # HTML <script>, an event handler and a Javascript display.
 ACTIVE_CELL = (
     "from IPython.display import HTML, Javascript, display\n"
-    "display(HTML('<b id=\"html-out\">html kept</b><script>document.body.dataset.pwnedHtml = 1;"
-    " fetch(\"/api/contents/pwned-html\")</script>"
-    "<img src=\"missing.png\" onerror=\"document.body.dataset.pwnedImg = 1\">'))\n"
+    'display(HTML(\'<b id="html-out">html kept</b><script>document.body.dataset.pwnedHtml = 1;'
+    ' fetch("/api/contents/pwned-html")</script>'
+    '<img src="missing.png" onerror="document.body.dataset.pwnedImg = 1">\'))\n'
     "display(Javascript('document.body.dataset.pwnedJs = 1; fetch(\"/api/contents/pwned-js\")'))"
 )
 PWNED = ("data-pwned-html", "data-pwned-img", "data-pwned-js")
@@ -342,7 +342,9 @@ def _write_allow_kernelspec(data_dir: Path, base: KernelSpec) -> None:
 def _write_notebook(path: Path, kernel: str, display_name: str, cells: list[str]) -> None:
     notebook = nbformat.v4.new_notebook()
     notebook.metadata["kernelspec"] = {
-        "name": kernel, "display_name": display_name, "language": "python"
+        "name": kernel,
+        "display_name": display_name,
+        "language": "python",
     }
     notebook.cells = [nbformat.v4.new_code_cell(source) for source in cells]
     nbformat.write(notebook, path)

@@ -161,7 +161,9 @@ def test_touched_but_unchanged_entry_is_reused(cache_dir: Path, runtime: Runtime
     assert_usable(compiled, runtime)
 
 
-def test_stale_entry_of_same_runtime_is_pruned_after_build(cache_dir: Path, runtime: Runtime) -> None:
+def test_stale_entry_of_same_runtime_is_pruned_after_build(
+    cache_dir: Path, runtime: Runtime
+) -> None:
     """An entry left by another wasmtime or engine (other key) goes once the new one is built."""
     cache_dir.mkdir()
     stale = cache_dir / f"{runtime.name}-{'0' * 24}"
@@ -301,8 +303,9 @@ def _make_read_only(root: Path) -> None:
     root.chmod(0o555)
 
 
-def _load_in_child(cache_dir: Path, runtime: Runtime, uid: int | None,
-                   lookup_first: bool = True) -> str:
+def _load_in_child(
+    cache_dir: Path, runtime: Runtime, uid: int | None, lookup_first: bool = True
+) -> str:
     """Look up and load the entry in a forked child, as ``uid`` if given; returns its verdict.
 
     A fork rather than a new interpreter: the venv's Python may live where another user
@@ -410,8 +413,9 @@ def _snapshot(root: Path) -> list[tuple[str, int, int, int, str]]:
     for path in sorted([root, *root.rglob("*")]):
         stat = path.lstat()
         digest = sha256_of(path) if path.is_file() else ""
-        rows.append((str(path.relative_to(root)), stat.st_mode, stat.st_ino, stat.st_mtime_ns,
-                     digest))
+        rows.append(
+            (str(path.relative_to(root)), stat.st_mode, stat.st_ino, stat.st_mtime_ns, digest)
+        )
     return rows
 
 
@@ -444,7 +448,9 @@ def _users_to_try() -> list[int | None]:
     return users
 
 
-@pytest.mark.parametrize("uid", _users_to_try(), ids=lambda uid: "self" if uid is None else "nobody")
+@pytest.mark.parametrize(
+    "uid", _users_to_try(), ids=lambda uid: "self" if uid is None else "nobody"
+)
 def test_missing_entry_in_read_only_cache_names_folder_and_command(
     runtime: Runtime, uid: int | None
 ) -> None:
@@ -463,7 +469,9 @@ def test_missing_entry_in_read_only_cache_names_folder_and_command(
         assert _snapshot(cache_dir) == before
 
 
-@pytest.mark.parametrize("uid", _users_to_try(), ids=lambda uid: "self" if uid is None else "nobody")
+@pytest.mark.parametrize(
+    "uid", _users_to_try(), ids=lambda uid: "self" if uid is None else "nobody"
+)
 def test_damaged_entry_in_read_only_cache_is_kept_and_reported(
     runtime: Runtime, uid: int | None
 ) -> None:

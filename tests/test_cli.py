@@ -24,20 +24,28 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
 
-def cli(*arguments: str, cwd: Path | None = None, env: dict | None = None,
-        check: bool = True) -> subprocess.CompletedProcess[str]:
+def cli(
+    *arguments: str, cwd: Path | None = None, env: dict | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "wasm_kernel", *arguments], capture_output=True, text=True,
-        timeout=300, check=check, cwd=cwd, env={**os.environ, **(env or {})},
+        [sys.executable, "-m", "wasm_kernel", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=check,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
     )
 
 
 def kernel_jsons(kernels: Path) -> dict[str, dict]:
-    return {path.parent.name: json.loads(path.read_text())
-            for path in kernels.glob("*/kernel.json")}
+    return {
+        path.parent.name: json.loads(path.read_text()) for path in kernels.glob("*/kernel.json")
+    }
 
 
 # -- help ------------------------------------------------------------------------------------
+
 
 def test_help_lists_our_commands_and_where_the_settings_are() -> None:
     shown = cli("--help").stdout
@@ -70,9 +78,24 @@ def test_help_all_shows_our_settings_first_with_real_defaults() -> None:
 
 # -- install ---------------------------------------------------------------------------------
 
+
 def test_install_takes_ipykernel_flags_and_derives_names_per_profile(tmp_path: Path) -> None:
-    done = cli("install", "--prefix", str(tmp_path), "--no-precompile", "--name", "mine",
-               "--display-name", "Mine", "--env", "WASM_KERNEL_FUEL", "2e11", "--env", "A", "b")
+    done = cli(
+        "install",
+        "--prefix",
+        str(tmp_path),
+        "--no-precompile",
+        "--name",
+        "mine",
+        "--display-name",
+        "Mine",
+        "--env",
+        "WASM_KERNEL_FUEL",
+        "2e11",
+        "--env",
+        "A",
+        "b",
+    )
     kernels = tmp_path / "share" / "jupyter" / "kernels"
     specs = kernel_jsons(kernels)
     assert sorted(specs) == ["mine", "mine-strict"]
@@ -88,8 +111,18 @@ def test_install_takes_ipykernel_flags_and_derives_names_per_profile(tmp_path: P
 
 
 def test_install_one_profile_takes_names_as_written(tmp_path: Path) -> None:
-    cli("install", "--prefix", str(tmp_path), "--no-precompile", "--sandbox-profile", "strict",
-        "--name", "exam", "--display-name", "Exam kernel")
+    cli(
+        "install",
+        "--prefix",
+        str(tmp_path),
+        "--no-precompile",
+        "--sandbox-profile",
+        "strict",
+        "--name",
+        "exam",
+        "--display-name",
+        "Exam kernel",
+    )
     specs = kernel_jsons(tmp_path / "share" / "jupyter" / "kernels")
     assert list(specs) == ["exam"]
     assert specs["exam"]["display_name"] == "Exam kernel"
@@ -99,8 +132,14 @@ def test_install_one_profile_takes_names_as_written(tmp_path: Path) -> None:
 
 def test_install_for_the_user(tmp_path: Path) -> None:
     """--user goes to the user's Jupyter data folder, even inside a virtual environment."""
-    done = cli("install", "--user", "--no-precompile", "--sandbox-profile", "notebook",
-               env={"JUPYTER_DATA_DIR": str(tmp_path)})
+    done = cli(
+        "install",
+        "--user",
+        "--no-precompile",
+        "--sandbox-profile",
+        "notebook",
+        env={"JUPYTER_DATA_DIR": str(tmp_path)},
+    )
     assert list(kernel_jsons(tmp_path / "kernels")) == ["wasm-python"]
     assert "JUPYTER_PATH" not in done.stdout  # Jupyter looks there already
 
@@ -109,8 +148,15 @@ def test_install_into_sys_prefix() -> None:
     name = f"wasm-cli-test-{os.getpid()}"
     folder = Path(sys.prefix) / "share" / "jupyter" / "kernels" / name
     try:
-        cli("install", "--sys-prefix", "--no-precompile", "--sandbox-profile", "strict",
-            "--name", name)
+        cli(
+            "install",
+            "--sys-prefix",
+            "--no-precompile",
+            "--sandbox-profile",
+            "strict",
+            "--name",
+            name,
+        )
         assert json.loads((folder / "kernel.json").read_text())["argv"][0] == sys.executable
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -121,11 +167,10 @@ def test_install_profile_flag_does_not_take_ipython_profiles(tmp_path: Path) -> 
     The old spelling still picks a sandbox profile, with a note."""
     old = cli("install", "--prefix", str(tmp_path), "--no-precompile", "--profile", "strict")
     assert "--sandbox-profile strict" in old.stderr
-    assert list(kernel_jsons(tmp_path / "share" / "jupyter" / "kernels")) == [
-        "wasm-python-strict"
-    ]
-    refused = cli("install", "--prefix", str(tmp_path), "--no-precompile", "--profile",
-                  "default", check=False)
+    assert list(kernel_jsons(tmp_path / "share" / "jupyter" / "kernels")) == ["wasm-python-strict"]
+    refused = cli(
+        "install", "--prefix", str(tmp_path), "--no-precompile", "--profile", "default", check=False
+    )
     assert refused.returncode == 2
     assert "IPython profile" in refused.stderr and "--sandbox-profile" in refused.stderr
 
@@ -137,16 +182,19 @@ def test_install_places_are_exclusive(tmp_path: Path) -> None:
 
 # -- run ---------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def notebook_with_csv(tmp_path: Path) -> Path:
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "sales.csv").write_text("region,amount\nnorth,3\nsouth,4\n")
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(
-        "import os, pandas as pd\nprint('in', os.getcwd())\n"
-        "print('total', int(pd.read_csv('sales.csv').amount.sum()))"
-    )]
+    notebook.cells = [
+        nbformat.v4.new_code_cell(
+            "import os, pandas as pd\nprint('in', os.getcwd())\n"
+            "print('total', int(pd.read_csv('sales.csv').amount.sum()))"
+        )
+    ]
     nbformat.write(notebook, folder / "report.ipynb")
     return folder / "report.ipynb"
 
@@ -173,6 +221,7 @@ def test_run_reports_a_missing_notebook_or_kernelspec(
 
 # -- the README's command-line examples ----------------------------------------------------------
 
+
 def readme_command(tool: str) -> str:
     """The README's example line that starts with ``tool``, as written."""
     for line in (ROOT / "README.md").read_text().splitlines():
@@ -185,12 +234,14 @@ def run_from_root(command: str) -> subprocess.CompletedProcess[str]:
     """``command`` from the repository root, with this environment's tools first on PATH
     (as after activating the venv)."""
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    return subprocess.run(command, shell=True, cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        command, shell=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
-@pytest.mark.skipif(shutil.which("papermill", path=str(BIN)) is None,
-                    reason="papermill is in the test extra")
+@pytest.mark.skipif(
+    shutil.which("papermill", path=str(BIN)) is None, reason="papermill is in the test extra"
+)
 def test_readme_papermill_line_works_from_the_repository_root(tmp_path: Path) -> None:
     command = readme_command("papermill")
     output = command.split()[2]  # papermill IN OUT ...: written into tmp_path, not the repo
@@ -207,6 +258,7 @@ def test_readme_jupyter_execute_line_works_from_the_repository_root() -> None:
 
 
 # -- the README's list of what works -----------------------------------------------------------
+
 
 def readme_examples() -> list[tuple[str, str]]:
     """(works, example) for each row of the README's "What works" table."""

@@ -27,10 +27,24 @@ def test_help_all_lists_every_setting() -> None:
     """``python -m wasm_kernel --help-all`` documents each trait with its environment name."""
     shown = subprocess.run(
         [sys.executable, "-m", "wasm_kernel", "--help-all"],
-        capture_output=True, text=True, timeout=120, check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout
-    for trait in ("profile", "mounts", "working_dir", "fuel", "time_limit", "memory_limit",
-                  "output_limit", "interrupt_grace", "rollback", "cache_dir", "history_file"):
+    for trait in (
+        "profile",
+        "mounts",
+        "working_dir",
+        "fuel",
+        "time_limit",
+        "memory_limit",
+        "output_limit",
+        "interrupt_grace",
+        "rollback",
+        "cache_dir",
+        "history_file",
+    ):
         assert f"--WasmKernel.{trait}=" in shown, trait
         assert f"WASM_KERNEL_{trait.upper()}" in shown, trait
     assert "notebook" in shown and "strict" in shown
@@ -39,12 +53,25 @@ def test_help_all_lists_every_setting() -> None:
 def installed_specs(prefix: Path, *arguments: str) -> dict[str, dict]:
     """Install a kernelspec under ``prefix``; every kernel.json there, by kernelspec name."""
     subprocess.run(
-        [sys.executable, "-m", "wasm_kernel", "install", "--prefix", str(prefix),
-         "--no-precompile", *arguments],
-        capture_output=True, text=True, timeout=120, check=True,
+        [
+            sys.executable,
+            "-m",
+            "wasm_kernel",
+            "install",
+            "--prefix",
+            str(prefix),
+            "--no-precompile",
+            *arguments,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     kernels = prefix / "share" / "jupyter" / "kernels"
-    return {path.parent.name: json.loads(path.read_text()) for path in kernels.glob("*/kernel.json")}
+    return {
+        path.parent.name: json.loads(path.read_text()) for path in kernels.glob("*/kernel.json")
+    }
 
 
 @pytest.mark.parametrize(
@@ -85,7 +112,8 @@ def test_strict_profile_lowers_limits_and_mounts_nothing(start_kernel, tmp_path:
     assert f"memory {STRICT.memory_limit >> 20} MiB" in banner
     assert "Host folders:\n  none" in banner
     assert plain(ok(kernel.execute("import os\nos.getcwd(), os.path.exists('/notebook')"))) == (
-        "/tmp", False
+        "/tmp",
+        False,
     )
     run = kernel.execute("open('sales.csv').read()")
     assert run.content["ename"] == "FileNotFoundError"
@@ -101,7 +129,8 @@ def test_strict_kernelspec_mounts_nothing_whatever_the_config_says(
     )
     kernel = start_kernel(
         env={"JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "WASM_KERNEL_MOUNTS": "data:/d2"},
-        kernel_name="wasm-python-strict", cwd=tmp_path,
+        kernel_name="wasm-python-strict",
+        cwd=tmp_path,
     )
     assert "Host folders:\n  none" in kernel.banner()
     cell = "import os\n[os.path.exists(p) for p in ('/data', '/d2')]"
@@ -134,11 +163,14 @@ def test_environment_sets_mounts_and_limits(start_kernel, tmp_path: Path) -> Non
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "numbers.txt").write_text("1 2 3")
     (tmp_path / "out").mkdir()
-    kernel = start_kernel(env={
-        "WASM_KERNEL_MOUNTS": "in:/in:ro; out:/out:rw",
-        "WASM_KERNEL_WORKING_DIR": "/out",
-        "WASM_KERNEL_MEMORY_LIMIT": str(768 << 20),
-    }, cwd=tmp_path)
+    kernel = start_kernel(
+        env={
+            "WASM_KERNEL_MOUNTS": "in:/in:ro; out:/out:rw",
+            "WASM_KERNEL_WORKING_DIR": "/out",
+            "WASM_KERNEL_MEMORY_LIMIT": str(768 << 20),
+        },
+        cwd=tmp_path,
+    )
     banner = kernel.banner()
     assert "memory 768 MiB" in banner
     assert "/notebook <-" not in banner, "the variable replaces the profile's mounts"

@@ -71,8 +71,9 @@ def snapshot(root: Path) -> list[tuple[str, int, int, int, str]]:
                 for chunk in iter(lambda: file.read(8 << 20), b""):
                     sha.update(chunk)
             digest = sha.hexdigest()
-        rows.append((str(path.relative_to(root)), stat.st_mode, stat.st_ino, stat.st_mtime_ns,
-                     digest))
+        rows.append(
+            (str(path.relative_to(root)), stat.st_mode, stat.st_ino, stat.st_mtime_ns, digest)
+        )
     return rows
 
 
@@ -83,8 +84,12 @@ def _writes_refused(prefix: list[str]) -> bool:
     try:
         seal(probe)
         code = "import sys; open(sys.argv[1] + '/x', 'w')"
-        result = subprocess.run([*prefix, sys.executable, "-c", code, str(probe)],
-                                capture_output=True, timeout=60, check=False)
+        result = subprocess.run(
+            [*prefix, sys.executable, "-c", code, str(probe)],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
         return result.returncode != 0 and b"PermissionError" in result.stderr
     except (OSError, subprocess.SubprocessError):
         return False
@@ -101,8 +106,9 @@ def confinement() -> list[str]:
     else:
         prefix = ["unshare", "--user", f"--map-user={INNER_UID}", f"--map-group={INNER_UID}", "--"]
     if not _writes_refused(prefix):
-        pytest.skip("cannot run the kernel so that the OS refuses its writes (root without"
-                    " user namespaces)")
+        pytest.skip(
+            "cannot run the kernel so that the OS refuses its writes (root without user namespaces)"
+        )
     return prefix
 
 
@@ -121,7 +127,10 @@ def baked_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         shutil.copytree(source, RuntimeCache(folder).entry_dir(runtime), copy_function=shutil.copy2)
     result = subprocess.run(
         [sys.executable, "-m", "wasm_kernel", "precompile", "--cache-dir", str(folder)],
-        capture_output=True, text=True, timeout=600, check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert str(RuntimeCache(folder).entry_dir(runtime)) in result.stderr
@@ -164,8 +173,11 @@ class ConfinedKernel:
         for folder in (self.scratch, runtime_dir, workdir):
             folder.mkdir()
         self.log_path = tmp_path / "kernel.log"
-        base = {k: v for k, v in os.environ.items()
-                if not k.startswith(("WASM_KERNEL_", "JUPYTER_", "XDG_", "IPYTHON"))}
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("WASM_KERNEL_", "JUPYTER_", "XDG_", "IPYTHON"))
+        }
         self.env = {
             **base,
             "HOME": str(home),
@@ -208,8 +220,11 @@ class ConfinedKernel:
 
 
 def stream_text(messages: list[dict], name: str) -> str:
-    return "".join(m["content"]["text"] for m in messages
-                   if m["msg_type"] == "stream" and m["content"]["name"] == name)
+    return "".join(
+        m["content"]["text"]
+        for m in messages
+        if m["msg_type"] == "stream" and m["content"]["name"] == name
+    )
 
 
 def user_namespace_of(pid: int) -> str:
@@ -243,8 +258,9 @@ def test_kernel_runs_from_sealed_cache_with_sealed_home(
     the cache nor HOME changes, down to inodes and mtimes.
     """
     cache_before, home_before = snapshot(baked_cache), snapshot(sealed_home)
-    kernel = ConfinedKernel(tmp_path, confinement, sealed_home,
-                            point_at_cache(route, baked_cache, tmp_path))
+    kernel = ConfinedKernel(
+        tmp_path, confinement, sealed_home, point_at_cache(route, baked_cache, tmp_path)
+    )
     try:
         if confinement:
             assert user_namespace_of(kernel.manager.provisioner.process.pid) == str(INNER_UID)
@@ -296,8 +312,9 @@ def test_missing_entry_in_sealed_cache_is_a_clear_cell_error(
     seal(empty_cache)
     before = snapshot(empty_cache)
     try:
-        kernel = ConfinedKernel(tmp_path, confinement, sealed_home,
-                                {"WASM_KERNEL_CACHE_DIR": str(empty_cache)})
+        kernel = ConfinedKernel(
+            tmp_path, confinement, sealed_home, {"WASM_KERNEL_CACHE_DIR": str(empty_cache)}
+        )
         try:
             for _ in range(2):
                 reply, messages = kernel.execute("1 + 1", timeout=30)
@@ -336,8 +353,13 @@ def test_history_falls_back_to_memory_when_its_file_refuses_writes(
     seal(folder)
     before = snapshot(folder)
     try:
-        result = subprocess.run([*confinement, sys.executable, "-c", HISTORY_PROBE, str(path)],
-                                capture_output=True, text=True, timeout=60, check=False)
+        result = subprocess.run(
+            [*confinement, sys.executable, "-c", HISTORY_PROBE, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert snapshot(folder) == before
     finally:
         unseal(folder)
@@ -358,10 +380,18 @@ def gateway_kernelspec(target: Path, cache_dir: Path) -> Path:
     IPythonKernel subclasses, so the class name is set afterwards, as docs/deployment.md says.
     """
     subprocess.run(
-        [sys.executable, "-m", "gateway_provisioners.cli.ssh_specapp", "install",
-         f"--prefix={target}", "--kernel-name=wasm_python_gateway",
-         "--display-name=Python 3 (WASM sandbox, gateway)"],
-        check=True, capture_output=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "gateway_provisioners.cli.ssh_specapp",
+            "install",
+            f"--prefix={target}",
+            "--kernel-name=wasm_python_gateway",
+            "--display-name=Python 3 (WASM sandbox, gateway)",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
     )
     spec_dir = target / "share" / "jupyter" / "kernels" / "wasm_python_gateway"
     spec = json.loads((spec_dir / "kernel.json").read_text())
@@ -416,8 +446,12 @@ def test_gateway_provisioner_launches_the_kernel(
             kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec_dir.parent)]),
             transport_encryption=encryption,
         )
-        env = {**os.environ, "KERNEL_USERNAME": "wasm-kernel-test",
-               "IPYTHONDIR": str(ipython_dir), "TMPDIR": str(scratch)}
+        env = {
+            **os.environ,
+            "KERNEL_USERNAME": "wasm-kernel-test",
+            "IPYTHONDIR": str(ipython_dir),
+            "TMPDIR": str(scratch),
+        }
         await manager.start_kernel(env=env, cwd=str(tmp_path))
         try:
             provisioner: Any = manager.provisioner
@@ -431,11 +465,13 @@ def test_gateway_provisioner_launches_the_kernel(
                 outputs: list[dict] = []
                 reply = await client.execute_interactive(
                     "import numpy as np\nprint('gateway', int(np.ones(4).sum()))",
-                    timeout=60, output_hook=outputs.append,
+                    timeout=60,
+                    output_hook=outputs.append,
                 )
                 # an interrupt travels as a signal request to the launcher's listener
-                sleeper = asyncio.ensure_future(client.execute_interactive(
-                    "import time\ntime.sleep(60)", timeout=30))
+                sleeper = asyncio.ensure_future(
+                    client.execute_interactive("import time\ntime.sleep(60)", timeout=30)
+                )
                 await asyncio.sleep(1.5)
                 await manager.interrupt_kernel()
                 interrupted = (await sleeper)["content"]
@@ -443,8 +479,14 @@ def test_gateway_provisioner_launches_the_kernel(
                 client.stop_channels()
         finally:
             await manager.shutdown_kernel()
-        return (info, banner_reply["content"], stream_text(outputs, "stdout"), manager.kernel_id,
-                reply, interrupted)
+        return (
+            info,
+            banner_reply["content"],
+            stream_text(outputs, "stdout"),
+            manager.kernel_id,
+            reply,
+            interrupted,
+        )
 
     try:
         info, kernel_info, stdout, kernel_id, reply, interrupted = asyncio.run(scenario())
@@ -474,8 +516,11 @@ def _processes_naming(word: str) -> list[int]:
     found = []
     for proc in Path("/proc").iterdir():
         with contextlib.suppress(OSError):
-            if (proc.name.isdigit() and word.encode() in (proc / "cmdline").read_bytes()
-                    and (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"):
+            if (
+                proc.name.isdigit()
+                and word.encode() in (proc / "cmdline").read_bytes()
+                and (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+            ):
                 found.append(int(proc.name))
     return found
 

@@ -105,9 +105,11 @@ def test_stream_output_is_live(kernel: Kernel) -> None:
 
 def test_stdout_and_stderr_are_separate_streams_in_order(kernel: Kernel) -> None:
     """Interleaved prints keep their order and their stream name."""
-    run = ok(kernel.execute(
-        "import sys\nprint('out one')\nprint('err one', file=sys.stderr)\nprint('out two')"
-    ))
+    run = ok(
+        kernel.execute(
+            "import sys\nprint('out one')\nprint('err one', file=sys.stderr)\nprint('out two')"
+        )
+    )
     streams = [(c["name"], c["text"]) for c in run.of_type("stream")]
     assert streams == [("stdout", "out one\n"), ("stderr", "err one\n"), ("stdout", "out two\n")]
 
@@ -141,14 +143,16 @@ def test_statement_gives_no_result(kernel: Kernel) -> None:
 
 
 def test_repr_html_gives_html_and_plain(kernel: Kernel) -> None:
-    run = ok(kernel.execute(
-        "class Shouty:\n"
-        "    def _repr_html_(self):\n"
-        "        return '<h1>LOUD</h1>'\n"
-        "    def __repr__(self):\n"
-        "        return 'Shouty()'\n"
-        "Shouty()"
-    ))
+    run = ok(
+        kernel.execute(
+            "class Shouty:\n"
+            "    def _repr_html_(self):\n"
+            "        return '<h1>LOUD</h1>'\n"
+            "    def __repr__(self):\n"
+            "        return 'Shouty()'\n"
+            "Shouty()"
+        )
+    )
     [result] = run.of_type("execute_result")
     assert result["data"]["text/html"] == "<h1>LOUD</h1>"
     assert result["data"]["text/plain"] == "Shouty()"
@@ -156,24 +160,28 @@ def test_repr_html_gives_html_and_plain(kernel: Kernel) -> None:
 
 def test_repr_png_bytes_are_base64_encoded(kernel: Kernel) -> None:
     """Binary mime data must travel as base64 text, as the messaging spec requires."""
-    run = ok(kernel.execute(
-        "class Dot:\n"
-        "    def _repr_png_(self):\n"
-        "        return b'\\x89PNG\\r\\n\\x1a\\n' + bytes(range(16))\n"
-        "Dot()"
-    ))
+    run = ok(
+        kernel.execute(
+            "class Dot:\n"
+            "    def _repr_png_(self):\n"
+            "        return b'\\x89PNG\\r\\n\\x1a\\n' + bytes(range(16))\n"
+            "Dot()"
+        )
+    )
     [result] = run.of_type("execute_result")
     assert base64.b64decode(result["data"]["image/png"]) == PNG_SIGNATURE + bytes(range(16))
     assert "text/plain" in result["data"]
 
 
 def test_repr_mimebundle_gives_every_mime_type(kernel: Kernel) -> None:
-    run = ok(kernel.execute(
-        "class Multi:\n"
-        "    def _repr_mimebundle_(self, include=None, exclude=None):\n"
-        "        return {'text/markdown': '**multi**', 'application/json': {'k': [1, 2]}}\n"
-        "Multi()"
-    ))
+    run = ok(
+        kernel.execute(
+            "class Multi:\n"
+            "    def _repr_mimebundle_(self, include=None, exclude=None):\n"
+            "        return {'text/markdown': '**multi**', 'application/json': {'k': [1, 2]}}\n"
+            "Multi()"
+        )
+    )
     [result] = run.of_type("execute_result")
     assert result["data"]["text/markdown"] == "**multi**"
     assert result["data"]["application/json"] == {"k": [1, 2]}
@@ -262,9 +270,11 @@ def test_display_handle_update_reuses_display_id(kernel: Kernel) -> None:
 
 
 def test_clear_output_message(kernel: Kernel) -> None:
-    run = ok(kernel.execute(
-        "from IPython.display import clear_output\nprint('gone')\nclear_output(wait=True)"
-    ))
+    run = ok(
+        kernel.execute(
+            "from IPython.display import clear_output\nprint('gone')\nclear_output(wait=True)"
+        )
+    )
     assert run.of_type("clear_output") == [{"wait": True}]
 
 
@@ -284,7 +294,8 @@ def test_input_round_trip(kernel: Kernel) -> None:
 
 def test_getpass_sets_password_flag(kernel: Kernel) -> None:
     run, requests = execute_answering(
-        kernel, "import getpass\nsecret = getpass.getpass('Token: ')\nlen(secret), secret[::-1]",
+        kernel,
+        "import getpass\nsecret = getpass.getpass('Token: ')\nlen(secret), secret[::-1]",
         ["s3cret"],
     )
     ok(run)
@@ -360,11 +371,13 @@ def test_inspect_builtin(kernel: Kernel) -> None:
 
 
 def test_inspect_user_function(kernel: Kernel) -> None:
-    ok(kernel.execute(
-        "def greet(name, punctuation='!'):\n"
-        "    '''Say hello to someone by name.'''\n"
-        "    return 'hello ' + name + punctuation"
-    ))
+    ok(
+        kernel.execute(
+            "def greet(name, punctuation='!'):\n"
+            "    '''Say hello to someone by name.'''\n"
+            "    return 'hello ' + name + punctuation"
+        )
+    )
     for code, cursor in [("greet", 3), ("greet(", 6), ("greet('Ada', ", 13)]:
         reply = request(kernel, "inspect", code, cursor)["content"]
         assert reply["found"] is True, code
@@ -424,8 +437,14 @@ def test_history_tail(history_kernel: Any) -> None:
 def test_history_range_of_current_session(history_kernel: Any) -> None:
     started, _, cells, counts = history_kernel
     reply = request(
-        started, "history", hist_access_type="range", session=0,
-        start=counts[1], stop=counts[2] + 1, output=False, raw=True,
+        started,
+        "history",
+        hist_access_type="range",
+        session=0,
+        start=counts[1],
+        stop=counts[2] + 1,
+        output=False,
+        raw=True,
     )
     history = reply["content"]["history"]
     assert [(entry[1], entry[2]) for entry in history] == list(zip(counts[1:], cells[1:]))
@@ -434,8 +453,12 @@ def test_history_range_of_current_session(history_kernel: Any) -> None:
 def test_history_search_glob(history_kernel: Any) -> None:
     started, marker, cells, _ = history_kernel
     reply = request(
-        started, "history", hist_access_type="search", pattern=f"history_{marker}_*",
-        output=False, raw=True,
+        started,
+        "history",
+        hist_access_type="search",
+        pattern=f"history_{marker}_*",
+        output=False,
+        raw=True,
     )
     assert [entry[2] for entry in reply["content"]["history"]] == [cells[0], cells[2]]
 
@@ -477,47 +500,55 @@ def test_kernel_info_does_not_offer_a_debugger(kernel: Kernel) -> None:
 
 
 def test_numpy(kernel: Kernel) -> None:
-    run = ok(kernel.execute(
-        "import numpy as np\n"
-        "m = np.array([[2.0, 1.0], [1.0, 3.0]])\n"
-        "x = np.linalg.solve(m, np.array([3.0, 5.0]))\n"
-        "x.round(6).tolist(), int(np.arange(10).sum())"
-    ))
+    run = ok(
+        kernel.execute(
+            "import numpy as np\n"
+            "m = np.array([[2.0, 1.0], [1.0, 3.0]])\n"
+            "x = np.linalg.solve(m, np.array([3.0, 5.0]))\n"
+            "x.round(6).tolist(), int(np.arange(10).sum())"
+        )
+    )
     assert plain(run) == ([0.8, 1.4], 45)
 
 
 def test_pandas(kernel: Kernel) -> None:
-    run = ok(kernel.execute(
-        "import pandas as pd\n"
-        "df = pd.DataFrame({'g': ['a', 'b', 'a'], 'v': [1, 2, 3]})\n"
-        "df.groupby('g')['v'].sum().to_dict()"
-    ))
+    run = ok(
+        kernel.execute(
+            "import pandas as pd\n"
+            "df = pd.DataFrame({'g': ['a', 'b', 'a'], 'v': [1, 2, 3]})\n"
+            "df.groupby('g')['v'].sum().to_dict()"
+        )
+    )
     assert plain(run) == {"a": 4, "b": 2}
 
 
 def test_scipy(kernel: Kernel) -> None:
-    run = ok(kernel.execute(
-        "from scipy import integrate, optimize\n"
-        "area, _ = integrate.quad(lambda t: t ** 2, 0, 3)\n"
-        "root = optimize.brentq(lambda t: t ** 2 - 2, 0, 2)\n"
-        "round(area, 9), round(root, 9)"
-    ))
+    run = ok(
+        kernel.execute(
+            "from scipy import integrate, optimize\n"
+            "area, _ = integrate.quad(lambda t: t ** 2, 0, 3)\n"
+            "root = optimize.brentq(lambda t: t ** 2 - 2, 0, 2)\n"
+            "round(area, 9), round(root, 9)"
+        )
+    )
     assert plain(run) == (9.0, 1.414213562)
 
 
 def test_matplotlib_renders_png(kernel: Kernel) -> None:
-    run = ok(kernel.execute(
-        "import io\n"
-        "import matplotlib\n"
-        "matplotlib.use('Agg')\n"
-        "import matplotlib.pyplot as plt\n"
-        "fig, ax = plt.subplots()\n"
-        "ax.plot([0, 1, 2], [0, 1, 4])\n"
-        "buffer = io.BytesIO()\n"
-        "fig.savefig(buffer, format='png')\n"
-        "plt.close(fig)\n"
-        "buffer.getvalue()[:8], len(buffer.getvalue())"
-    ))
+    run = ok(
+        kernel.execute(
+            "import io\n"
+            "import matplotlib\n"
+            "matplotlib.use('Agg')\n"
+            "import matplotlib.pyplot as plt\n"
+            "fig, ax = plt.subplots()\n"
+            "ax.plot([0, 1, 2], [0, 1, 4])\n"
+            "buffer = io.BytesIO()\n"
+            "fig.savefig(buffer, format='png')\n"
+            "plt.close(fig)\n"
+            "buffer.getvalue()[:8], len(buffer.getvalue())"
+        )
+    )
     signature, size = plain(run)
     assert signature == PNG_SIGNATURE
     assert size > 1000
@@ -577,8 +608,12 @@ def test_shutdown_request_ends_the_process_gracefully(attempt: int) -> None:
     try:
         client.start_channels()
         client.wait_for_ready(timeout=120)
-        assert client.execute_interactive("1", timeout=60, output_hook=lambda _: None)[
-            "content"]["status"] == "ok"
+        assert (
+            client.execute_interactive("1", timeout=60, output_hook=lambda _: None)["content"][
+                "status"
+            ]
+            == "ok"
+        )
         msg_id = client.shutdown()
         reply = client.get_control_msg(timeout=30)
         assert reply["parent_header"]["msg_id"] == msg_id
@@ -598,12 +633,14 @@ def test_shutdown_request_ends_the_process_gracefully(attempt: int) -> None:
 
 def test_carriage_returns_and_long_lines_pass_through(kernel: Kernel) -> None:
     """tqdm's \\r progress bars and very long lines reach the client unchanged."""
-    run = ok(kernel.execute(
-        "from tqdm import tqdm\n"
-        "for _ in tqdm(range(3), mininterval=0):\n"
-        "    pass\n"
-        "print('y' * 200_000)"
-    ))
+    run = ok(
+        kernel.execute(
+            "from tqdm import tqdm\n"
+            "for _ in tqdm(range(3), mininterval=0):\n"
+            "    pass\n"
+            "print('y' * 200_000)"
+        )
+    )
     progress = run.stream_text("stderr")
     assert "\r" in progress and "100%" in progress and "3/3" in progress
     assert run.stream_text("stdout") == "y" * 200_000 + "\n"

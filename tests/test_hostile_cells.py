@@ -56,12 +56,32 @@ HOST_TMP = Path(tempfile.gettempdir())
 # text that only the host side of the kernel knows: it must never reach a client through iopub
 HOST_LEAKS = (str(Path(wasm_kernel.__file__).parent), "refused a guest message", "host.call failed")
 
-FS_ERRORS = ("FileNotFoundError", "PermissionError", "OSError", "NotADirectoryError",
-             "IsADirectoryError", "FileExistsError")
-NO_PROCESS_ERRORS = ("AttributeError", "OSError", "NotImplementedError", "ModuleNotFoundError",
-                     "ImportError", "RuntimeError", "PermissionError", "FileNotFoundError")
-TRAPS = ("GuestCrashed", "GuestExited", "StackOverflow", "TimeLimitExceeded",
-         "MemoryLimitExceeded", "FuelExhausted")
+FS_ERRORS = (
+    "FileNotFoundError",
+    "PermissionError",
+    "OSError",
+    "NotADirectoryError",
+    "IsADirectoryError",
+    "FileExistsError",
+)
+NO_PROCESS_ERRORS = (
+    "AttributeError",
+    "OSError",
+    "NotImplementedError",
+    "ModuleNotFoundError",
+    "ImportError",
+    "RuntimeError",
+    "PermissionError",
+    "FileNotFoundError",
+)
+TRAPS = (
+    "GuestCrashed",
+    "GuestExited",
+    "StackOverflow",
+    "TimeLimitExceeded",
+    "MemoryLimitExceeded",
+    "FuelExhausted",
+)
 
 
 # -- observing a kernel ----------------------------------------------------------------------
@@ -69,10 +89,13 @@ TRAPS = ("GuestCrashed", "GuestExited", "StackOverflow", "TimeLimitExceeded",
 
 def describe(run: CellRun) -> str:
     content = run.content
-    lines = [f"status={content.get('status')} ename={content.get('ename')}",
-             f"evalue={str(content.get('evalue'))[:500]}",
-             f"messages={[m['msg_type'] for m in run.messages][:20]}",
-             f"stdout={run.stream_text()[:300]!r}", f"stderr={run.stream_text('stderr')[:500]!r}"]
+    lines = [
+        f"status={content.get('status')} ename={content.get('ename')}",
+        f"evalue={str(content.get('evalue'))[:500]}",
+        f"messages={[m['msg_type'] for m in run.messages][:20]}",
+        f"stdout={run.stream_text()[:300]!r}",
+        f"stderr={run.stream_text('stderr')[:500]!r}",
+    ]
     if run.strays:
         lines.append(f"strays={[(m['msg_type'], str(m['content'])[:300]) for m in run.strays]}")
     return "\n".join(lines)
@@ -162,8 +185,9 @@ class HostWatch:
         self.canary_stat = self.canary.stat()
         self.http = RecordingHTTPServer()
         self.port = self.http.server_address[1]
-        threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.05},
-                         daemon=True).start()
+        threading.Thread(
+            target=self.http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
         self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.udp.bind(("127.0.0.1", 0))
         self.udp.setblocking(False)
@@ -195,7 +219,11 @@ class HostWatch:
         now = self.canary.stat()
         before = self.canary_stat
         assert (now.st_ino, now.st_nlink, now.st_size, now.st_mtime_ns, now.st_mode) == (
-            before.st_ino, before.st_nlink, before.st_size, before.st_mtime_ns, before.st_mode
+            before.st_ino,
+            before.st_nlink,
+            before.st_size,
+            before.st_mtime_ns,
+            before.st_mode,
         ), "the host canary's inode changed (link count, size, time or mode)"
         created = [str(marker) for marker in self.markers if os.path.lexists(marker)]
         assert not created, f"the cell created files on the host: {created}"
@@ -231,8 +259,10 @@ def history_file(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def common_arguments(history_file: str) -> list[str]:
-    return [f"--WasmKernel.output_limit={OUTPUT_LIMIT}",
-            f"--WasmKernel.history_file={history_file}"]
+    return [
+        f"--WasmKernel.output_limit={OUTPUT_LIMIT}",
+        f"--WasmKernel.history_file={history_file}",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -248,9 +278,13 @@ def shared(history_file: str) -> Iterator[KernelWatch]:
 @pytest.fixture(scope="module")
 def limited(history_file: str) -> Iterator[KernelWatch]:
     """A kernel with a short wall-clock limit and little memory, for runaway cells."""
-    kernel = Kernel(common_arguments(history_file) + [
-        f"--WasmKernel.time_limit={TIME_LIMIT}", f"--WasmKernel.memory_limit={MEMORY_LIMIT}",
-    ])
+    kernel = Kernel(
+        common_arguments(history_file)
+        + [
+            f"--WasmKernel.time_limit={TIME_LIMIT}",
+            f"--WasmKernel.memory_limit={MEMORY_LIMIT}",
+        ]
+    )
     try:
         yield KernelWatch(ready(kernel))
     finally:
@@ -317,8 +351,11 @@ def trapped(*enames: str) -> Expect:
 
 
 def output_bounded(run: CellRun, notice: bool) -> None:
-    published = sum(len(json.dumps(m["content"]).encode()) for m in run.messages
-                    if m["msg_type"] != "execute_input")
+    published = sum(
+        len(json.dumps(m["content"]).encode())
+        for m in run.messages
+        if m["msg_type"] != "execute_input"
+    )
     stdout = run.stream_text().encode()
     assert len(stdout) <= OUTPUT_LIMIT, f"{len(stdout):,} bytes of stdout passed the limit"
     # JSON escaping and message framing add a little; megabytes more would be a leak
@@ -410,12 +447,21 @@ class Case:
 
 
 FORGED_LINES = [
-    json.dumps({
-        "header": {"msg_id": "forged", "msg_type": "execute_result", "session": "x",
-                   "username": "x", "date": "2020-01-01T00:00:00Z", "version": "5.3"},
-        "parent_header": {}, "metadata": {},
-        "content": {"execution_count": 1, "data": {"text/plain": "PWNED"}, "metadata": {}},
-    }),
+    json.dumps(
+        {
+            "header": {
+                "msg_id": "forged",
+                "msg_type": "execute_result",
+                "session": "x",
+                "username": "x",
+                "date": "2020-01-01T00:00:00Z",
+                "version": "5.3",
+            },
+            "parent_header": {},
+            "metadata": {},
+            "content": {"execution_count": 1, "data": {"text/plain": "PWNED"}, "metadata": {}},
+        }
+    ),
     "<IDS|MSG>",
     "0" * 64,
     json.dumps({"op": "display", "data": {"text/html": "<script>alert(1)</script>"}}),
@@ -455,15 +501,21 @@ CASES = [
     Case("traversal-relative", "open('../../../etc/passwd').read()", raises(*FS_ERRORS)),
     Case("traversal-to-host-canary", "open('../$canary_name').read()", raises(*FS_ERRORS)),
     Case("traversal-deep", "open('/tmp/' + '../' * 64 + 'etc/passwd').read()", raises(*FS_ERRORS)),
-    Case("traversal-from-readonly-preopen",
-         "open('/usr/local/lib/../../../etc/passwd').read()", raises(*FS_ERRORS)),
+    Case(
+        "traversal-from-readonly-preopen",
+        "open('/usr/local/lib/../../../etc/passwd').read()",
+        raises(*FS_ERRORS),
+    ),
     Case("proc-self-environ", "open('/proc/self/environ', 'rb').read()", raises(*FS_ERRORS)),
-    Case("proc-kernel-environ", "open('/proc/$kernel_pid/environ', 'rb').read()",
-         raises(*FS_ERRORS)),
+    Case(
+        "proc-kernel-environ", "open('/proc/$kernel_pid/environ', 'rb').read()", raises(*FS_ERRORS)
+    ),
     Case("etc-shadow", "open('/etc/shadow').read()", raises(*FS_ERRORS)),
     Case("host-home-listing", "import os\nos.listdir('$home')", raises(*FS_ERRORS)),
     Case("host-home-write", "open('$home_marker', 'w').write('pwned')", raises(*FS_ERRORS)),
-    Case("host-canary-absolute-path-is-private", """
+    Case(
+        "host-canary-absolute-path-is-private",
+        """
 import json
 outcome = {}
 try:
@@ -476,50 +528,89 @@ outcome['read after'] = open('$canary').read()
 import os
 os.remove('$canary')
 print(json.dumps(outcome))
-""", guest_canary_is_private),
-    Case("symlink-absolute-etc-passwd", SYMLINK_CELL.replace("TARGET", "'/etc/passwd'"),
-         symlink_blocked),
-    Case("symlink-relative-etc-passwd",
-         SYMLINK_CELL.replace("TARGET", "'../' * 8 + 'etc/passwd'"), symlink_blocked),
-    Case("symlink-to-host-tmp-canary", SYMLINK_CELL.replace("TARGET", "'../$canary_name'"),
-         symlink_blocked),
-    Case("symlink-to-host-tmp-folder", """
+""",
+        guest_canary_is_private,
+    ),
+    Case(
+        "symlink-absolute-etc-passwd",
+        SYMLINK_CELL.replace("TARGET", "'/etc/passwd'"),
+        symlink_blocked,
+    ),
+    Case(
+        "symlink-relative-etc-passwd",
+        SYMLINK_CELL.replace("TARGET", "'../' * 8 + 'etc/passwd'"),
+        symlink_blocked,
+    ),
+    Case(
+        "symlink-to-host-tmp-canary",
+        SYMLINK_CELL.replace("TARGET", "'../$canary_name'"),
+        symlink_blocked,
+    ),
+    Case(
+        "symlink-to-host-tmp-folder",
+        """
 import os
 try:
     os.symlink('..', '/tmp/up-$tag')
 except OSError:
     pass
 os.listdir('/tmp/up-$tag')
-""", raises(*FS_ERRORS)),
-    Case("hardlink-to-host-canary", "import os\nos.link('../$canary_name', '/tmp/hl-$tag')",
-         raises(*FS_ERRORS)),
-    Case("hardlink-to-etc-passwd", "import os\nos.link('/etc/passwd', '/tmp/hp-$tag')",
-         raises(*FS_ERRORS)),
-    Case("os-open-creat-etc",
-         "import os\nos.open('/etc/wasm-kernel-$tag', os.O_CREAT | os.O_WRONLY | os.O_EXCL)",
-         raises(*FS_ERRORS)),
-    Case("os-open-creat-host-home",
-         "import os\nos.open('$home_marker', os.O_CREAT | os.O_WRONLY | os.O_EXCL)",
-         raises(*FS_ERRORS)),
-    Case("os-open-creat-host-tmp-by-traversal",
-         "import os\nos.open('../$tmp_marker_name', os.O_CREAT | os.O_WRONLY | os.O_EXCL)",
-         raises(*FS_ERRORS)),
-    Case("os-open-root-folder", "import os\nos.open('/', os.O_RDONLY | os.O_DIRECTORY)",
-         raises(*FS_ERRORS)),
-    Case("os-open-above-preopen", "import os\nos.open('/usr/local/lib/..', os.O_RDONLY)",
-         raises(*FS_ERRORS)),
+""",
+        raises(*FS_ERRORS),
+    ),
+    Case(
+        "hardlink-to-host-canary",
+        "import os\nos.link('../$canary_name', '/tmp/hl-$tag')",
+        raises(*FS_ERRORS),
+    ),
+    Case(
+        "hardlink-to-etc-passwd",
+        "import os\nos.link('/etc/passwd', '/tmp/hp-$tag')",
+        raises(*FS_ERRORS),
+    ),
+    Case(
+        "os-open-creat-etc",
+        "import os\nos.open('/etc/wasm-kernel-$tag', os.O_CREAT | os.O_WRONLY | os.O_EXCL)",
+        raises(*FS_ERRORS),
+    ),
+    Case(
+        "os-open-creat-host-home",
+        "import os\nos.open('$home_marker', os.O_CREAT | os.O_WRONLY | os.O_EXCL)",
+        raises(*FS_ERRORS),
+    ),
+    Case(
+        "os-open-creat-host-tmp-by-traversal",
+        "import os\nos.open('../$tmp_marker_name', os.O_CREAT | os.O_WRONLY | os.O_EXCL)",
+        raises(*FS_ERRORS),
+    ),
+    Case(
+        "os-open-root-folder",
+        "import os\nos.open('/', os.O_RDONLY | os.O_DIRECTORY)",
+        raises(*FS_ERRORS),
+    ),
+    Case(
+        "os-open-above-preopen",
+        "import os\nos.open('/usr/local/lib/..', os.O_RDONLY)",
+        raises(*FS_ERRORS),
+    ),
     Case("scandir-etc", "import os\nlist(os.scandir('/etc'))", raises(*FS_ERRORS)),
-    Case("chdir-above-preopen", """
+    Case(
+        "chdir-above-preopen",
+        """
 import os
 os.chdir('/usr/local/lib')
 try:
     os.listdir('..')
 finally:
     os.chdir('/tmp')
-""", raises(*FS_ERRORS)),
+""",
+        raises(*FS_ERRORS),
+    ),
     Case("very-long-name", "open('/tmp/' + 'a' * 5000, 'w')", raises(*FS_ERRORS)),
     Case("very-long-path", "open('/tmp/' + 'd/' * 50000 + 'x', 'w')", raises(*FS_ERRORS)),
-    Case("odd-bytes-in-names", r"""
+    Case(
+        "odd-bytes-in-names",
+        r"""
 import json, os
 outcome = {}
 name = '/tmp/odd-$tag\n\x1b[31m\u202e\U0001f4a3 ..'
@@ -537,16 +628,24 @@ try:
 except (OSError, ValueError) as exc:
     outcome['nul'] = type(exc).__name__
 print(json.dumps(outcome))
-""", odd_name_stays_private),
+""",
+        odd_name_stays_private,
+    ),
     # -- host environment
-    Case("host-env-vars", """
+    Case(
+        "host-env-vars",
+        """
 import json, os
 print(json.dumps({'PATH': os.environ.get('PATH'), 'HOME': os.getenv('HOME'),
                   'secret': os.getenv('$secret_name'),
                   'secret_b': (os.environb.get(b'$secret_name') or b'').decode() or None,
                   'environ': dict(os.environ)}))
-""", host_env_hidden),
-    Case("host-env-mutation", """
+""",
+        host_env_hidden,
+    ),
+    Case(
+        "host-env-mutation",
+        """
 import json, os
 os.environ['PATH'] = '/evil'
 os.environ['LD_PRELOAD'] = '/tmp/evil.so'
@@ -555,91 +654,164 @@ seen = {'PATH': os.environ['PATH'], 'LD_PRELOAD': os.environ['LD_PRELOAD']}
 del os.environ['PATH'], os.environ['LD_PRELOAD']
 os.unsetenv('$secret_name')
 print(json.dumps(seen))
-""", env_mutation_stays_inside),
+""",
+        env_mutation_stays_inside,
+    ),
     # -- network
-    Case("urllib-to-host-server",
-         "import urllib.request\n"
-         "urllib.request.urlopen('http://127.0.0.1:$port/', timeout=5).read()",
-         raises("URLError")),
-    Case("http-client-to-host-server", """
+    Case(
+        "urllib-to-host-server",
+        "import urllib.request\n"
+        "urllib.request.urlopen('http://127.0.0.1:$port/', timeout=5).read()",
+        raises("URLError"),
+    ),
+    Case(
+        "http-client-to-host-server",
+        """
 import http.client
 connection = http.client.HTTPConnection('127.0.0.1', $port, timeout=5)
 connection.request('GET', '/')
 connection.getresponse().read()
-""", raises("NetworkUnavailable")),
-    Case("socket-create-connection",
-         "import socket\nsocket.create_connection(('127.0.0.1', $port), timeout=5)",
-         raises("NetworkUnavailable")),
-    Case("udp-sendto-host", """
+""",
+        raises("NetworkUnavailable"),
+    ),
+    Case(
+        "socket-create-connection",
+        "import socket\nsocket.create_connection(('127.0.0.1', $port), timeout=5)",
+        raises("NetworkUnavailable"),
+    ),
+    Case(
+        "udp-sendto-host",
+        """
 import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.sendto(b'knock knock', ('127.0.0.1', $udp_port))
-""", raises("NetworkUnavailable")),
-    Case("socket-listen", """
+""",
+        raises("NetworkUnavailable"),
+    ),
+    Case(
+        "socket-listen",
+        """
 import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 s.bind(('127.0.0.1', 0))
 s.listen()
-""", raises("NetworkUnavailable")),
-    Case("dns-lookup", "import socket\nsocket.getaddrinfo('localhost', $port)",
-         raises("NetworkUnavailable")),
+""",
+        raises("NetworkUnavailable"),
+    ),
+    Case(
+        "dns-lookup",
+        "import socket\nsocket.getaddrinfo('localhost', $port)",
+        raises("NetworkUnavailable"),
+    ),
     # -- processes
-    Case("subprocess-shell",
-         "import subprocess\nsubprocess.Popen('touch $home_marker', shell=True)",
-         raises(*NO_PROCESS_ERRORS)),
-    Case("os-popen", "import os\nos.popen('touch $home_marker').read()",
-         raises(*NO_PROCESS_ERRORS)),
+    Case(
+        "subprocess-shell",
+        "import subprocess\nsubprocess.Popen('touch $home_marker', shell=True)",
+        raises(*NO_PROCESS_ERRORS),
+    ),
+    Case(
+        "os-popen", "import os\nos.popen('touch $home_marker').read()", raises(*NO_PROCESS_ERRORS)
+    ),
     Case("os-fork", "import os\nos.fork()", raises(*NO_PROCESS_ERRORS)),
-    Case("os-execv", "import os\nos.execv('/bin/sh', ['sh', '-c', 'touch $home_marker'])",
-         raises(*NO_PROCESS_ERRORS)),
-    Case("os-spawnv",
-         "import os\nos.spawnv(os.P_WAIT, '/bin/sh', ['sh', '-c', 'touch $home_marker'])",
-         raises(*NO_PROCESS_ERRORS)),
-    Case("os-posix-spawn",
-         "import os\nos.posix_spawn('/bin/sh', ['sh', '-c', 'touch $home_marker'], {})",
-         raises(*NO_PROCESS_ERRORS)),
-    Case("pty-spawn", "import pty\npty.spawn(['/bin/sh', '-c', 'touch $home_marker'])",
-         raises(*NO_PROCESS_ERRORS)),
-    Case("multiprocessing", "import multiprocessing\nmultiprocessing.Process(target=print).start()",
-         raises(*NO_PROCESS_ERRORS)),
+    Case(
+        "os-execv",
+        "import os\nos.execv('/bin/sh', ['sh', '-c', 'touch $home_marker'])",
+        raises(*NO_PROCESS_ERRORS),
+    ),
+    Case(
+        "os-spawnv",
+        "import os\nos.spawnv(os.P_WAIT, '/bin/sh', ['sh', '-c', 'touch $home_marker'])",
+        raises(*NO_PROCESS_ERRORS),
+    ),
+    Case(
+        "os-posix-spawn",
+        "import os\nos.posix_spawn('/bin/sh', ['sh', '-c', 'touch $home_marker'], {})",
+        raises(*NO_PROCESS_ERRORS),
+    ),
+    Case(
+        "pty-spawn",
+        "import pty\npty.spawn(['/bin/sh', '-c', 'touch $home_marker'])",
+        raises(*NO_PROCESS_ERRORS),
+    ),
+    Case(
+        "multiprocessing",
+        "import multiprocessing\nmultiprocessing.Process(target=print).start()",
+        raises(*NO_PROCESS_ERRORS),
+    ),
     Case("ctypes-cdll-none", "import ctypes\nctypes.CDLL(None)", raises("OSError")),
-    Case("ctypes-libc-system",
-         "import ctypes\nctypes.CDLL('libc.so.6').system(b'touch $home_marker')",
-         raises("OSError")),
+    Case(
+        "ctypes-libc-system",
+        "import ctypes\nctypes.CDLL('libc.so.6').system(b'touch $home_marker')",
+        raises("OSError"),
+    ),
     # -- threads
-    Case("thread-start", "import threading\nthreading.Thread(target=print, args=('x',)).start()",
-         raises("RuntimeError")),
-    Case("thread-low-level", "import _thread\n_thread.start_new_thread(print, ('x',))",
-         raises("RuntimeError")),
+    Case(
+        "thread-start",
+        "import threading\nthreading.Thread(target=print, args=('x',)).start()",
+        raises("RuntimeError"),
+    ),
+    Case(
+        "thread-low-level",
+        "import _thread\n_thread.start_new_thread(print, ('x',))",
+        raises("RuntimeError"),
+    ),
     # -- signals and exits
-    Case("raise-sigterm", "import signal\nsignal.raise_signal(signal.SIGTERM)",
-         trapped("GuestCrashed", "GuestExited")),
-    Case("raise-sigkill", "import signal\nsignal.raise_signal(signal.SIGKILL)",
-         trapped("GuestCrashed", "GuestExited")),
-    Case("kill-own-pid", "import os\nos.kill(os.getpid(), 9)",
-         raises("AttributeError", "OSError", "PermissionError", "GuestCrashed", "GuestExited")),
-    Case("kill-kernel-pid", "import os\nos.kill($kernel_pid, 9)",
-         raises("AttributeError", "OSError", "PermissionError", "ProcessLookupError")),
+    Case(
+        "raise-sigterm",
+        "import signal\nsignal.raise_signal(signal.SIGTERM)",
+        trapped("GuestCrashed", "GuestExited"),
+    ),
+    Case(
+        "raise-sigkill",
+        "import signal\nsignal.raise_signal(signal.SIGKILL)",
+        trapped("GuestCrashed", "GuestExited"),
+    ),
+    Case(
+        "kill-own-pid",
+        "import os\nos.kill(os.getpid(), 9)",
+        raises("AttributeError", "OSError", "PermissionError", "GuestCrashed", "GuestExited"),
+    ),
+    Case(
+        "kill-kernel-pid",
+        "import os\nos.kill($kernel_pid, 9)",
+        raises("AttributeError", "OSError", "PermissionError", "ProcessLookupError"),
+    ),
     Case("os-abort", "import os\nos.abort()", trapped("GuestCrashed", "GuestExited")),
-    Case("segfault", "import faulthandler\nfaulthandler._sigsegv()",
-         trapped("GuestCrashed", "GuestExited")),
+    Case(
+        "segfault",
+        "import faulthandler\nfaulthandler._sigsegv()",
+        trapped("GuestCrashed", "GuestExited"),
+    ),
     Case("os-exit", "import os\nos._exit(3)", trapped("GuestExited", "GuestCrashed")),
     # -- memory
-    Case("bytearray-4gib", "x = bytearray(4 * 2**30)",
-         raises("OverflowError", "MemoryError", "MemoryLimitExceeded")),
-    Case("numpy-empty-2-31", "import numpy as np\na = np.empty(2**31)",
-         raises("ValueError", "MemoryError", "MemoryLimitExceeded")),
+    Case(
+        "bytearray-4gib",
+        "x = bytearray(4 * 2**30)",
+        raises("OverflowError", "MemoryError", "MemoryLimitExceeded"),
+    ),
+    Case(
+        "numpy-empty-2-31",
+        "import numpy as np\na = np.empty(2**31)",
+        raises("ValueError", "MemoryError", "MemoryLimitExceeded"),
+    ),
     Case("bytearray-2gib", "x = bytearray(2**31 - 1)", raises("MemoryLimitExceeded"), "limited"),
-    Case("memory-bomb", """
+    Case(
+        "memory-bomb",
+        """
 def bomb():
     hoard = []
     while True:
         hoard.append(bytearray(10**7))
 bomb()
-""", raises("MemoryLimitExceeded"), "limited"),
+""",
+        raises("MemoryLimitExceeded"),
+        "limited",
+    ),
     # -- recursion
     Case("deep-recursion", "def f():\n    return f()\nf()", raises("RecursionError")),
-    Case("deep-recursion-raised-limit", """
+    Case(
+        "deep-recursion-raised-limit",
+        """
 import sys
 def f():
     return f()
@@ -649,23 +821,38 @@ try:
     f()
 finally:
     sys.setrecursionlimit(saved)
-""", trapped("StackOverflow", "RecursionError", "TimeLimitExceeded", "MemoryLimitExceeded"),
-         "limited"),
-    Case("deeply-nested-list", """
+""",
+        trapped("StackOverflow", "RecursionError", "TimeLimitExceeded", "MemoryLimitExceeded"),
+        "limited",
+    ),
+    Case(
+        "deeply-nested-list",
+        """
 def nest():
     item = []
     for _ in range(10**5):
         item = [item]
     return repr(item)
 nest()
-""", trapped("StackOverflow", "RecursionError")),
-    Case("deeply-nested-json", "import json\njson.loads('[' * 10**6)",
-         trapped("StackOverflow", "RecursionError", "JSONDecodeError")),
-    Case("deeply-nested-source", "eval('(' * 200000 + ')' * 200000)",
-         raises("SyntaxError", "RecursionError", "MemoryError", "MemoryLimitExceeded",
-                "StackOverflow")),
+""",
+        trapped("StackOverflow", "RecursionError"),
+    ),
+    Case(
+        "deeply-nested-json",
+        "import json\njson.loads('[' * 10**6)",
+        trapped("StackOverflow", "RecursionError", "JSONDecodeError"),
+    ),
+    Case(
+        "deeply-nested-source",
+        "eval('(' * 200000 + ')' * 200000)",
+        raises(
+            "SyntaxError", "RecursionError", "MemoryError", "MemoryLimitExceeded", "StackOverflow"
+        ),
+    ),
     # -- time
-    Case("infinite-generator-printing", """
+    Case(
+        "infinite-generator-printing",
+        """
 def numbers():
     n = 0
     while True:
@@ -673,56 +860,99 @@ def numbers():
         n += 1
 for n in numbers():
     print(n)
-""", printed_forever, "limited"),
+""",
+        printed_forever,
+        "limited",
+    ),
     Case("sleep-forever", "import time\ntime.sleep(10**6)", stopped_in_time, "limited"),
-    Case("loop-swallowing-everything", """
+    Case(
+        "loop-swallowing-everything",
+        """
 while True:
     try:
         while True:
             pass
     except BaseException:
         pass
-""", stopped_in_time, "limited"),
+""",
+        stopped_in_time,
+        "limited",
+    ),
     # -- output
     Case("gigabyte-of-output", "for _ in range(1000):\n    print('x' * 10**6)", gigabyte_printed),
-    Case("invalid-utf8-on-stdout", "import sys\nsys.stdout.buffer.write(b'\\xff\\xfe\\xc3(');",
-         replacement_characters),
+    Case(
+        "invalid-utf8-on-stdout",
+        "import sys\nsys.stdout.buffer.write(b'\\xff\\xfe\\xc3(');",
+        replacement_characters,
+    ),
     Case("display-100-mb", "display({'text/plain': 'x' * 10**8}, raw=True)", huge_display_dropped),
-    Case("forged-message-frames", "\n".join(
-        ["import os, sys"]
-        + [f"print({line!r})" for line in FORGED_LINES]
-        + [f"sys.stderr.write({FORGED_STDERR + chr(10)!r})",
-           "sys.stderr.flush()",
-           f"os.write(1, {FORGED_RAW!r});"]
-    ), lambda run, ctx: only_streams(
-        run, "\n".join(FORGED_LINES) + "\n" + FORGED_RAW.decode(), FORGED_STDERR + "\n")),
-    Case("ansi-escape-flood", f"print({ANSI_FLOOD!r})",
-         lambda run, ctx: only_streams(run, ANSI_FLOOD + "\n")),
+    Case(
+        "forged-message-frames",
+        "\n".join(
+            ["import os, sys"]
+            + [f"print({line!r})" for line in FORGED_LINES]
+            + [
+                f"sys.stderr.write({FORGED_STDERR + chr(10)!r})",
+                "sys.stderr.flush()",
+                f"os.write(1, {FORGED_RAW!r});",
+            ]
+        ),
+        lambda run, ctx: only_streams(
+            run, "\n".join(FORGED_LINES) + "\n" + FORGED_RAW.decode(), FORGED_STDERR + "\n"
+        ),
+    ),
+    Case(
+        "ansi-escape-flood",
+        f"print({ANSI_FLOOD!r})",
+        lambda run, ctx: only_streams(run, ANSI_FLOOD + "\n"),
+    ),
     # -- the raw host-call channel
     Case("host-call-garbage", HOST_CALL_SETUP + "_host.call(b'\\x00garbage')", host_call_refused),
-    Case("host-call-wrong-field-type",
-         HOST_CALL_SETUP + "_host.call(b'{\"op\": \"display\", \"data\": 5}')", host_call_refused),
-    Case("host-call-deep-brackets", HOST_CALL_SETUP + "_host.call(b'[' * 100000)",
-         host_call_refused),
-    Case("host-call-70-mb", HOST_CALL_SETUP + "_host.call(b' ' * (70 << 20))",
-         oversized_payload_dropped),
-    Case("host-call-unknown-op",
-         HOST_CALL_SETUP + "_host.call(b'{\"op\": \"exec\", \"code\": \"import os\"}')",
-         host_call_refused),
-    Case("host-call-not-an-object", HOST_CALL_SETUP + "_host.call(b'[\"op\", \"display\"]')",
-         host_call_refused),
-    Case("host-call-deep-metadata", HOST_CALL_SETUP
-         + "_host.call(b'{\"op\": \"display\", \"data\": {\"text/plain\": \"x\"}, \"metadata\":"
-           " {\"m\": ' + b'[' * 5000 + b']' * 5000 + b'}}')", host_call_refused),
-    Case("host-call-bad-input-prompt",
-         HOST_CALL_SETUP + "_host.call(b'{\"op\": \"input\", \"prompt\": 5}')", host_call_refused),
-    Case("host-call-infinite-sleep",
-         HOST_CALL_SETUP + "_host.call(b'{\"op\": \"sleep\", \"seconds\": Infinity}')",
-         host_call_refused),
-    Case("host-call-huge-sleep",
-         HOST_CALL_SETUP + "_host.call(b'{\"op\": \"sleep\", \"seconds\": 1e300}')",
-         host_call_refused),
-    Case("host-call-str", HOST_CALL_SETUP + "_host.call('{\"op\": \"clear\"}')", host_call_refused),
+    Case(
+        "host-call-wrong-field-type",
+        HOST_CALL_SETUP + '_host.call(b\'{"op": "display", "data": 5}\')',
+        host_call_refused,
+    ),
+    Case(
+        "host-call-deep-brackets", HOST_CALL_SETUP + "_host.call(b'[' * 100000)", host_call_refused
+    ),
+    Case(
+        "host-call-70-mb",
+        HOST_CALL_SETUP + "_host.call(b' ' * (70 << 20))",
+        oversized_payload_dropped,
+    ),
+    Case(
+        "host-call-unknown-op",
+        HOST_CALL_SETUP + '_host.call(b\'{"op": "exec", "code": "import os"}\')',
+        host_call_refused,
+    ),
+    Case(
+        "host-call-not-an-object",
+        HOST_CALL_SETUP + '_host.call(b\'["op", "display"]\')',
+        host_call_refused,
+    ),
+    Case(
+        "host-call-deep-metadata",
+        HOST_CALL_SETUP + '_host.call(b\'{"op": "display", "data": {"text/plain": "x"}, "metadata":'
+        " {\"m\": ' + b'[' * 5000 + b']' * 5000 + b'}}')",
+        host_call_refused,
+    ),
+    Case(
+        "host-call-bad-input-prompt",
+        HOST_CALL_SETUP + '_host.call(b\'{"op": "input", "prompt": 5}\')',
+        host_call_refused,
+    ),
+    Case(
+        "host-call-infinite-sleep",
+        HOST_CALL_SETUP + '_host.call(b\'{"op": "sleep", "seconds": Infinity}\')',
+        host_call_refused,
+    ),
+    Case(
+        "host-call-huge-sleep",
+        HOST_CALL_SETUP + '_host.call(b\'{"op": "sleep", "seconds": 1e300}\')',
+        host_call_refused,
+    ),
+    Case("host-call-str", HOST_CALL_SETUP + '_host.call(\'{"op": "clear"}\')', host_call_refused),
     Case("host-call-none", HOST_CALL_SETUP + "_host.call(None)", host_call_refused),
     Case("host-call-int", HOST_CALL_SETUP + "_host.call(12345)", host_call_refused),
     Case("host-call-no-args", HOST_CALL_SETUP + "_host.call()", host_call_refused),
@@ -764,9 +994,10 @@ def test_display_over_the_output_limit_is_dropped_with_the_notice(shared: Kernel
 def test_forged_reply_in_a_cell_cannot_poison_completion(shared: KernelWatch) -> None:
     """A cell may send the 'reply' op the service functions use; a later completion request
     must still get its own answer."""
-    run = shared.kernel.execute(HOST_CALL_SETUP
-                  + "_host.call(b'{\"op\": \"reply\", \"content\": {\"matches\": [\"pwned\"],"
-                    " \"cursor_start\": 0, \"cursor_end\": 0}}');")
+    run = shared.kernel.execute(
+        HOST_CALL_SETUP + '_host.call(b\'{"op": "reply", "content": {"matches": ["pwned"],'
+        ' "cursor_start": 0, "cursor_end": 0}}\');'
+    )
     assert run.content["status"] == "ok", describe(run)
     client = shared.kernel.client
     msg_id = client.complete("SENTIN", 6)
@@ -792,14 +1023,19 @@ class Tamper:
 TAMPERS = [
     Tamper("del-bootstrap-displayhook", "import _wasm_kernel\ndel _wasm_kernel.displayhook", False),
     Tamper("sys-displayhook-none", "import sys\nsys.displayhook = None", True),
-    Tamper("stdout-stringio-restored", """
+    Tamper(
+        "stdout-stringio-restored",
+        """
 import io, sys
 saved = sys.stdout
 sys.stdout = io.StringIO()
 print('hidden')
 sys.stdout = saved
 print('shown')
-""", False, expect_stdout="shown\n"),
+""",
+        False,
+        expect_stdout="shown\n",
+    ),
     Tamper("monkeypatch-input", "import builtins\nbuiltins.input = lambda *args: 'forged'", False),
     Tamper("del-bootstrap-module", "import sys\ndel sys.modules['_wasm_kernel']", True),
     Tamper("bootstrap-module-none", "import sys\nsys.modules['_wasm_kernel'] = None", True),

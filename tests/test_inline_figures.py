@@ -49,9 +49,13 @@ def one_png(run: CellRun) -> tuple[dict, tuple[int, int]]:
 def restore_format(kernel: Kernel) -> Iterator[None]:
     """Put the inline figure format back to PNG, whatever the test did."""
     yield
-    ok(kernel.execute("from matplotlib_inline.backend_inline import set_matplotlib_formats\n"
-                      "set_matplotlib_formats('png')\nimport matplotlib.pyplot as plt\n"
-                      "plt.close('all')"))
+    ok(
+        kernel.execute(
+            "from matplotlib_inline.backend_inline import set_matplotlib_formats\n"
+            "set_matplotlib_formats('png')\nimport matplotlib.pyplot as plt\n"
+            "plt.close('all')"
+        )
+    )
 
 
 # -- one figure per cell ------------------------------------------------------------------------
@@ -146,8 +150,7 @@ def test_set_matplotlib_formats(kernel: Kernel, restore_format: None) -> None:
 
 def test_pandas_plot(kernel: Kernel) -> None:
     """DataFrame.plot() draws through matplotlib and is shown inline."""
-    code = ("import pandas as pd\n"
-            "pd.DataFrame({'a': [1, 2, 3], 'b': [3, 1, 2]}).plot();")
+    code = "import pandas as pd\npd.DataFrame({'a': [1, 2, 3], 'b': [3, 1, 2]}).plot();"
     _, (width, height) = one_png(kernel.execute(code))
     assert width > 100 and height > 100
 

@@ -53,13 +53,17 @@ class Interrupted:
 
     def stdout(self) -> str:
         return "".join(
-            m["content"]["text"] for m in self.messages
+            m["content"]["text"]
+            for m in self.messages
             if m["msg_type"] == "stream" and m["content"]["name"] == "stdout"
         )
 
 
 def run_and_interrupt(
-    kernel, code: str, interrupt: Callable[[], object], allow_stdin: bool = False,
+    kernel,
+    code: str,
+    interrupt: Callable[[], object],
+    allow_stdin: bool = False,
     timeout: float = 60,
 ) -> Interrupted:
     """Run ``code``; once it is running (MARKER printed or input requested), interrupt it.
@@ -171,7 +175,9 @@ def test_user_code_can_catch_the_interrupt(kernel: Kernel) -> None:
 def test_interrupt_ends_a_pending_input(kernel: Kernel) -> None:
     assert kernel.execute("kept_input = 'x'").content["status"] == "ok"
     run = run_and_interrupt(
-        kernel, "answer = input('never answered: ')", kernel.manager.interrupt_kernel,
+        kernel,
+        "answer = input('never answered: ')",
+        kernel.manager.interrupt_kernel,
         allow_stdin=True,
     )
     assert run.content["status"] == "error"

@@ -15,15 +15,9 @@ from jupyter_client.manager import start_new_kernel
 
 KERNEL_NAME = os.environ.get("WASM_KERNEL_TEST_KERNEL", "wasm-python")
 
-HTML_CLASS = (
-    "class Bold:\n"
-    "    def _repr_html_(self):\n"
-    "        return '<b>bold</b>'\n"
-)
+HTML_CLASS = "class Bold:\n    def _repr_html_(self):\n        return '<b>bold</b>'\n"
 PNG_CLASS = (
-    "class Pixel:\n"
-    "    def _repr_png_(self):\n"
-    "        return b'\\x89PNG\\r\\n\\x1a\\n' + bytes(8)\n"
+    "class Pixel:\n    def _repr_png_(self):\n        return b'\\x89PNG\\r\\n\\x1a\\n' + bytes(8)\n"
 )
 
 
@@ -102,15 +96,23 @@ class WasmKernelSpecTests(_PrivateHistory, jupyter_kernel_test.KernelTests):
         {"code": HTML_CLASS + "display(Bold())", "mime": "text/html"},
         {"code": PNG_CLASS + "display(Pixel())", "mime": "image/png"},
         {"code": "display({'text/markdown': '# Title'}, raw=True)", "mime": "text/markdown"},
-        {"code": "from IPython.display import HTML; display(HTML('<i>html</i>'))",
-         "mime": "text/html"},
-        {"code": "from IPython.display import Image; "
-                 "display(Image(data=b'\\x89PNG\\r\\n\\x1a\\n' + bytes(8)))",
-         "mime": "image/png"},
-        {"code": "from IPython.display import Markdown; display(Markdown('**md**'))",
-         "mime": "text/markdown"},
-        {"code": "from IPython.display import Latex; display(Latex(r'$\\alpha$'))",
-         "mime": "text/latex"},
+        {
+            "code": "from IPython.display import HTML; display(HTML('<i>html</i>'))",
+            "mime": "text/html",
+        },
+        {
+            "code": "from IPython.display import Image; "
+            "display(Image(data=b'\\x89PNG\\r\\n\\x1a\\n' + bytes(8)))",
+            "mime": "image/png",
+        },
+        {
+            "code": "from IPython.display import Markdown; display(Markdown('**md**'))",
+            "mime": "text/markdown",
+        },
+        {
+            "code": "from IPython.display import Latex; display(Latex(r'$\\alpha$'))",
+            "mime": "text/latex",
+        },
         {"code": "from IPython.display import Math; display(Math('x^2'))", "mime": "text/latex"},
     ]
 

@@ -131,9 +131,7 @@ def test_time_limit_stops_the_cell(timed_kernel: Kernel, code: str) -> None:
     kept = timed_kernel.execute("timed_kept = {'n': 1}")
     assert kept.content["status"] == "ok"
     start = time.monotonic()
-    run = timed_kernel.execute(
-        f"timed_kept['n'] = 2\ntimed_new = 1\n{code}", timeout=60
-    )
+    run = timed_kernel.execute(f"timed_kept['n'] = 2\ntimed_new = 1\n{code}", timeout=60)
     elapsed = time.monotonic() - start
     content = run.content
     assert content["status"] == "error"
@@ -155,11 +153,14 @@ def test_time_limit_does_not_stop_a_short_cell(timed_kernel: Kernel) -> None:
 
 
 @pytest.mark.parametrize("after_answer", ["", "\nwhile True:\n    pass"])
-def test_time_limit_does_not_count_waiting_for_input(timed_kernel: Kernel, after_answer: str) -> None:
+def test_time_limit_does_not_count_waiting_for_input(
+    timed_kernel: Kernel, after_answer: str
+) -> None:
     """The 2 s limit pauses while the user answers input() (3 s here), then runs on."""
     client = timed_kernel.client
-    msg_id = client.execute(f"answer = input('name? ')\nprint('hi', answer){after_answer}",
-                            allow_stdin=True)
+    msg_id = client.execute(
+        f"answer = input('name? ')\nprint('hi', answer){after_answer}", allow_stdin=True
+    )
     assert client.get_stdin_msg(timeout=60)["content"]["prompt"] == "name? "
     time.sleep(3)
     client.input("Ada")

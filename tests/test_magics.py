@@ -23,8 +23,10 @@ def error_of(run: CellRun) -> dict:
     assert run.content["status"] == "error", f"cell did not fail: {run.messages}"
     errors = run.of_type("error")
     assert len(errors) == 1, errors
-    assert (errors[0]["ename"], errors[0]["evalue"]) == (run.content["ename"],
-                                                         run.content["evalue"])
+    assert (errors[0]["ename"], errors[0]["evalue"]) == (
+        run.content["ename"],
+        run.content["evalue"],
+    )
     return errors[0]
 
 
@@ -80,8 +82,9 @@ def test_timeit_prints_mean_and_std(kernel: Kernel) -> None:
 def test_timeit_respects_loops_and_repeats(kernel: Kernel) -> None:
     """`-n 5 -r 2` must be what ran, and what the summary says."""
     run = ok(kernel.execute("%timeit -n 5 -r 2 sum(range(10))"))
-    assert re.search(r"per loop \(mean ± std\. dev\. of 2 runs, 5 loops each\)",
-                     run.stream_text()), run.stream_text()
+    assert re.search(
+        r"per loop \(mean ± std\. dev\. of 2 runs, 5 loops each\)", run.stream_text()
+    ), run.stream_text()
 
 
 def test_timeit_counts_its_runs(kernel: Kernel) -> None:
@@ -95,8 +98,13 @@ def test_timeit_output_object_is_usable_in_next_cell(kernel: Kernel) -> None:
     """`%timeit -o` returns a TimeitResult; its loops/repeat/best are readable afterwards."""
     run = ok(kernel.execute("%timeit -o -n 4 -r 3 sum(range(10))"))
     assert run.result_text() is not None and "per loop" in run.result_text()
-    values = plain(ok(kernel.execute(
-        "_.loops, _.repeat, isinstance(_.best, float) and _.best > 0, len(_.all_runs)")))
+    values = plain(
+        ok(
+            kernel.execute(
+                "_.loops, _.repeat, isinstance(_.best, float) and _.best > 0, len(_.all_runs)"
+            )
+        )
+    )
     assert values == (4, 3, True, 3)
 
 
@@ -251,7 +259,7 @@ def test_matplotlib_gui_backend_is_usage_error(kernel: Kernel) -> None:
 
 # -- %load_ext ------------------------------------------------------------------------------------
 
-EXTENSION = '''
+EXTENSION = """
 import sys
 source = (
     "calls = []\\n"
@@ -266,7 +274,7 @@ with open('/tmp/wk_not_extension.py', 'w') as fh:
     fh.write('VALUE = 1\\n')
 if '/tmp' not in sys.path:
     sys.path.insert(0, '/tmp')
-'''
+"""
 
 
 def test_load_ext_calls_load_ipython_extension(kernel: Kernel) -> None:
@@ -303,7 +311,9 @@ def test_capture_publishes_nothing_and_keeps_everything(kernel: Kernel) -> None:
     run = ok(kernel.execute(CAPTURED_CELL))
     assert published(run) == []
     assert plain(ok(kernel.execute("captured.stdout, captured.stderr"))) == (
-        "captured text\n", "captured err\n")
+        "captured text\n",
+        "captured err\n",
+    )
     mimes = plain(ok(kernel.execute("[sorted(o.data) for o in captured.outputs]")))
     assert mimes == [["text/plain"], ["text/html", "text/plain"]]
 
@@ -323,8 +333,7 @@ def test_capture_also_captures_last_expression(kernel: Kernel) -> None:
     """IPython's %%capture swaps the displayhook too: a trailing expression is captured."""
     run = ok(kernel.execute("%%capture captured_expr\nprint('p')\n40 + 2"))
     assert published(run) == []
-    texts = plain(ok(kernel.execute(
-        "[o.data.get('text/plain') for o in captured_expr.outputs]")))
+    texts = plain(ok(kernel.execute("[o.data.get('text/plain') for o in captured_expr.outputs]")))
     assert texts == ["42"]
 
 
@@ -344,8 +353,9 @@ def test_pip_list_shows_shipped_versions(kernel: Kernel) -> None:
     text = ok(kernel.execute("%pip list")).stream_text()
     assert text.splitlines()[0].split() == ["Package", "Version"]
     table = dict(line.split()[:2] for line in text.splitlines()[2:] if line.strip())
-    actual = plain(ok(kernel.execute(
-        "import numpy, pandas\nnumpy.__version__, pandas.__version__")))
+    actual = plain(
+        ok(kernel.execute("import numpy, pandas\nnumpy.__version__, pandas.__version__"))
+    )
     assert (table.get("numpy"), table.get("pandas")) == actual
 
 

@@ -39,20 +39,31 @@ def still_works(kernel: Kernel) -> None:
 
 
 NETWORK_CELLS = {
-    "socket-connect": ("import socket\nsocket.socket().connect(('example.com', 80))",
-                       "NetworkUnavailable"),
-    "create-connection": ("import socket\nsocket.create_connection(('example.com', 443))",
-                          "NetworkUnavailable"),
+    "socket-connect": (
+        "import socket\nsocket.socket().connect(('example.com', 80))",
+        "NetworkUnavailable",
+    ),
+    "create-connection": (
+        "import socket\nsocket.create_connection(('example.com', 443))",
+        "NetworkUnavailable",
+    ),
     "getaddrinfo": ("import socket\nsocket.getaddrinfo('example.com', 443)", "NetworkUnavailable"),
-    "urlopen-https": ("import urllib.request\nurllib.request.urlopen('https://example.com/')",
-                      "URLError"),
-    "urlopen-http": ("import urllib.request\nurllib.request.urlopen('http://example.com/')",
-                     "URLError"),
-    "http-client": ("import http.client\n"
-                    "http.client.HTTPConnection('example.com').request('GET', '/')",
-                    "NetworkUnavailable"),
-    "pandas-read-csv": ("import pandas as pd\npd.read_csv('https://example.com/data.csv')",
-                        "URLError"),
+    "urlopen-https": (
+        "import urllib.request\nurllib.request.urlopen('https://example.com/')",
+        "URLError",
+    ),
+    "urlopen-http": (
+        "import urllib.request\nurllib.request.urlopen('http://example.com/')",
+        "URLError",
+    ),
+    "http-client": (
+        "import http.client\nhttp.client.HTTPConnection('example.com').request('GET', '/')",
+        "NetworkUnavailable",
+    ),
+    "pandas-read-csv": (
+        "import pandas as pd\npd.read_csv('https://example.com/data.csv')",
+        "URLError",
+    ),
 }
 
 
@@ -70,29 +81,38 @@ def test_network_use_says_there_is_no_network(kernel: Kernel, case: str) -> None
 
 
 def test_network_error_is_caught_as_an_offline_machine_would(kernel: Kernel) -> None:
-    run = ok(kernel.execute(
-        "import socket, urllib.error, urllib.request\n"
-        "from socket import NetworkUnavailable\n"
-        "caught = []\n"
-        "try:\n"
-        "    socket.create_connection(('example.com', 80))\n"
-        "except OSError as exc:\n"
-        "    caught += [isinstance(exc, socket.gaierror), isinstance(exc, ConnectionError),\n"
-        "               type(exc) is NetworkUnavailable]\n"
-        "try:\n"
-        "    urllib.request.urlopen('https://example.com/')\n"
-        "except urllib.error.URLError as exc:\n"
-        "    caught.append(isinstance(exc.reason, NetworkUnavailable))\n"
-        "caught"))
+    run = ok(
+        kernel.execute(
+            "import socket, urllib.error, urllib.request\n"
+            "from socket import NetworkUnavailable\n"
+            "caught = []\n"
+            "try:\n"
+            "    socket.create_connection(('example.com', 80))\n"
+            "except OSError as exc:\n"
+            "    caught += [isinstance(exc, socket.gaierror), isinstance(exc, ConnectionError),\n"
+            "               type(exc) is NetworkUnavailable]\n"
+            "try:\n"
+            "    urllib.request.urlopen('https://example.com/')\n"
+            "except urllib.error.URLError as exc:\n"
+            "    caught.append(isinstance(exc.reason, NetworkUnavailable))\n"
+            "caught"
+        )
+    )
     assert run.result_text() == "[True, True, True, True]"
 
 
 MISSING_MODULES = {
-    "not-shipped": ("import surely_not_a_module_xyz", "surely_not_a_module_xyz",
-                    "does not ship surely_not_a_module_xyz"),
+    "not-shipped": (
+        "import surely_not_a_module_xyz",
+        "surely_not_a_module_xyz",
+        "does not ship surely_not_a_module_xyz",
+    ),
     "network-library": ("import requests", "requests", "the sandbox has no network"),
-    "submodule": ("import numpy.surely_not_here", "numpy.surely_not_here",
-                  "ships numpy, but not numpy.surely_not_here"),
+    "submodule": (
+        "import numpy.surely_not_here",
+        "numpy.surely_not_here",
+        "ships numpy, but not numpy.surely_not_here",
+    ),
 }
 
 
@@ -112,7 +132,7 @@ def test_missing_module_says_whether_the_runtime_ships_it(kernel: Kernel, case: 
 THREAD_CELLS = {
     "threading": "import threading\nthreading.Thread(target=print).start()",
     "thread-pool": "from concurrent.futures import ThreadPoolExecutor\n"
-                   "ThreadPoolExecutor().submit(print, 1).result()",
+    "ThreadPoolExecutor().submit(print, 1).result()",
     "low-level": "import _thread\n_thread.start_new_thread(print, ('x',))",
 }
 
@@ -184,7 +204,10 @@ def test_unencrypted_loopback_is_explained_at_the_info_level() -> None:
 def test_tour_shows_what_its_text_says() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "wasm_kernel", "run", str(REPOSITORY / "notebooks" / "tour.ipynb")],
-        capture_output=True, text=True, timeout=600, cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPOSITORY,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     output = result.stdout

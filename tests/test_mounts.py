@@ -142,7 +142,12 @@ def snapshot(root: Path, skip: tuple[str, ...] = ()) -> dict[str, tuple]:
             else:
                 detail = None
             state[os.path.relpath(path, root)] = (
-                info.st_mode, info.st_size, info.st_mtime_ns, info.st_nlink, info.st_ino, detail,
+                info.st_mode,
+                info.st_size,
+                info.st_mtime_ns,
+                info.st_nlink,
+                info.st_ino,
+                detail,
             )
     return state
 
@@ -316,7 +321,8 @@ ESCAPE_READS: dict[str, tuple[Callable[[Tree], str | bytes], tuple]] = {
     "nul-byte-suffix": (lambda t: "../outside/secret.txt\x00", NUL_BYTE),
     "nul-byte-truncation": (lambda t: "sales.csv\x00/../../outside/secret.txt", NUL_BYTE),
     "long-path-under-path-max": (
-        lambda t: "sub/" + "./" * 1900 + "../../outside/secret.txt", DENIED
+        lambda t: "sub/" + "./" * 1900 + "../../outside/secret.txt",
+        DENIED,
     ),
     "long-path-over-path-max": (lambda t: "../" * 1400 + "outside/secret.txt", TOO_LONG),
     "dot-padded-path": (lambda t: "/notebook/" + "./" * 3000 + "../outside/secret.txt", TOO_LONG),
@@ -343,9 +349,7 @@ ESCAPE_LOOKUPS = {
 
 @pytest.mark.usefixtures("host_unchanged")
 class TestEscapes:
-    @pytest.mark.parametrize(
-        "make_path, expected", ESCAPE_READS.values(), ids=ESCAPE_READS.keys()
-    )
+    @pytest.mark.parametrize("make_path, expected", ESCAPE_READS.values(), ids=ESCAPE_READS.keys())
     def test_read_outside_fails(
         self, notebook_kernel: Kernel, tree: Tree, make_path: Callable, expected: tuple
     ) -> None:
@@ -358,17 +362,29 @@ class TestEscapes:
         """The escapes are real: run by the host from the notebook folder, they reach the
         secrets (so a guest that failed to refuse them would read the secret)."""
         monkeypatch.chdir(tree.notebook)
-        for name in ("up-to-sibling", "up-from-subfolder", "up-many-levels", "symlink-relative",
-                     "symlink-absolute", "directory-symlink", "chained-symlinks", "bytes-path",
-                     "newline-folder-then-up", "escape-sequence-folder-then-up",
-                     "rtl-override-folder-then-up", "long-path-under-path-max"):
+        for name in (
+            "up-to-sibling",
+            "up-from-subfolder",
+            "up-many-levels",
+            "symlink-relative",
+            "symlink-absolute",
+            "directory-symlink",
+            "chained-symlinks",
+            "bytes-path",
+            "newline-folder-then-up",
+            "escape-sequence-folder-then-up",
+            "rtl-override-folder-then-up",
+            "long-path-under-path-max",
+        ):
             assert Path(os.fsdecode(ESCAPE_READS[name][0](tree))).read_text() == SIBLING_SECRET
         for name in ("up-to-parent", "up-many-levels-to-parent", "symlink-to-parent"):
             assert Path(ESCAPE_READS[name][0](tree)).read_text() == PARENT_SECRET
         private_tmp = tempfile.mkdtemp(prefix="wasm-kernel-tmp-")  # as the kernel makes its /tmp
         try:
-            for secret, name in ((SIBLING_SECRET, "from-tmp-up"),
-                                 (PARENT_SECRET, "from-tmp-many-levels")):
+            for secret, name in (
+                (SIBLING_SECRET, "from-tmp-up"),
+                (PARENT_SECRET, "from-tmp-many-levels"),
+            ):
                 host_path = private_tmp + ESCAPE_READS[name][0](tree).removeprefix("/tmp")
                 assert Path(host_path).read_text() == secret
         finally:
@@ -407,8 +423,14 @@ class TestEscapes:
 
     @pytest.mark.parametrize(
         "source",
-        ["../outside/secret.txt", "rel_out", "abs_out", "dir_out/secret.txt", "chain_a",
-         "/tmp/../outside/secret.txt"],
+        [
+            "../outside/secret.txt",
+            "rel_out",
+            "abs_out",
+            "dir_out/secret.txt",
+            "chain_a",
+            "/tmp/../outside/secret.txt",
+        ],
     )
     def test_hard_link_creation_is_refused(self, notebook_kernel: Kernel, source: str) -> None:
         assert outcome(notebook_kernel, f"attempt(os.link, {source!r}, '/tmp/stolen')") == DENIED
@@ -423,8 +445,13 @@ class TestEscapes:
 
     @pytest.mark.parametrize(
         "target, link",
-        [("../outside/secret.txt", "/tmp/link"), ("/etc/passwd", "/tmp/link"),
-         ("sales.csv", "/tmp/link"), ("inner.txt", "/tmp/link"), ("x", "sub/link")],
+        [
+            ("../outside/secret.txt", "/tmp/link"),
+            ("/etc/passwd", "/tmp/link"),
+            ("sales.csv", "/tmp/link"),
+            ("inner.txt", "/tmp/link"),
+            ("x", "sub/link"),
+        ],
     )
     def test_symlink_creation_is_refused(
         self, notebook_kernel: Kernel, target: str, link: str
@@ -477,8 +504,20 @@ def _host_names(folder: Path) -> set[bytes]:
 
 
 ODD_NAMES = [
-    "a\nb", "tab\tname", "\x1b[31mred", "\u202eevil.txt", "caf\u00e9", "\u65e5\u672c\u8a9e",
-    "..x", ".hidden", "-rf", " lead", "trail ", "back\\slash", "x" * 255, "\u00e9" * 127,
+    "a\nb",
+    "tab\tname",
+    "\x1b[31mred",
+    "\u202eevil.txt",
+    "caf\u00e9",
+    "\u65e5\u672c\u8a9e",
+    "..x",
+    ".hidden",
+    "-rf",
+    " lead",
+    "trail ",
+    "back\\slash",
+    "x" * 255,
+    "\u00e9" * 127,
 ]
 BAD_NAMES = {
     "surrogateescape-byte": ("odd-\udcff", NOT_UTF8),
@@ -530,10 +569,17 @@ class TestReadWriteMount:
 
     @pytest.mark.parametrize(
         "path",
-        ["/out/../escaped.txt", "/out/d/../../escaped.txt", "/out/../notebook/escaped.txt",
-         "/out/../outside/secret.txt", "/out/../secret.txt", "../out/escaped.txt",
-         "/notebook/../out/escaped.txt", "/tmp/../out/escaped.txt",
-         "/out/" + "../" * 40 + "escaped.txt"],
+        [
+            "/out/../escaped.txt",
+            "/out/d/../../escaped.txt",
+            "/out/../notebook/escaped.txt",
+            "/out/../outside/secret.txt",
+            "/out/../secret.txt",
+            "../out/escaped.txt",
+            "/notebook/../out/escaped.txt",
+            "/tmp/../out/escaped.txt",
+            "/out/" + "../" * 40 + "escaped.txt",
+        ],
     )
     def test_writes_cannot_leave_through_dotdot(
         self, rw_kernel: Kernel, rw_tree: Tree, path: str
@@ -547,21 +593,24 @@ class TestReadWriteMount:
         assert outcome(rw_kernel, "attempt(write, '../inside.txt', 'up one')") == ("ok", None)
         assert (rw_tree.out / "inside.txt").read_text() == "up one"
         assert outcome(rw_kernel, "attempt(write, '../../escaped.txt')") == DENIED
-        assert outcome(rw_kernel, "attempt(os.rename, '../inside.txt', '../../moved.txt')") \
-            == DENIED
+        assert (
+            outcome(rw_kernel, "attempt(os.rename, '../inside.txt', '../../moved.txt')") == DENIED
+        )
         assert outcome(rw_kernel, "attempt(os.mkdir, '../../newdir')") == DENIED
 
     @pytest.mark.parametrize(
         "expression",
-        ["attempt(write, '/out/evil', 'overwritten')",
-         "attempt(write, '/out/evil', 'appended', 'a')",
-         "attempt(open, '/out/evil', 'r+')",
-         "attempt(os.truncate, '/out/evil', 0)",
-         "attempt(write, '/out/evil_dir/new.txt')",
-         "attempt(os.mkdir, '/out/evil_dir/newdir')",
-         "attempt(write, '/out/dangling')",
-         "attempt(write, '/out/dangling_abs')",
-         "attempt(read, '/out/evil')"],
+        [
+            "attempt(write, '/out/evil', 'overwritten')",
+            "attempt(write, '/out/evil', 'appended', 'a')",
+            "attempt(open, '/out/evil', 'r+')",
+            "attempt(os.truncate, '/out/evil', 0)",
+            "attempt(write, '/out/evil_dir/new.txt')",
+            "attempt(os.mkdir, '/out/evil_dir/newdir')",
+            "attempt(write, '/out/dangling')",
+            "attempt(write, '/out/dangling_abs')",
+            "attempt(read, '/out/evil')",
+        ],
     )
     def test_host_symlinks_leading_out_cannot_be_used(
         self, rw_kernel: Kernel, rw_tree: Tree, expression: str
@@ -582,8 +631,10 @@ class TestReadWriteMount:
 
     def test_hard_links_inside_the_rw_mount_work(self, rw_kernel: Kernel, rw_tree: Tree) -> None:
         ok(run(rw_kernel, "write('/out/original.txt', 'shared')"))
-        assert outcome(rw_kernel, "attempt(os.link, '/out/original.txt', '/out/d/linked.txt')") \
-            == ("ok", None)
+        assert outcome(rw_kernel, "attempt(os.link, '/out/original.txt', '/out/d/linked.txt')") == (
+            "ok",
+            None,
+        )
         original, linked = rw_tree.out / "original.txt", rw_tree.out / "d" / "linked.txt"
         assert original.stat().st_ino == linked.stat().st_ino
         assert original.stat().st_nlink == 2
@@ -603,13 +654,19 @@ class TestReadWriteMount:
         assert (link, moved) == (expected, expected)
         if same_fs:
             assert (rw_tree.out / "from_tmp.txt").read_text() == "from tmp"
-            assert (rw_tree.out / "moved.txt").stat().st_ino \
-                == (rw_tree.out / "from_tmp.txt").stat().st_ino
+            assert (rw_tree.out / "moved.txt").stat().st_ino == (
+                rw_tree.out / "from_tmp.txt"
+            ).stat().st_ino
 
     @pytest.mark.parametrize(
         "source",
-        ["/notebook/sales.csv", "/notebook/rel_out", "/out/../outside/secret.txt",
-         "/out/evil_dir/secret.txt", "/tmp/../outside/secret.txt"],
+        [
+            "/notebook/sales.csv",
+            "/notebook/rel_out",
+            "/out/../outside/secret.txt",
+            "/out/evil_dir/secret.txt",
+            "/tmp/../outside/secret.txt",
+        ],
     )
     def test_hard_links_from_outside_the_rw_mount_are_refused(
         self, rw_kernel: Kernel, rw_tree: Tree, source: str
@@ -637,7 +694,8 @@ class TestReadWriteMount:
         assert (rw_tree.out / "survivor.txt").read_text() == "written before the trap"
         assert outcome(rw_kernel, "survivor_seen") is False  # the variable was rolled back
         assert outcome(rw_kernel, "attempt(read, '/out/survivor.txt')") == (
-            "ok", "written before the trap"
+            "ok",
+            "written before the trap",
         )
 
     def test_file_closed_in_a_rolled_back_cell_cannot_write_elsewhere(
@@ -682,14 +740,22 @@ class TestStrictProfile:
 
     @pytest.mark.parametrize(
         "make_path, expected",
-        [(lambda t: "sales.csv", MISSING),
-         (lambda t: "/notebook/sales.csv", MISSING),
-         (lambda t: str(t.notebook / "sales.csv"), MISSING),
-         (lambda t: str(t.sibling_secret), MISSING),
-         (lambda t: _from_tmp(t.notebook / "sales.csv"), DENIED),
-         (lambda t: _from_tmp(t.sibling_secret), DENIED)],
-        ids=["relative", "notebook-mount-path", "absolute-host-path", "absolute-secret",
-             "from-tmp-up", "from-tmp-up-to-secret"],
+        [
+            (lambda t: "sales.csv", MISSING),
+            (lambda t: "/notebook/sales.csv", MISSING),
+            (lambda t: str(t.notebook / "sales.csv"), MISSING),
+            (lambda t: str(t.sibling_secret), MISSING),
+            (lambda t: _from_tmp(t.notebook / "sales.csv"), DENIED),
+            (lambda t: _from_tmp(t.sibling_secret), DENIED),
+        ],
+        ids=[
+            "relative",
+            "notebook-mount-path",
+            "absolute-host-path",
+            "absolute-secret",
+            "from-tmp-up",
+            "from-tmp-up-to-secret",
+        ],
     )
     def test_the_folder_is_not_visible(
         self, strict_kernel: Kernel, strict_tree: Tree, make_path: Callable, expected: tuple
@@ -723,8 +789,10 @@ class TestStrictProfile:
     [
         (["--WasmKernel.mounts=missing:/data"], ["'missing:/data'", "is missing"]),
         (["--WasmKernel.mounts=.:/tmp"], ["'.:/tmp'", "/tmp belongs to the sandbox itself"]),
-        (["--WasmKernel.mounts=.:/a", "--WasmKernel.mounts=sub:/a/b"],
-         ["'sub:/a/b'", "overlaps the mount at /a"]),
+        (
+            ["--WasmKernel.mounts=.:/a", "--WasmKernel.mounts=sub:/a/b"],
+            ["'sub:/a/b'", "overlaps the mount at /a"],
+        ),
     ],
     ids=["missing-host-folder", "guest-tmp", "overlapping-mounts"],
 )

@@ -50,14 +50,26 @@ def test_papermill_runs_the_tour_on_this_kernel(tmp_path: Path) -> None:
     """papermill picks the kernel by name (its -k / --kernel option) and records the outputs."""
     output = tmp_path / "tour-out.ipynb"
     subprocess.run(
-        [sys.executable, "-m", "papermill", str(NOTEBOOK_DIR / "tour.ipynb"), str(output),
-         "-k", KERNEL_NAME, "--cwd", str(NOTEBOOK_DIR)],
-        check=True, capture_output=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "papermill",
+            str(NOTEBOOK_DIR / "tour.ipynb"),
+            str(output),
+            "-k",
+            KERNEL_NAME,
+            "--cwd",
+            str(NOTEBOOK_DIR),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
     )
     executed = nbformat.read(output, as_version=4)
     texts = [
         out.get("text", "") + str(out.get("data", {}).get("text/plain", ""))
-        for cell in executed.cells if cell.cell_type == "code"
+        for cell in executed.cells
+        if cell.cell_type == "code"
         for out in cell.outputs
     ]
     assert any("3.15" in text for text in texts), "the first cell prints the guest's sys.version"

@@ -30,7 +30,9 @@ def instantiate(wasm: bytes) -> tuple[wasmtime.Store, dict]:
     engine = wasmtime.Engine()
     store = wasmtime.Store(engine)
     linker = wasmtime.Linker(engine)
-    linker.define_func("env", "log", wasmtime.FuncType([wasmtime.ValType.i32()], []), lambda _: None)
+    linker.define_func(
+        "env", "log", wasmtime.FuncType([wasmtime.ValType.i32()], []), lambda _: None
+    )
     module = wasmtime.Module(engine, wasm)
     exports = linker.instantiate(store, module).exports(store)
     return store, {export.name: exports[export.name] for export in module.exports}
@@ -43,7 +45,10 @@ def rewritten() -> tuple[wasmtime.Store, dict]:
 
 def test_leb128_round_trips() -> None:
     for value in (0, 1, 127, 128, 300, 65535, 2**31 - 1, 2**32 - 1):
-        assert rewrite.read_u32(rewrite.write_u32(value), 0) == (value, len(rewrite.write_u32(value)))
+        assert rewrite.read_u32(rewrite.write_u32(value), 0) == (
+            value,
+            len(rewrite.write_u32(value)),
+        )
     for value in (0, 1, -1, 63, 64, -64, -65, 2**31 - 1, -(2**31)):
         decoded, _ = rewrite._read_s32(rewrite.write_s32(value), 0)
         assert decoded == value & 0xFFFFFFFF
@@ -52,8 +57,12 @@ def test_leb128_round_trips() -> None:
 def test_mutable_globals_are_exported_and_writable(rewritten) -> None:
     store, exports = rewritten
     names = set(exports)
-    assert {"wasm_kernel.global.0", "wasm_kernel.global.1", rewrite.BRK_EXPORT,
-            rewrite.GROW_FAILED_EXPORT} <= names
+    assert {
+        "wasm_kernel.global.0",
+        "wasm_kernel.global.1",
+        rewrite.BRK_EXPORT,
+        rewrite.GROW_FAILED_EXPORT,
+    } <= names
     assert "wasm_kernel.global.2" not in names, "an immutable global needs no restoring"
     counter = exports["wasm_kernel.global.1"]
     assert counter.value(store) == 11
@@ -96,8 +105,10 @@ def test_sbrk_refuses_negative_and_impossible_increments(rewritten) -> None:
     ("wat", "reason"),
     [
         ("(module (func $other))", "sbrk"),
-        ('(module (import "env" "g" (global i32)) (func $sbrk (param i32) (result i32) i32.const 0))',
-         "import globals"),
+        (
+            '(module (import "env" "g" (global i32)) (func $sbrk (param i32) (result i32) i32.const 0))',
+            "import globals",
+        ),
     ],
 )
 def test_unknown_module_shapes_are_refused(wat: str, reason: str) -> None:
@@ -125,8 +136,10 @@ def test_real_runtime_rewrites_and_its_interrupt_cells_are_found() -> None:
     restorable = rewrite.make_restorable(wasm)
     assert wasmtime.Module.validate(wasmtime.Engine(_engine_config()), restorable) is None
     layout = rewrite.parse_sections(restorable)
-    assert len(rewrite.defined_globals(layout)) == len(
-        rewrite.defined_globals(rewrite.parse_sections(wasm))) + 2, "brk and grow_failed"
+    assert (
+        len(rewrite.defined_globals(layout))
+        == len(rewrite.defined_globals(rewrite.parse_sections(wasm))) + 2
+    ), "brk and grow_failed"
 
 
 def _engine_config() -> wasmtime.Config:

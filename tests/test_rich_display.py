@@ -57,12 +57,17 @@ def failure(kernel: Kernel, code: str) -> dict:
         ("JSON({'a': [1, 2]})", "application/json", {"a": [1, 2]}, "JSON"),
         ("JSON([1, {'b': None}])", "application/json", [1, {"b": None}], "JSON"),
         ("Javascript('console.log(1)')", "application/javascript", "console.log(1)", "Javascript"),
-        ("SVG('<svg xmlns=\"http://www.w3.org/2000/svg\"><rect/></svg>')", "image/svg+xml",
-         '<svg xmlns="http://www.w3.org/2000/svg"><rect/></svg>', "SVG"),
+        (
+            "SVG('<svg xmlns=\"http://www.w3.org/2000/svg\"><rect/></svg>')",
+            "image/svg+xml",
+            '<svg xmlns="http://www.w3.org/2000/svg"><rect/></svg>',
+            "SVG",
+        ),
     ],
 )
-def test_display_object_mime_type_and_content(kernel: Kernel, code: str, mime: str, value: object,
-                                              plain: str) -> None:
+def test_display_object_mime_type_and_content(
+    kernel: Kernel, code: str, mime: str, value: object, plain: str
+) -> None:
     content = one(kernel, f"from IPython.display import *\ndisplay({code})")
     assert content["data"] == {mime: value, "text/plain": f"<IPython.core.display.{plain} object>"}
     if mime != "application/json":
@@ -77,14 +82,17 @@ def test_display_object_as_last_expression_is_execute_result(kernel: Kernel) -> 
 
 
 def test_pretty_is_plain_text(kernel: Kernel) -> None:
-    content = one(kernel, "from IPython.display import Pretty\n"
-                          "display(Pretty('just text\\nline 2'))")
+    content = one(
+        kernel, "from IPython.display import Pretty\ndisplay(Pretty('just text\\nline 2'))"
+    )
     assert content["data"] == {"text/plain": "just text\nline 2"}
 
 
 def test_text_objects_carry_metadata(kernel: Kernel) -> None:
-    content = one(kernel, "from IPython.display import HTML\n"
-                          "display(HTML('<p>x</p>', metadata={'isolated': True}))")
+    content = one(
+        kernel,
+        "from IPython.display import HTML\ndisplay(HTML('<p>x</p>', metadata={'isolated': True}))",
+    )
     assert content["metadata"] == {"text/html": {"isolated": True}}
 
 
@@ -101,9 +109,12 @@ def test_text_object_rejects_non_text(kernel: Kernel) -> None:
 
 
 def test_json_expanded_root_and_extra_metadata(kernel: Kernel) -> None:
-    content = one(kernel, "from IPython.display import JSON\n"
-                          "display(JSON({'k': 1}, expanded=True, root='data',"
-                          " metadata={'m': 2}, x=3))")
+    content = one(
+        kernel,
+        "from IPython.display import JSON\n"
+        "display(JSON({'k': 1}, expanded=True, root='data',"
+        " metadata={'m': 2}, x=3))",
+    )
     assert content["data"]["application/json"] == {"k": 1}
     assert content["metadata"] == {
         "application/json": {"expanded": True, "root": "data", "m": 2, "x": 3}
@@ -127,14 +138,17 @@ def test_json_rejects_scalars(kernel: Kernel) -> None:
 
 
 def test_svg_is_taken_out_of_a_document(kernel: Kernel) -> None:
-    content = one(kernel, (
-        "from IPython.display import SVG\n"
-        "doc = '''<?xml version=\"1.0\" encoding=\"utf-8\"?>\n"
-        "<!-- made by hand -->\n"
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"20\" height=\"10\">"
-        "<circle cx=\"5\" cy=\"5\" r=\"4\"/></svg>\n'''\n"
-        "display(SVG(doc.encode()))"
-    ))
+    content = one(
+        kernel,
+        (
+            "from IPython.display import SVG\n"
+            'doc = \'\'\'<?xml version="1.0" encoding="utf-8"?>\n'
+            "<!-- made by hand -->\n"
+            '<svg xmlns="http://www.w3.org/2000/svg" width="20" height="10">'
+            '<circle cx="5" cy="5" r="4"/></svg>\n\'\'\'\n'
+            "display(SVG(doc.encode()))"
+        ),
+    )
     assert content["data"]["image/svg+xml"] == (
         '<svg xmlns="http://www.w3.org/2000/svg" width="20" height="10">'
         '<circle cx="5" cy="5" r="4"/></svg>'
@@ -142,38 +156,51 @@ def test_svg_is_taken_out_of_a_document(kernel: Kernel) -> None:
 
 
 def test_svg_from_a_file_in_the_sandbox(kernel: Kernel) -> None:
-    content = one(kernel, (
-        "from IPython.display import SVG\n"
-        "with open('/tmp/drawing.svg', 'w') as f:\n"
-        "    f.write('<?xml version=\"1.0\"?>'\n"
-        "            '<svg xmlns=\"http://www.w3.org/2000/svg\"><g/></svg>')\n"
-        "display(SVG(filename='/tmp/drawing.svg'))"
-    ))
+    content = one(
+        kernel,
+        (
+            "from IPython.display import SVG\n"
+            "with open('/tmp/drawing.svg', 'w') as f:\n"
+            "    f.write('<?xml version=\"1.0\"?>'\n"
+            "            '<svg xmlns=\"http://www.w3.org/2000/svg\"><g/></svg>')\n"
+            "display(SVG(filename='/tmp/drawing.svg'))"
+        ),
+    )
     assert content["data"]["image/svg+xml"] == '<svg xmlns="http://www.w3.org/2000/svg"><g/></svg>'
 
 
 def test_text_objects_read_files_in_the_sandbox(kernel: Kernel) -> None:
-    contents = shown(kernel, (
-        "from IPython.display import HTML, Markdown\n"
-        "with open('/tmp/page.html', 'w') as f:\n"
-        "    f.write('<h1>from a file</h1>')\n"
-        "with open('/tmp/notes.md', 'w') as f:\n"
-        "    f.write('**notes** ü')\n"
-        "display(HTML(filename='/tmp/page.html'), Markdown('/tmp/notes.md'))"
-    ))
+    contents = shown(
+        kernel,
+        (
+            "from IPython.display import HTML, Markdown\n"
+            "with open('/tmp/page.html', 'w') as f:\n"
+            "    f.write('<h1>from a file</h1>')\n"
+            "with open('/tmp/notes.md', 'w') as f:\n"
+            "    f.write('**notes** ü')\n"
+            "display(HTML(filename='/tmp/page.html'), Markdown('/tmp/notes.md'))"
+        ),
+    )
     assert contents[0]["data"]["text/html"] == "<h1>from a file</h1>"
     assert contents[1]["data"]["text/markdown"] == "**notes** ü"  # a path given as data
 
 
 def test_javascript_loads_css_and_libraries_first(kernel: Kernel) -> None:
-    content = one(kernel, (
-        "from IPython.display import Javascript\n"
-        "display(Javascript('draw()', lib=['https://cdn.example/a.js', 'https://cdn.example/b.js'],"
-        " css='https://cdn.example/s.css'))"
-    ))
+    content = one(
+        kernel,
+        (
+            "from IPython.display import Javascript\n"
+            "display(Javascript('draw()', lib=['https://cdn.example/a.js', 'https://cdn.example/b.js'],"
+            " css='https://cdn.example/s.css'))"
+        ),
+    )
     script = content["data"]["application/javascript"]
-    parts = ("https://cdn.example/s.css", "https://cdn.example/a.js", "https://cdn.example/b.js",
-             "draw()")
+    parts = (
+        "https://cdn.example/s.css",
+        "https://cdn.example/a.js",
+        "https://cdn.example/b.js",
+        "draw()",
+    )
     css, lib_a, lib_b, body = (script.index(part) for part in parts)
     assert css < lib_a < lib_b < body
     assert script.rstrip().endswith("});")
@@ -181,8 +208,11 @@ def test_javascript_loads_css_and_libraries_first(kernel: Kernel) -> None:
 
 
 def test_javascript_url_is_loaded_by_the_browser(kernel: Kernel) -> None:
-    content = one(kernel, "from IPython.display import Javascript\n"
-                          "display(Javascript(url='https://cdn.example/widget.js'))")
+    content = one(
+        kernel,
+        "from IPython.display import Javascript\n"
+        "display(Javascript(url='https://cdn.example/widget.js'))",
+    )
     script = content["data"]["application/javascript"]
     assert 'script.src = "https://cdn.example/widget.js"' in script
 
@@ -191,22 +221,27 @@ def test_url_content_cannot_be_fetched(kernel: Kernel) -> None:
     error = failure(kernel, "from IPython.display import HTML\nHTML(url='https://example.com/')")
     assert error["ename"] == "NoNetworkError"
     assert "no network access" in error["evalue"]
-    caught = ok(kernel.execute(
-        "from IPython.display import Markdown\n"
-        "try:\n    Markdown('https://example.com/readme.md')\n"
-        "except OSError as exc:\n    print('OSError', type(exc).__name__)"
-    ))
+    caught = ok(
+        kernel.execute(
+            "from IPython.display import Markdown\n"
+            "try:\n    Markdown('https://example.com/readme.md')\n"
+            "except OSError as exc:\n    print('OSError', type(exc).__name__)"
+        )
+    )
     assert caught.stream_text() == "OSError NoNetworkError\n"
 
 
 def test_code_iframe_and_filelink(kernel: Kernel) -> None:
-    contents = shown(kernel, (
-        "from IPython.display import Code, IFrame, FileLink\n"
-        "open('/tmp/report.csv', 'w').close()\n"
-        "display(Code('if a < b:\\n    pass', language='python'),"
-        " IFrame('https://example.com/page', width=400, height=300, q='x y'),"
-        " FileLink('/tmp/report.csv'))"
-    ))
+    contents = shown(
+        kernel,
+        (
+            "from IPython.display import Code, IFrame, FileLink\n"
+            "open('/tmp/report.csv', 'w').close()\n"
+            "display(Code('if a < b:\\n    pass', language='python'),"
+            " IFrame('https://example.com/page', width=400, height=300, q='x y'),"
+            " FileLink('/tmp/report.csv'))"
+        ),
+    )
     code, iframe, link = (c["data"] for c in contents)
     assert code["text/plain"] == "if a < b:\n    pass"
     assert "if a &lt; b:" in code["text/html"] and "language-python" in code["text/html"]
@@ -230,8 +265,9 @@ def test_code_iframe_and_filelink(kernel: Kernel) -> None:
     ],
 )
 def test_image_format_from_magic_bytes(kernel: Kernel, header: str, mime: str) -> None:
-    content = one(kernel, "from IPython.display import Image\n"
-                          f"display(Image(data={header} + bytes(16)))")
+    content = one(
+        kernel, f"from IPython.display import Image\ndisplay(Image(data={header} + bytes(16)))"
+    )
     raw = base64.b64decode(content["data"][mime])
     assert raw.endswith(bytes(16))
     assert set(content["data"]) == {mime, "text/plain"}
@@ -239,38 +275,50 @@ def test_image_format_from_magic_bytes(kernel: Kernel, header: str, mime: str) -
 
 
 def test_image_width_and_height_metadata(kernel: Kernel) -> None:
-    content = one(kernel, (
-        "from IPython.display import Image\n"
-        "display(Image(data=b'\\x89PNG\\r\\n\\x1a\\n' + bytes(16), width=120, height=80,"
-        " metadata={'note': 'n'}))"
-    ))
+    content = one(
+        kernel,
+        (
+            "from IPython.display import Image\n"
+            "display(Image(data=b'\\x89PNG\\r\\n\\x1a\\n' + bytes(16), width=120, height=80,"
+            " metadata={'note': 'n'}))"
+        ),
+    )
     assert content["metadata"] == {"image/png": {"note": "n", "width": 120, "height": 80}}
 
 
 def test_image_alt_and_unconfined_metadata(kernel: Kernel) -> None:
-    content = one(kernel, (
-        "from IPython.display import Image\n"
-        "display(Image(data=b'\\xff\\xd8' + bytes(8), alt='a chart', unconfined=True))"
-    ))
+    content = one(
+        kernel,
+        (
+            "from IPython.display import Image\n"
+            "display(Image(data=b'\\xff\\xd8' + bytes(8), alt='a chart', unconfined=True))"
+        ),
+    )
     assert content["metadata"] == {"image/jpeg": {"alt": "a chart", "unconfined": True}}
 
 
 def test_image_from_a_file_in_the_sandbox(kernel: Kernel) -> None:
-    content = one(kernel, (
-        "from IPython.display import Image\n"
-        "payload = b'\\xff\\xd8\\xff' + bytes(range(200))\n"
-        "with open('/tmp/photo.jpg', 'wb') as f:\n"
-        "    f.write(payload)\n"
-        "display(Image(filename='/tmp/photo.jpg', width=50))"
-    ))
+    content = one(
+        kernel,
+        (
+            "from IPython.display import Image\n"
+            "payload = b'\\xff\\xd8\\xff' + bytes(range(200))\n"
+            "with open('/tmp/photo.jpg', 'wb') as f:\n"
+            "    f.write(payload)\n"
+            "display(Image(filename='/tmp/photo.jpg', width=50))"
+        ),
+    )
     assert base64.b64decode(content["data"]["image/jpeg"]) == b"\xff\xd8\xff" + bytes(range(200))
     assert content["metadata"] == {"image/jpeg": {"width": 50}}
 
 
 def test_image_url_is_kept_as_a_link(kernel: Kernel) -> None:
-    content = one(kernel, "from IPython.display import Image\n"
-                          "display(Image(url='https://example.com/cat.png', width=64,"
-                          " alt='a <cat>'))")
+    content = one(
+        kernel,
+        "from IPython.display import Image\n"
+        "display(Image(url='https://example.com/cat.png', width=64,"
+        " alt='a <cat>'))",
+    )
     assert content["data"]["text/html"] == (
         '<img src="https://example.com/cat.png" width="64" alt="a &lt;cat&gt;"/>'
     )
@@ -278,8 +326,10 @@ def test_image_url_is_kept_as_a_link(kernel: Kernel) -> None:
 
 
 def test_image_url_cannot_be_embedded(kernel: Kernel) -> None:
-    error = failure(kernel, "from IPython.display import Image\n"
-                            "Image(url='https://example.com/cat.png', embed=True)")
+    error = failure(
+        kernel,
+        "from IPython.display import Image\nImage(url='https://example.com/cat.png', embed=True)",
+    )
     assert error["ename"] == "NoNetworkError"
 
 
@@ -292,28 +342,32 @@ def test_image_errors(kernel: Kernel) -> None:
 
 
 def test_image_repr_png_and_repr_jpeg(kernel: Kernel) -> None:
-    run = ok(kernel.execute(
-        "from IPython.display import Image\n"
-        "png = Image(data=b'\\x89PNG\\r\\n\\x1a\\n' + bytes(4))\n"
-        "jpeg = Image(data=b'\\xff\\xd8' + bytes(4), height=3)\n"
-        "print(png._repr_png_(), png._repr_jpeg_(), jpeg._repr_jpeg_(), jpeg._repr_png_())"
-    ))
+    run = ok(
+        kernel.execute(
+            "from IPython.display import Image\n"
+            "png = Image(data=b'\\x89PNG\\r\\n\\x1a\\n' + bytes(4))\n"
+            "jpeg = Image(data=b'\\xff\\xd8' + bytes(4), height=3)\n"
+            "print(png._repr_png_(), png._repr_jpeg_(), jpeg._repr_jpeg_(), jpeg._repr_png_())"
+        )
+    )
     assert run.stream_text() == "iVBORw0KGgoAAAAA None ('/9gAAAAA', {'height': 3}) None\n"
 
 
 def test_matplotlib_png_through_image_decodes(kernel: Kernel) -> None:
-    run = ok(kernel.execute(
-        "import io\n"
-        "from matplotlib.figure import Figure\n"
-        "from IPython.display import Image\n"
-        "fig = Figure(figsize=(2, 1.5), dpi=50)\n"
-        "fig.subplots().plot([0, 1, 4, 9])\n"
-        "buffer = io.BytesIO()\n"
-        "fig.savefig(buffer, format='png')\n"
-        "png = buffer.getvalue()\n"
-        "print(len(png))\n"
-        "display(Image(data=png, retina=True))"
-    ))
+    run = ok(
+        kernel.execute(
+            "import io\n"
+            "from matplotlib.figure import Figure\n"
+            "from IPython.display import Image\n"
+            "fig = Figure(figsize=(2, 1.5), dpi=50)\n"
+            "fig.subplots().plot([0, 1, 4, 9])\n"
+            "buffer = io.BytesIO()\n"
+            "fig.savefig(buffer, format='png')\n"
+            "png = buffer.getvalue()\n"
+            "print(len(png))\n"
+            "display(Image(data=png, retina=True))"
+        )
+    )
     [content] = run.of_type("display_data")
     raw = base64.b64decode(content["data"]["image/png"], validate=True)
     assert raw.startswith(PNG_SIGNATURE)
@@ -326,11 +380,14 @@ def test_matplotlib_png_through_image_decodes(kernel: Kernel) -> None:
 
 
 def test_display_id_and_update_display(kernel: Kernel) -> None:
-    first = shown(kernel, (
-        "from IPython.display import display, update_display, HTML\n"
-        "handle = display(HTML('<i>step 1</i>'), display_id='progress-bar')\n"
-        "print(type(handle).__name__, handle.display_id)"
-    ))
+    first = shown(
+        kernel,
+        (
+            "from IPython.display import display, update_display, HTML\n"
+            "handle = display(HTML('<i>step 1</i>'), display_id='progress-bar')\n"
+            "print(type(handle).__name__, handle.display_id)"
+        ),
+    )
     assert first[0]["transient"] == {"display_id": "progress-bar"}
     run = ok(kernel.execute("update_display(HTML('<i>step 2</i>'), display_id='progress-bar')"))
     [updated] = run.of_type("update_display_data")
@@ -340,29 +397,36 @@ def test_display_id_and_update_display(kernel: Kernel) -> None:
 
 
 def test_display_id_true_makes_a_fresh_id_each_time(kernel: Kernel) -> None:
-    run = ok(kernel.execute(
-        "a = display('a', display_id=True)\nb = display('b', display_id=True)\n"
-        "print(a.display_id == b.display_id,"
-        " repr(a) == f'<DisplayHandle display_id={a.display_id}>')"
-    ))
+    run = ok(
+        kernel.execute(
+            "a = display('a', display_id=True)\nb = display('b', display_id=True)\n"
+            "print(a.display_id == b.display_id,"
+            " repr(a) == f'<DisplayHandle display_id={a.display_id}>')"
+        )
+    )
     ids = [c["transient"]["display_id"] for c in run.of_type("display_data")]
     assert len(ids) == 2 and ids[0] != ids[1]
     assert run.stream_text() == "False True\n"
 
 
 def test_display_handle_update_and_display(kernel: Kernel) -> None:
-    run = ok(kernel.execute(
-        "from IPython.display import DisplayHandle, Markdown\n"
-        "handle = DisplayHandle()\n"
-        "handle.display(Markdown('first'))\n"
-        "handle.update(Markdown('second'))\n"
-        "handle.display(Markdown('again'))\n"
-        "print(handle.display_id)"
-    ))
+    run = ok(
+        kernel.execute(
+            "from IPython.display import DisplayHandle, Markdown\n"
+            "handle = DisplayHandle()\n"
+            "handle.display(Markdown('first'))\n"
+            "handle.update(Markdown('second'))\n"
+            "handle.display(Markdown('again'))\n"
+            "print(handle.display_id)"
+        )
+    )
     display_id = run.stream_text().strip()
     assert len(display_id) == 32
-    kinds = [(m["msg_type"], m["content"]["data"]["text/markdown"], m["content"]["transient"])
-             for m in run.messages if m["msg_type"].endswith("display_data")]
+    kinds = [
+        (m["msg_type"], m["content"]["data"]["text/markdown"], m["content"]["transient"])
+        for m in run.messages
+        if m["msg_type"].endswith("display_data")
+    ]
     assert kinds == [
         ("display_data", "first", {"display_id": display_id}),
         ("update_display_data", "second", {"display_id": display_id}),
@@ -388,10 +452,12 @@ def test_transient_is_passed_on(kernel: Kernel) -> None:
 
 
 def test_clear_output_wait(kernel: Kernel) -> None:
-    run = ok(kernel.execute(
-        "from IPython.display import clear_output\n"
-        "print('old')\nclear_output(wait=True)\nprint('new')\nclear_output()"
-    ))
+    run = ok(
+        kernel.execute(
+            "from IPython.display import clear_output\n"
+            "print('old')\nclear_output(wait=True)\nprint('new')\nclear_output()"
+        )
+    )
     assert run.of_type("clear_output") == [{"wait": True}, {"wait": False}]
     kinds = [m["msg_type"] for m in run.messages if m["msg_type"] != "execute_input"]
     assert kinds == ["stream", "clear_output", "stream", "clear_output"]
@@ -408,12 +474,18 @@ def test_display_clear_true_clears_first(kernel: Kernel) -> None:
 
 
 def test_raw_bundle_is_sent_as_is(kernel: Kernel) -> None:
-    content = one(kernel, (
-        "display({'text/html': '<b>raw</b>', 'text/plain': 'raw', 'application/vnd.custom+json':"
-        " {'k': [1]}}, raw=True, metadata={'text/html': {'isolated': True}})"
-    ))
-    assert content["data"] == {"text/html": "<b>raw</b>", "text/plain": "raw",
-                               "application/vnd.custom+json": {"k": [1]}}
+    content = one(
+        kernel,
+        (
+            "display({'text/html': '<b>raw</b>', 'text/plain': 'raw', 'application/vnd.custom+json':"
+            " {'k': [1]}}, raw=True, metadata={'text/html': {'isolated': True}})"
+        ),
+    )
+    assert content["data"] == {
+        "text/html": "<b>raw</b>",
+        "text/plain": "raw",
+        "application/vnd.custom+json": {"k": [1]},
+    }
     assert content["metadata"] == {"text/html": {"isolated": True}}
 
 
@@ -456,12 +528,15 @@ def test_display_mimetype_helpers_raw(kernel: Kernel, call: str, mime: str, valu
 
 
 def test_display_mimetype_helpers_keep_only_their_type(kernel: Kernel) -> None:
-    contents = shown(kernel, (
-        "from IPython.display import HTML, Markdown, display_html, display_png, display_markdown\n"
-        "display_html(HTML('<u>u</u>'))\n"
-        "display_png(HTML('<u>no png here</u>'))\n"
-        "display_markdown(Markdown('md'), metadata={'k': 1})"
-    ))
+    contents = shown(
+        kernel,
+        (
+            "from IPython.display import HTML, Markdown, display_html, display_png, display_markdown\n"
+            "display_html(HTML('<u>u</u>'))\n"
+            "display_png(HTML('<u>no png here</u>'))\n"
+            "display_markdown(Markdown('md'), metadata={'k': 1})"
+        ),
+    )
     assert [c["data"] for c in contents] == [{"text/html": "<u>u</u>"}, {"text/markdown": "md"}]
     assert contents[1]["metadata"] == {"text/markdown": {"k": 1}}
 
@@ -476,35 +551,45 @@ RICH = (
 
 
 def test_include_and_exclude(kernel: Kernel) -> None:
-    contents = shown(kernel, RICH + (
-        "display(Rich(), include=['text/html', 'text/plain'])\n"
-        "display(Rich(), exclude=['text/html', 'text/latex'])\n"
-    ))
+    contents = shown(
+        kernel,
+        RICH
+        + (
+            "display(Rich(), include=['text/html', 'text/plain'])\n"
+            "display(Rich(), exclude=['text/html', 'text/latex'])\n"
+        ),
+    )
     assert contents[0]["data"] == {"text/html": "<b>rich</b>", "text/plain": "Rich()"}
     assert contents[1]["data"] == {"text/markdown": "**rich**", "text/plain": "Rich()"}
 
 
 def test_metadata_argument_is_merged_over_the_objects(kernel: Kernel) -> None:
-    content = one(kernel, (
-        "from IPython.display import Image\n"
-        "display(Image(data=b'\\x89PNG\\r\\n\\x1a\\n', width=10, height=20),"
-        " metadata={'image/png': {'width': 30}, 'tag': 'fig'})"
-    ))
+    content = one(
+        kernel,
+        (
+            "from IPython.display import Image\n"
+            "display(Image(data=b'\\x89PNG\\r\\n\\x1a\\n', width=10, height=20),"
+            " metadata={'image/png': {'width': 30}, 'tag': 'fig'})"
+        ),
+    )
     assert content["metadata"] == {"image/png": {"width": 30, "height": 20}, "tag": "fig"}
 
 
 def test_repr_mimebundle_with_include_exclude_and_metadata(kernel: Kernel) -> None:
-    contents = shown(kernel, (
-        "class Bundle:\n"
-        "    def _repr_mimebundle_(self, include=None, exclude=None):\n"
-        "        data = {'text/html': f'<p>{include}|{exclude}</p>', 'text/markdown': 'md',\n"
-        "                'application/vnd.example+json': {'n': 1}}\n"
-        "        return data, {'text/html': {'isolated': True}}\n"
-        "    def _repr_latex_(self):\n        return '$b$'\n"
-        "display(Bundle())\n"
-        "display(Bundle(), include=['text/html'])\n"
-        "display(Bundle(), exclude=['text/markdown', 'text/latex'])\n"
-    ))
+    contents = shown(
+        kernel,
+        (
+            "class Bundle:\n"
+            "    def _repr_mimebundle_(self, include=None, exclude=None):\n"
+            "        data = {'text/html': f'<p>{include}|{exclude}</p>', 'text/markdown': 'md',\n"
+            "                'application/vnd.example+json': {'n': 1}}\n"
+            "        return data, {'text/html': {'isolated': True}}\n"
+            "    def _repr_latex_(self):\n        return '$b$'\n"
+            "display(Bundle())\n"
+            "display(Bundle(), include=['text/html'])\n"
+            "display(Bundle(), exclude=['text/markdown', 'text/latex'])\n"
+        ),
+    )
     everything, included, excluded = contents
     assert everything["data"]["text/html"] == "<p>None|None</p>"
     assert everything["data"]["text/markdown"] == "md"
@@ -519,12 +604,15 @@ def test_repr_mimebundle_with_include_exclude_and_metadata(kernel: Kernel) -> No
 
 
 def test_repr_mimebundle_dict_only(kernel: Kernel) -> None:
-    content = one(kernel, (
-        "class Only:\n"
-        "    def _repr_mimebundle_(self, include=None, exclude=None):\n"
-        "        return {'text/plain': 'custom plain', 'image/png': b'\\x89PNG\\r\\n\\x1a\\n'}\n"
-        "display(Only())"
-    ))
+    content = one(
+        kernel,
+        (
+            "class Only:\n"
+            "    def _repr_mimebundle_(self, include=None, exclude=None):\n"
+            "        return {'text/plain': 'custom plain', 'image/png': b'\\x89PNG\\r\\n\\x1a\\n'}\n"
+            "display(Only())"
+        ),
+    )
     assert content["data"]["text/plain"] == "custom plain"
     assert base64.b64decode(content["data"]["image/png"]) == PNG_SIGNATURE
 
@@ -536,14 +624,19 @@ def test_repr_mimebundle_dict_only(kernel: Kernel) -> None:
         ("_repr_svg_", "'<svg><g/></svg>'", "image/svg+xml", "<svg><g/></svg>"),
         ("_repr_json_", "{'x': [1, 2]}", "application/json", {"x": [1, 2]}),
         ("_repr_latex_", "r'$\\sqrt{2}$'", "text/latex", "$\\sqrt{2}$"),
-        ("_repr_jpeg_", "b'\\xff\\xd8\\xff\\xdb'", "image/jpeg",
-         base64.b64encode(b"\xff\xd8\xff\xdb").decode()),
+        (
+            "_repr_jpeg_",
+            "b'\\xff\\xd8\\xff\\xdb'",
+            "image/jpeg",
+            base64.b64encode(b"\xff\xd8\xff\xdb").decode(),
+        ),
         ("_repr_javascript_", "'run()'", "application/javascript", "run()"),
         ("_repr_pdf_", "b'%PDF-1.4'", "application/pdf", base64.b64encode(b"%PDF-1.4").decode()),
     ],
 )
-def test_repr_methods(kernel: Kernel, method: str, returned: str, mime: str,
-                      expected: object) -> None:
+def test_repr_methods(
+    kernel: Kernel, method: str, returned: str, mime: str, expected: object
+) -> None:
     code = (
         f"class Shape:\n    def {method}(self):\n        return {returned}\n"
         "    def __repr__(self):\n        return 'Shape()'\n"
@@ -554,25 +647,31 @@ def test_repr_methods(kernel: Kernel, method: str, returned: str, mime: str,
 
 
 def test_repr_method_metadata_tuple(kernel: Kernel) -> None:
-    content = one(kernel, (
-        "class Pic:\n"
-        "    def _repr_png_(self):\n"
-        "        return b'\\x89PNG\\r\\n\\x1a\\n', {'width': 7}\n"
-        "display(Pic())"
-    ))
+    content = one(
+        kernel,
+        (
+            "class Pic:\n"
+            "    def _repr_png_(self):\n"
+            "        return b'\\x89PNG\\r\\n\\x1a\\n', {'width': 7}\n"
+            "display(Pic())"
+        ),
+    )
     assert content["metadata"] == {"image/png": {"width": 7}}
 
 
 def test_ipython_display_method_takes_over(kernel: Kernel) -> None:
-    contents = shown(kernel, (
-        "from IPython.display import display, HTML\n"
-        "class Widgetish:\n"
-        "    def _ipython_display_(self):\n"
-        "        display(HTML('<div>custom</div>'), metadata={'via': 'hook'})\n"
-        "    def _repr_html_(self):\n"
-        "        return 'not used'\n"
-        "display(Widgetish())"
-    ))
+    contents = shown(
+        kernel,
+        (
+            "from IPython.display import display, HTML\n"
+            "class Widgetish:\n"
+            "    def _ipython_display_(self):\n"
+            "        display(HTML('<div>custom</div>'), metadata={'via': 'hook'})\n"
+            "    def _repr_html_(self):\n"
+            "        return 'not used'\n"
+            "display(Widgetish())"
+        ),
+    )
     assert [c["data"]["text/html"] for c in contents] == ["<div>custom</div>"]
     assert contents[0]["metadata"] == {"via": "hook"}
 
@@ -594,31 +693,59 @@ def test_classes_are_shown_by_repr_not_their_repr_methods(kernel: Kernel) -> Non
 
 
 def test_old_and_new_import_paths(kernel: Kernel) -> None:
-    run = ok(kernel.execute(
-        "import IPython.display as d\n"
-        "from IPython.core.display import HTML, Image, display, DisplayHandle, display_html\n"
-        "from IPython.core.display_functions import update_display, clear_output\n"
-        "from IPython.lib.display import IFrame\n"
-        "print(HTML is d.HTML, Image is d.Image, display is d.display,"
-        " update_display is d.update_display, IFrame is d.IFrame)\n"
-        "display(HTML('<p>old path</p>'))"
-    ))
+    run = ok(
+        kernel.execute(
+            "import IPython.display as d\n"
+            "from IPython.core.display import HTML, Image, display, DisplayHandle, display_html\n"
+            "from IPython.core.display_functions import update_display, clear_output\n"
+            "from IPython.lib.display import IFrame\n"
+            "print(HTML is d.HTML, Image is d.Image, display is d.display,"
+            " update_display is d.update_display, IFrame is d.IFrame)\n"
+            "display(HTML('<p>old path</p>'))"
+        )
+    )
     assert run.stream_text() == "True True True True True\n"
     [content] = run.of_type("display_data")
     assert content["data"]["text/html"] == "<p>old path</p>"
 
 
 def test_star_import_gives_ipython_names(kernel: Kernel) -> None:
-    run = ok(kernel.execute(
-        "ns = {}\nexec('from IPython.display import *', ns)\n"
-        "print(sorted(name for name in ns if not name.startswith('_')))"
-    ))
+    run = ok(
+        kernel.execute(
+            "ns = {}\nexec('from IPython.display import *', ns)\n"
+            "print(sorted(name for name in ns if not name.startswith('_')))"
+        )
+    )
     names = set(json.loads(run.stream_text().replace("'", '"')))
     expected = {
-        "display", "update_display", "clear_output", "DisplayHandle", "publish_display_data",
-        "HTML", "Markdown", "Latex", "Math", "JSON", "Image", "SVG", "Javascript", "Pretty",
-        "DisplayObject", "TextDisplayObject", "Code", "IFrame", "FileLink",
-        "display_html", "display_markdown", "display_png", "display_jpeg", "display_svg",
-        "display_latex", "display_json", "display_javascript", "display_pretty", "display_pdf",
+        "display",
+        "update_display",
+        "clear_output",
+        "DisplayHandle",
+        "publish_display_data",
+        "HTML",
+        "Markdown",
+        "Latex",
+        "Math",
+        "JSON",
+        "Image",
+        "SVG",
+        "Javascript",
+        "Pretty",
+        "DisplayObject",
+        "TextDisplayObject",
+        "Code",
+        "IFrame",
+        "FileLink",
+        "display_html",
+        "display_markdown",
+        "display_png",
+        "display_jpeg",
+        "display_svg",
+        "display_latex",
+        "display_json",
+        "display_javascript",
+        "display_pretty",
+        "display_pdf",
     }
     assert expected <= names

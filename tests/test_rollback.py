@@ -90,7 +90,7 @@ MUTATED_LINE = "mutated 42 True\n"
 
 # Everything observable about the user's state. Runs in a private namespace (no names are
 # added to the user's) and prints one JSON document.
-SNAPSHOT_SOURCE = r'''
+SNAPSHOT_SOURCE = r"""
 import hashlib, json, pickle, sys
 def describe(value):
     entry = {"type": type(value).__qualname__, "id": id(value), "repr": repr(value)}
@@ -108,7 +108,7 @@ print(json.dumps({
     "modules": sorted(sys.modules),
     "recursionlimit": sys.getrecursionlimit(),
 }))
-'''
+"""
 SNAPSHOT_CELL = f"exec({SNAPSHOT_SOURCE!r}, {{'user': globals()}})"
 
 # numpy, pandas and matplotlib after the trap; the expected numbers are computed here.
@@ -121,8 +121,7 @@ LIBRARIES_CELL = (
 )
 ARR = [[float(4 * r + c) for c in range(4)] for r in range(3)]
 LIBRARIES_OUTPUT = (
-    f"numpy {sum(sum(x * y for x, y in zip(a, b)) for a in ARR for b in ARR)} 1.0\n"
-    "pandas 6 xyz 3\n"
+    f"numpy {sum(sum(x * y for x, y in zip(a, b)) for a in ARR for b in ARR)} 1.0\npandas 6 xyz 3\n"
 )
 
 
@@ -220,9 +219,7 @@ TRAPS = {
     "abort": ("os.abort()\n", "GuestCrashed"),
     "python-loop-out-of-fuel": ("while True:\n    counter += 1\n", "FuelExhausted"),
     # One matrix product needs several times the fuel: the trap hits inside numpy's C loop.
-    "numpy-c-loop-out-of-fuel": (
-        "_m = np.ones((2500, 2500))\n_p = _m @ _m\n", "FuelExhausted"
-    ),
+    "numpy-c-loop-out-of-fuel": ("_m = np.ones((2500, 2500))\n_p = _m @ _m\n", "FuelExhausted"),
     # Emulates C code that aborts when malloc fails: fill memory, then abort in the failure.
     "abort-after-memory-growth": (
         (
@@ -308,9 +305,7 @@ def test_memory_is_reusable_after_a_trap_at_the_limit(signal_kernel: ModeKernel)
     kernel = signal_kernel
     code, ename = TRAPS["abort-after-memory-growth"]
     assert_rolled_back(kernel.execute(code).content, ename)
-    run = kernel.execute(
-        "_hold = bytearray(300 << 20)\nprint(len(_hold) >> 20)\ndel _hold"
-    )
+    run = kernel.execute("_hold = bytearray(300 << 20)\nprint(len(_hold) >> 20)\ndel _hold")
     assert run.content["status"] == "ok", run.content
     assert run.stream_text() == "300\n"
 
@@ -348,7 +343,9 @@ HOSTILE_REPAIRS = {
 
 
 @pytest.mark.parametrize("repair", list(HOSTILE_REPAIRS))
-def test_sabotaged_step_after_a_rollback_cannot_hang_or_lose_state(start_kernel, repair: str) -> None:
+def test_sabotaged_step_after_a_rollback_cannot_hang_or_lose_state(
+    start_kernel, repair: str
+) -> None:
     """After a rollback the kernel runs a short guest step that closes stale files. It lives in
     the user's interpreter, so a cell could replace it: the guest checks its own code at the
     end of every cell, so the replacing cell itself is rolled back, and a later trap still
@@ -356,7 +353,9 @@ def test_sabotaged_step_after_a_rollback_cannot_hang_or_lose_state(start_kernel,
     replacement slips past the check)."""
     kernel = start_kernel(["--WasmKernel.fuel=3000000000"])
     run_ok(kernel, "import os, time, _wasm_kernel\nkept = 41")
-    sabotage = kernel.execute(f"kept = 0\n_wasm_kernel.close_stale_files = {HOSTILE_REPAIRS[repair]}")
+    sabotage = kernel.execute(
+        f"kept = 0\n_wasm_kernel.close_stale_files = {HOSTILE_REPAIRS[repair]}"
+    )
     assert_rolled_back(sabotage.content, "KernelSupportDamaged")
     trapped = kernel.execute("kept = 0\nwhile True:\n    pass", timeout=60)
     assert_rolled_back(trapped.content, "FuelExhausted")

@@ -115,8 +115,9 @@ def test_explicit_chain_shows_cause_first(kernel: Kernel) -> None:
     error, _ = failure(kernel, code)
     shown = text(error)
     cause = position(shown, "ValueError: invalid literal for int()")
-    link = position(shown, "The above exception was the direct cause of the following exception",
-                    cause)
+    link = position(
+        shown, "The above exception was the direct cause of the following exception", cause
+    )
     effect = position(shown, "LookupError: wrapped failure", link)
     assert "int('not a number')" in shown[:link]
     assert "raise LookupError('wrapped failure') from exc" in shown[link:effect]
@@ -130,16 +131,19 @@ def test_implicit_chain(kernel: Kernel) -> None:
     error, _ = failure(kernel, code)
     shown = text(error)
     first = position(shown, "KeyError: 'missing_key'")
-    link = position(shown, "During handling of the above exception, another exception occurred",
-                    first)
+    link = position(
+        shown, "During handling of the above exception, another exception occurred", first
+    )
     position(shown, "NameError: name 'undefined_handler_name' is not defined", link)
     assert "The above exception was the direct cause" not in shown
 
 
 def test_notes_are_shown(kernel: Kernel) -> None:
     """Notes added with add_note() follow the exception line."""
-    code = ("problem = ValueError('noted failure')\n"
-            "problem.add_note('first note')\nproblem.add_note('second note')\nraise problem")
+    code = (
+        "problem = ValueError('noted failure')\n"
+        "problem.add_note('first note')\nproblem.add_note('second note')\nraise problem"
+    )
     error, _ = failure(kernel, code)
     shown = text(error)
     line = position(shown, "ValueError: noted failure")
@@ -150,8 +154,10 @@ def test_notes_are_shown(kernel: Kernel) -> None:
 
 def test_exception_group_shows_members(kernel: Kernel) -> None:
     """An ExceptionGroup lists each sub-exception with its type and message."""
-    code = ("raise ExceptionGroup('batch failed', "
-            "[ValueError('first member'), TypeError('second member')])")
+    code = (
+        "raise ExceptionGroup('batch failed', "
+        "[ValueError('first member'), TypeError('second member')])"
+    )
     error, _ = failure(kernel, code)
     shown = text(error)
     group = position(shown, "ExceptionGroup: batch failed (2 sub-exceptions)")

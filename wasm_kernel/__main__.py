@@ -136,8 +136,10 @@ def install(args: argparse.Namespace) -> None:
         prefix = None  # the user's Jupyter data folder
     installed = []
     for profile in profiles:
-        name = args.name if args.name and single else kernelspec_name(
-            profile, args.name or KERNEL_NAME
+        name = (
+            args.name
+            if args.name and single
+            else kernelspec_name(profile, args.name or KERNEL_NAME)
         )
         spec = kernelspec(profile, args, single)
         with tempfile.TemporaryDirectory() as staging:
@@ -146,13 +148,17 @@ def install(args: argparse.Namespace) -> None:
                 staging, name, user=prefix is None, prefix=prefix
             )
         installed.append((name, spec["display_name"], profile))
-        print(f"Installed kernelspec {name} ({spec['display_name']!r}, profile {profile.name})"
-              f" in {path}")
+        print(
+            f"Installed kernelspec {name} ({spec['display_name']!r}, profile {profile.name})"
+            f" in {path}"
+        )
     searched = {str(Path(folder).resolve()) for folder in jupyter_path("kernels")}
     if str(Path(path).parent.resolve()) not in searched:
         share = Path(path).parent.parent.resolve()
-        print(f"Jupyter does not look in {share} by default: start it with"
-              f" JUPYTER_PATH={share} (or install with --user or --sys-prefix).")
+        print(
+            f"Jupyter does not look in {share} by default: start it with"
+            f" JUPYTER_PATH={share} (or install with --user or --sys-prefix)."
+        )
     if not args.no_precompile:
         precompile(args.cache_dir)
     print()
@@ -174,8 +180,10 @@ def _how_to_start(installed: list[tuple[str, str, Profile]]) -> None:
     print(f"Start JupyterLab with `{jupyter} lab` and pick in its launcher:")
     for name, title, profile in installed:
         print(f"  {title}  (kernel {name}, profile {profile.name})")
-    print(f"Or, without a browser: {jupyter} console --kernel {installed[0][0]},"
-          f" or {python} -m wasm_kernel run NOTEBOOK.ipynb")
+    print(
+        f"Or, without a browser: {jupyter} console --kernel {installed[0][0]},"
+        f" or {python} -m wasm_kernel run NOTEBOOK.ipynb"
+    )
 
 
 def run_notebook(args: argparse.Namespace) -> int:
@@ -201,8 +209,11 @@ def run_notebook(args: argparse.Namespace) -> int:
             try:
                 KernelSpecManager().get_kernel_spec(args.kernel_name)
             except NoSuchKernel:
-                print(f"error: no kernelspec named {args.kernel_name!r}; `jupyter kernelspec"
-                      " list` shows the installed ones", file=sys.stderr)
+                print(
+                    f"error: no kernelspec named {args.kernel_name!r}; `jupyter kernelspec"
+                    " list` shows the installed ones",
+                    file=sys.stderr,
+                )
                 return 2
             manager = KernelManager(kernel_name=args.kernel_name)
         else:
@@ -213,7 +224,9 @@ def run_notebook(args: argparse.Namespace) -> int:
                 kernel_name=name, kernel_spec_manager=KernelSpecManager(kernel_dirs=[specs])
             )
         client = NotebookClient(
-            notebook, km=manager, timeout=args.timeout,
+            notebook,
+            km=manager,
+            timeout=args.timeout,
             resources={"metadata": {"path": str(path.parent)}},
         )
         try:
@@ -251,16 +264,22 @@ class _OldProfileFlag(argparse.Action):
     """``install --profile NAME``, our spelling before --sandbox-profile: still taken, with a
     note, since ipykernel's --profile names an IPython profile, which this kernel never uses."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         if values not in PROFILES:
             parser.error(
                 f"--profile {values}: ipykernel's --profile names an IPython profile, which this"
                 " kernel does not use; choose a sandbox profile with --sandbox-profile"
                 f" ({' or '.join(sorted(PROFILES))})"
             )
-        print(f"note: --profile is deprecated here, use --sandbox-profile {values}",
-              file=sys.stderr)
+        print(
+            f"note: --profile is deprecated here, use --sandbox-profile {values}", file=sys.stderr
+        )
         namespace.sandbox_profile = [*(namespace.sandbox_profile or []), values]
 
 
@@ -278,54 +297,85 @@ def parser() -> argparse.ArgumentParser:
     profiles_help = "; ".join(f"{p.name}: {p.summary}" for p in PROFILES.values())
 
     cmd = commands.add_parser(
-        "install", help=SUBCOMMANDS["install"], description=SUBCOMMANDS["install"] + ".",
-        epilog="Default names: " + ", ".join(
-            f"{kernelspec_name(p)} for {p.name}" for p in PROFILES.values()
-        ) + ". With several profiles, --name and --display-name are bases: the notebook profile"
+        "install",
+        help=SUBCOMMANDS["install"],
+        description=SUBCOMMANDS["install"] + ".",
+        epilog="Default names: "
+        + ", ".join(f"{kernelspec_name(p)} for {p.name}" for p in PROFILES.values())
+        + ". With several profiles, --name and --display-name are bases: the notebook profile"
         " takes them as given, the others add their profile (--name mine gives mine and"
         " mine-strict; --display-name 'Mine' gives 'Mine' and 'Mine (strict)', 'Mine (x)' gives"
         " 'Mine (x, strict)').",
     )
     cmd.add_argument(
-        "--sandbox-profile", choices=sorted(PROFILES), action="append", metavar="PROFILE",
+        "--sandbox-profile",
+        choices=sorted(PROFILES),
+        action="append",
+        metavar="PROFILE",
         help=f"register this profile's kernelspec (repeatable; default: every profile). "
         f"{profiles_help}",
     )
-    cmd.add_argument("--profile", action=_OldProfileFlag, dest="sandbox_profile",
-                     help=argparse.SUPPRESS)
+    cmd.add_argument(
+        "--profile", action=_OldProfileFlag, dest="sandbox_profile", help=argparse.SUPPRESS
+    )
     cmd.add_argument("--name", help=f"kernelspec name (default: {KERNEL_NAME}[-PROFILE])")
-    cmd.add_argument("--display-name", metavar="TEXT",
-                     help="name shown in the launcher and kernel menus")
+    cmd.add_argument(
+        "--display-name", metavar="TEXT", help="name shown in the launcher and kernel menus"
+    )
     where = cmd.add_mutually_exclusive_group()
-    where.add_argument("--user", action="store_true",
-                       help="install for the current user (default outside a virtual env)")
-    where.add_argument("--sys-prefix", action="store_true",
-                       help=f"install into this Python's prefix, {sys.prefix}"
-                       " (default inside a virtual env)")
-    where.add_argument("--prefix", metavar="DIR",
-                       help="install under DIR/share/jupyter/kernels")
-    cmd.add_argument("--env", nargs=2, action="append", metavar=("NAME", "VALUE"),
-                     help="set an environment variable for the kernel (repeatable), e.g."
-                     " --env WASM_KERNEL_FUEL 1e11")
-    cmd.add_argument("--no-precompile", action="store_true",
-                     help="skip compiling the runtime (kernels compile it on first use)")
-    cmd.add_argument("--cache-dir", metavar="DIR",
-                     help="compile into DIR and point the kernelspecs at it")
+    where.add_argument(
+        "--user",
+        action="store_true",
+        help="install for the current user (default outside a virtual env)",
+    )
+    where.add_argument(
+        "--sys-prefix",
+        action="store_true",
+        help=f"install into this Python's prefix, {sys.prefix} (default inside a virtual env)",
+    )
+    where.add_argument("--prefix", metavar="DIR", help="install under DIR/share/jupyter/kernels")
+    cmd.add_argument(
+        "--env",
+        nargs=2,
+        action="append",
+        metavar=("NAME", "VALUE"),
+        help="set an environment variable for the kernel (repeatable), e.g."
+        " --env WASM_KERNEL_FUEL 1e11",
+    )
+    cmd.add_argument(
+        "--no-precompile",
+        action="store_true",
+        help="skip compiling the runtime (kernels compile it on first use)",
+    )
+    cmd.add_argument(
+        "--cache-dir", metavar="DIR", help="compile into DIR and point the kernelspecs at it"
+    )
 
-    cmd = commands.add_parser("precompile", help=SUBCOMMANDS["precompile"],
-                              description=SUBCOMMANDS["precompile"] + ".")
+    cmd = commands.add_parser(
+        "precompile", help=SUBCOMMANDS["precompile"], description=SUBCOMMANDS["precompile"] + "."
+    )
     cmd.add_argument("--cache-dir", metavar="DIR", help="cache folder (default: per-user cache)")
 
     cmd = commands.add_parser(
-        "run", help=SUBCOMMANDS["run"], description=SUBCOMMANDS["run"] + ". The kernel starts"
+        "run",
+        help=SUBCOMMANDS["run"],
+        description=SUBCOMMANDS["run"] + ". The kernel starts"
         " in the notebook's folder, as under Jupyter: the notebook profile mounts it read-only"
         " at /notebook.",
     )
     cmd.add_argument("notebook", metavar="NOTEBOOK")
-    cmd.add_argument("--sandbox-profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE,
-                     metavar="PROFILE", help=f"sandbox profile (default: {DEFAULT_PROFILE})")
-    cmd.add_argument("--kernel-name", help="use this installed kernelspec (and its --env,"
-                     " --cache-dir) instead of one built for this Python")
+    cmd.add_argument(
+        "--sandbox-profile",
+        choices=sorted(PROFILES),
+        default=DEFAULT_PROFILE,
+        metavar="PROFILE",
+        help=f"sandbox profile (default: {DEFAULT_PROFILE})",
+    )
+    cmd.add_argument(
+        "--kernel-name",
+        help="use this installed kernelspec (and its --env,"
+        " --cache-dir) instead of one built for this Python",
+    )
     cmd.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
 
     commands.add_parser("kernel", help=SUBCOMMANDS["kernel"], add_help=False)

@@ -32,44 +32,149 @@ log = logging.getLogger(__name__)
 BLOCK, ALLOW = "block", "allow"
 
 # Rendered as inert text or a JSON tree by every front end we know: kept as they are.
-PASSIVE = frozenset({
-    "text/plain",
-    "application/json",
-    "application/vnd.jupyter.stdout",
-    "application/vnd.jupyter.stderr",
-})
+PASSIVE = frozenset(
+    {
+        "text/plain",
+        "application/json",
+        "application/vnd.jupyter.stdout",
+        "application/vnd.jupyter.stderr",
+    }
+)
 # Rendered as <img src="data:MIME;base64,PAYLOAD">: an image context runs no script.
-RASTER = frozenset({
-    "image/png", "image/jpeg", "image/gif", "image/bmp", "image/webp", "image/avif",
-})
+RASTER = frozenset(
+    {
+        "image/png",
+        "image/jpeg",
+        "image/gif",
+        "image/bmp",
+        "image/webp",
+        "image/avif",
+    }
+)
 NOTICE_TAIL = "; see WasmKernel.active_output"
 
 # -- text/html ----------------------------------------------------------------------------------
 
-SVG_TAGS = frozenset({
-    "svg", "g", "defs", "symbol", "use", "path", "rect", "circle", "ellipse", "line", "polyline",
-    "polygon", "text", "tspan", "textPath", "title", "desc", "clipPath", "mask", "pattern",
-    "marker", "linearGradient", "radialGradient", "stop",
-})
-SVG_ATTRIBUTES = frozenset({
-    "viewBox", "preserveAspectRatio", "version", "x", "y", "x1", "x2", "y1", "y2", "cx", "cy",
-    "r", "rx", "ry", "d", "points", "transform", "fill", "fill-opacity", "fill-rule", "stroke",
-    "stroke-width", "stroke-opacity", "stroke-linecap", "stroke-linejoin", "stroke-dasharray",
-    "stroke-dashoffset", "stroke-miterlimit", "opacity", "clip-path", "clip-rule",
-    "clipPathUnits", "mask", "font-family", "font-size", "font-weight", "font-style",
-    "text-anchor", "dominant-baseline", "dx", "dy", "offset", "stop-color", "stop-opacity",
-    "gradientUnits", "gradientTransform", "fx", "fy", "patternUnits", "patternContentUnits",
-    "patternTransform", "markerWidth", "markerHeight", "refX", "refY", "orient", "markerUnits",
-    "marker-start", "marker-mid", "marker-end", "visibility", "display", "href",
-})
+SVG_TAGS = frozenset(
+    {
+        "svg",
+        "g",
+        "defs",
+        "symbol",
+        "use",
+        "path",
+        "rect",
+        "circle",
+        "ellipse",
+        "line",
+        "polyline",
+        "polygon",
+        "text",
+        "tspan",
+        "textPath",
+        "title",
+        "desc",
+        "clipPath",
+        "mask",
+        "pattern",
+        "marker",
+        "linearGradient",
+        "radialGradient",
+        "stop",
+    }
+)
+SVG_ATTRIBUTES = frozenset(
+    {
+        "viewBox",
+        "preserveAspectRatio",
+        "version",
+        "x",
+        "y",
+        "x1",
+        "x2",
+        "y1",
+        "y2",
+        "cx",
+        "cy",
+        "r",
+        "rx",
+        "ry",
+        "d",
+        "points",
+        "transform",
+        "fill",
+        "fill-opacity",
+        "fill-rule",
+        "stroke",
+        "stroke-width",
+        "stroke-opacity",
+        "stroke-linecap",
+        "stroke-linejoin",
+        "stroke-dasharray",
+        "stroke-dashoffset",
+        "stroke-miterlimit",
+        "opacity",
+        "clip-path",
+        "clip-rule",
+        "clipPathUnits",
+        "mask",
+        "font-family",
+        "font-size",
+        "font-weight",
+        "font-style",
+        "text-anchor",
+        "dominant-baseline",
+        "dx",
+        "dy",
+        "offset",
+        "stop-color",
+        "stop-opacity",
+        "gradientUnits",
+        "gradientTransform",
+        "fx",
+        "fy",
+        "patternUnits",
+        "patternContentUnits",
+        "patternTransform",
+        "markerWidth",
+        "markerHeight",
+        "refX",
+        "refY",
+        "orient",
+        "markerUnits",
+        "marker-start",
+        "marker-mid",
+        "marker-end",
+        "visibility",
+        "display",
+        "href",
+    }
+)
 HTML_TAGS = (set(nh3.ALLOWED_TAGS) - {"area", "map"}) | {
-    "style", "font", "video", "audio", "source",
+    "style",
+    "font",
+    "video",
+    "audio",
+    "source",
 }
-GLOBAL_ATTRIBUTES = frozenset({
-    "class", "id", "style", "title", "lang", "dir", "align", "valign", "width", "height", "role",
-})
+GLOBAL_ATTRIBUTES = frozenset(
+    {
+        "class",
+        "id",
+        "style",
+        "title",
+        "lang",
+        "dir",
+        "align",
+        "valign",
+        "width",
+        "height",
+        "role",
+    }
+)
 TAG_ATTRIBUTES: dict[str, frozenset[str]] = {
-    tag: frozenset(names) for tag, names in {
+    tag: frozenset(names)
+    for tag, names in {
         "a": {"href", "hreflang"},
         "img": {"src", "alt"},
         "table": {"border", "cellpadding", "cellspacing", "summary"},
@@ -93,23 +198,49 @@ TAG_ATTRIBUTES: dict[str, frozenset[str]] = {
 }
 # Where a URL may point, by tag, for href and src (anything relative is allowed too).
 URL_SCHEMES = {"a": ("http", "https", "mailto")}
-DATA_URLS = {"img": ("image/",), "video": ("video/",), "audio": ("audio/",),
-             "source": ("video/", "audio/")}
+DATA_URLS = {
+    "img": ("image/",),
+    "video": ("video/",),
+    "audio": ("audio/",),
+    "source": ("video/", "audio/"),
+}
 
 _TAG_NAME = re.compile(r"<([A-Za-z][^\t\n\f\r />]*)")
 _URL_SPACE = str.maketrans("", "", "\t\n\r")
 _ALLOWED_LOWER = {name.lower() for name in HTML_TAGS | SVG_TAGS}
 # Removed with their content; every other tag that is not allowed is unwrapped (text kept).
-_CLEAN_CONTENT = {"script", "iframe", "object", "embed", "frame", "frameset", "noscript",
-                  "noembed", "noframes", "template", "textarea", "xmp", "plaintext", "select",
-                  "applet", "math", "foreignObject"} - HTML_TAGS - SVG_TAGS
+_CLEAN_CONTENT = (
+    {
+        "script",
+        "iframe",
+        "object",
+        "embed",
+        "frame",
+        "frameset",
+        "noscript",
+        "noembed",
+        "noframes",
+        "template",
+        "textarea",
+        "xmp",
+        "plaintext",
+        "select",
+        "applet",
+        "math",
+        "foreignObject",
+    }
+    - HTML_TAGS
+    - SVG_TAGS
+)
 
 
 def _scheme(url: str) -> str | None:
     """The scheme a browser would see in ``url`` (lowercase), or None for a relative URL."""
-    url = url.translate(_URL_SPACE).strip("\x00\x01\x02\x03\x04\x05\x06\x07\x08\x0b\x0c\x0e"
-                                           "\x0f\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a"
-                                           "\x1b\x1c\x1d\x1e\x1f ")
+    url = url.translate(_URL_SPACE).strip(
+        "\x00\x01\x02\x03\x04\x05\x06\x07\x08\x0b\x0c\x0e"
+        "\x0f\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a"
+        "\x1b\x1c\x1d\x1e\x1f "
+    )
     head = re.match(r"([A-Za-z][A-Za-z0-9+.\-]*):", url)
     if head:
         return head.group(1).lower()
@@ -127,8 +258,10 @@ def _css_urls_local(value: str) -> bool:
         return False
     if "url(" not in lowered:
         return True
-    return all(part.lstrip(" \t\n\"'").startswith(("#", "data:image/"))
-               for part in lowered.split("url(")[1:])
+    return all(
+        part.lstrip(" \t\n\"'").startswith(("#", "data:image/"))
+        for part in lowered.split("url(")[1:]
+    )
 
 
 class _HtmlFilter(threading.local):
@@ -158,9 +291,12 @@ class _HtmlFilter(threading.local):
     @staticmethod
     def _verdict(tag: str, attribute: str, value: str) -> bool:
         svg = tag in SVG_TAGS
-        if not (attribute in GLOBAL_ATTRIBUTES or attribute.startswith("aria-")
-                or attribute in TAG_ATTRIBUTES.get(tag, ())
-                or (svg and attribute in SVG_ATTRIBUTES)):
+        if not (
+            attribute in GLOBAL_ATTRIBUTES
+            or attribute.startswith("aria-")
+            or attribute in TAG_ATTRIBUTES.get(tag, ())
+            or (svg and attribute in SVG_ATTRIBUTES)
+        ):
             return False
         if attribute in ("href", "src"):
             if svg:
@@ -194,8 +330,7 @@ _URL_ATTRIBUTE = re.compile(r"(?:href|src)[\t\n\f\r ]*=", re.IGNORECASE)
 def _clean_html(text: str) -> tuple[str, str]:
     """Sanitized HTML and what was removed ("" when nothing was)."""
     names = set(_TAG_NAME.findall(text))  # every start tag the parser can see, and more
-    foreign = sorted({name.lower() if name.isascii() else name for name in names}
-                     - _ALLOWED_LOWER)
+    foreign = sorted({name.lower() if name.isascii() else name for name in names} - _ALLOWED_LOWER)
     _FILTER.removed, _FILTER.urls = [], 0
     cleaned = _CLEANER.clean(text)
     removed = sorted({name[:32] for name in _FILTER.removed})
@@ -211,15 +346,51 @@ SVG_NS = "http://www.w3.org/2000/svg"
 XLINK_NS = "http://www.w3.org/1999/xlink"
 XML_NS = "http://www.w3.org/XML/1998/namespace"
 SVG_ELEMENTS = SVG_TAGS | {
-    "image", "style", "a", "switch", "filter", "feBlend", "feColorMatrix", "feComponentTransfer",
-    "feComposite", "feConvolveMatrix", "feDiffuseLighting", "feDisplacementMap",
-    "feDistantLight", "feDropShadow", "feFlood", "feFuncA", "feFuncB", "feFuncG", "feFuncR",
-    "feGaussianBlur", "feMerge", "feMergeNode", "feMorphology", "feOffset", "fePointLight",
-    "feSpecularLighting", "feSpotLight", "feTile", "feTurbulence",
+    "image",
+    "style",
+    "a",
+    "switch",
+    "filter",
+    "feBlend",
+    "feColorMatrix",
+    "feComponentTransfer",
+    "feComposite",
+    "feConvolveMatrix",
+    "feDiffuseLighting",
+    "feDisplacementMap",
+    "feDistantLight",
+    "feDropShadow",
+    "feFlood",
+    "feFuncA",
+    "feFuncB",
+    "feFuncG",
+    "feFuncR",
+    "feGaussianBlur",
+    "feMerge",
+    "feMergeNode",
+    "feMorphology",
+    "feOffset",
+    "fePointLight",
+    "feSpecularLighting",
+    "feSpotLight",
+    "feTile",
+    "feTurbulence",
 }
 # Attributes that take CSS or a paint reference: url() may only point inside the document.
-CSS_ATTRIBUTES = frozenset({"style", "fill", "stroke", "clip-path", "mask", "filter",
-                            "marker-start", "marker-mid", "marker-end", "cursor"})
+CSS_ATTRIBUTES = frozenset(
+    {
+        "style",
+        "fill",
+        "stroke",
+        "clip-path",
+        "mask",
+        "filter",
+        "marker-start",
+        "marker-mid",
+        "marker-end",
+        "cursor",
+    }
+)
 _INERT = {"metadata"}  # dropped with their content and without a notice (matplotlib's RDF)
 
 
@@ -273,8 +444,10 @@ class _SvgPass:
                 self.removed.add(f"<{local[:32]}>")
             self.skip += 1
             return
-        written = [f" {key}=\"{_xml_escape(value, True)}\""
-                   for key, value in self._attributes(local, attributes)]
+        written = [
+            f' {key}="{_xml_escape(value, True)}"'
+            for key, value in self._attributes(local, attributes)
+        ]
         if not self.open:
             written.insert(0, f' xmlns="{SVG_NS}" xmlns:xlink="{XLINK_NS}"')
         self.out.append(f"<{local}{''.join(written)}>")
@@ -293,10 +466,15 @@ class _SvgPass:
             if local == "href":
                 target = value.strip()
                 scheme = _scheme(target)
-                ok = target.startswith("#") or (
-                    element == "image" and scheme == "data"
-                    and re.match(r"data:image/(png|jpeg|gif|webp|bmp)[;,]", target, re.I)
-                ) or (element == "a" and scheme in ("http", "https", "mailto"))
+                ok = (
+                    target.startswith("#")
+                    or (
+                        element == "image"
+                        and scheme == "data"
+                        and re.match(r"data:image/(png|jpeg|gif|webp|bmp)[;,]", target, re.I)
+                    )
+                    or (element == "a" and scheme in ("http", "https", "mailto"))
+                )
                 if not ok:
                     self.removed.add(f"{prefix}href")
                     continue

@@ -23,7 +23,11 @@ PROFILE_FIELDS = {field.name for field in dataclasses.fields(next(iter(PROFILES.
 # Configured by ipykernel's application but never created here: the kernel class is
 # WasmKernel and cells run in the sandbox, not in an IPython shell.
 UNUSED_CLASSES = (
-    "IPythonKernel", "InteractiveShell", "ZMQInteractiveShell", "InteractiveShellApp", "ProfileDir"
+    "IPythonKernel",
+    "InteractiveShell",
+    "ZMQInteractiveShell",
+    "InteractiveShellApp",
+    "ProfileDir",
 )
 SETTINGS_INTRO = (
     "Set them in the kernelspec's argv (--WasmKernel.fuel=1e11), in"
@@ -133,7 +137,8 @@ class WasmKernelApp(IPKernelApp):
         yield from wrap_paragraphs(
             "The kernel runs in ipykernel's application. IPython's shell settings (and flags"
             " such as --pylab) have no effect: cells run in the sandbox, not in an IPython"
-            " shell; their classes are left out below.", 80
+            " shell; their classes are left out below.",
+            80,
         )
         yield ""
         yield from self.emit_options_help()
@@ -174,7 +179,8 @@ class WasmKernelApp(IPKernelApp):
 
         def quiet(record: object) -> bool:
             return not str(getattr(record, "msg", "")).startswith(
-                "Kernel is running over TCP without encryption")
+                "Kernel is running over TCP without encryption"
+            )
 
         self.log.addFilter(quiet)
         try:

@@ -175,13 +175,23 @@ class RuntimeCache:
             cells = record.get("interrupt_cells")
             interrupt_cells = rewrite.InterruptCells(**cells) if cells else None
             module = wasmtime.Module.deserialize_file(self.engine, str(entry / self.MODULE))
-        except (CorruptEntry, OSError, ValueError, TypeError, KeyError,
-                wasmtime.WasmtimeError) as exc:
+        except (
+            CorruptEntry,
+            OSError,
+            ValueError,
+            TypeError,
+            KeyError,
+            wasmtime.WasmtimeError,
+        ) as exc:
             if writable(self.directory):
                 self._discard(entry)
             return None, f"{type(exc).__name__}: {exc}"
         compiled = CompiledRuntime(
-            runtime, self.engine, module, entry / self.LIB, entry / self.MPL_DATA,
+            runtime,
+            self.engine,
+            module,
+            entry / self.LIB,
+            entry / self.MPL_DATA,
             interrupt_cells,
         )
         return compiled, None
@@ -212,8 +222,11 @@ class RuntimeCache:
         costs nothing but another hashing next time.
         """
         if not writable(entry):
-            log.info("%s: files were touched since they were cached; rehashing them on every"
-                     " start (the folder is read-only)", entry)
+            log.info(
+                "%s: files were touched since they were cached; rehashing them on every"
+                " start (the folder is read-only)",
+                entry,
+            )
             return
         staging = None
         try:
@@ -257,11 +270,14 @@ class RuntimeCache:
         self._prune_stale(runtime)
         found = self.lookup(runtime)
         if found is None:
-            raise CorruptEntry(f"the cache entry just built in {self.entry_dir(runtime)} is unreadable")
+            raise CorruptEntry(
+                f"the cache entry just built in {self.entry_dir(runtime)} is unreadable"
+            )
         return found
 
-    def _read_only_message(self, runtime: Runtime, problem: str | None,
-                           error: OSError | None = None) -> str:
+    def _read_only_message(
+        self, runtime: Runtime, problem: str | None, error: OSError | None = None
+    ) -> str:
         entry = self.entry_dir(runtime)
         if problem:
             state = f"its compiled runtime {entry.name} is unusable ({problem})"
@@ -269,8 +285,10 @@ class RuntimeCache:
             state = f"it holds no compiled runtime {entry.name}"
             others = self._other_entries(runtime)
             if others:
-                state += (f" (only {', '.join(others)}, built for another wasmtime version or"
-                          " engine settings)")
+                state += (
+                    f" (only {', '.join(others)}, built for another wasmtime version or"
+                    " engine settings)"
+                )
         reason = f": {error}" if error else ""
         return (
             f"the compiled-runtime cache {self.directory} is read-only{reason}, and {state}."

@@ -63,10 +63,16 @@ def _adapter_wat() -> str:
         functions.append(
             f'  (func (export "{name}") (param {types}) (result i32) {forward} call ${name})'
         )
-    return "\n".join([
-        "(module", '  (import "guest" "memory" (memory 0))', *imports,
-        '  (export "memory" (memory 0))', *functions, ")",
-    ])
+    return "\n".join(
+        [
+            "(module",
+            '  (import "guest" "memory" (memory 0))',
+            *imports,
+            '  (export "memory" (memory 0))',
+            *functions,
+            ")",
+        ]
+    )
 
 
 def _valtype(name: str) -> wasmtime.ValType:
@@ -87,8 +93,14 @@ class GuestFiles:
     position of the private /tmp among them.
     """
 
-    def __init__(self, preopens: int, scratch_index: int, touched: Callable[[], None],
-                 room: Callable[[], bool], limit: int | None = None):
+    def __init__(
+        self,
+        preopens: int,
+        scratch_index: int,
+        touched: Callable[[], None],
+        room: Callable[[], bool],
+        limit: int | None = None,
+    ):
         self.protected = FIRST_PREOPEN + preopens  # descriptors below this are the kernel's
         self.scratch = FIRST_PREOPEN + scratch_index
         self.limit = default_limit() if limit is None else limit
@@ -107,8 +119,13 @@ class GuestFiles:
             func_type = wasmtime.FuncType([_valtype(p) for p in params], [wasmtime.ValType.i32()])
             linker.define_func(WASI, name, func_type, getattr(self, f"_{name}"), access_caller=True)
 
-    def bind(self, engine: wasmtime.Engine, store: wasmtime.Store, memory: wasmtime.Memory,
-             adapter: wasmtime.Module | None = None) -> wasmtime.Module:
+    def bind(
+        self,
+        engine: wasmtime.Engine,
+        store: wasmtime.Store,
+        memory: wasmtime.Memory,
+        adapter: wasmtime.Module | None = None,
+    ) -> wasmtime.Module:
         """Connect to the real WASI functions through the adapter (returned, to be reused)."""
         adapter = adapter or wasmtime.Module(engine, _adapter_wat())
         linker = wasmtime.Linker(engine)
@@ -157,9 +174,19 @@ class GuestFiles:
             self.open[to] = self.open.pop(fd)
         return errno
 
-    def _path_open(self, caller: wasmtime.Caller, fd: int, dirflags: int, path: int,
-                   path_len: int, oflags: int, rights: int, inheriting: int, fdflags: int,
-                   opened: int) -> int:
+    def _path_open(
+        self,
+        caller: wasmtime.Caller,
+        fd: int,
+        dirflags: int,
+        path: int,
+        path_len: int,
+        oflags: int,
+        rights: int,
+        inheriting: int,
+        fdflags: int,
+        opened: int,
+    ) -> int:
         if len(self.open) >= self.limit:
             return ERRNO_MFILE
         writable = bool(rights & RIGHT_FD_WRITE) or bool(oflags & (OFLAG_CREAT | OFLAG_TRUNC))
@@ -174,20 +201,38 @@ class GuestFiles:
             self.open[new_fd] = (self._in_scratch(fd), writable)
         return errno
 
-    def _path_create_directory(self, caller: wasmtime.Caller, fd: int, path: int,
-                               path_len: int) -> int:
+    def _path_create_directory(
+        self, caller: wasmtime.Caller, fd: int, path: int, path_len: int
+    ) -> int:
         if not self._may_grow(fd):
             return ERRNO_DQUOT
         return self._real["path_create_directory"](caller, fd, path, path_len)
 
-    def _path_rename(self, caller: wasmtime.Caller, fd: int, old: int, old_len: int,
-                     new_fd: int, new: int, new_len: int) -> int:
+    def _path_rename(
+        self,
+        caller: wasmtime.Caller,
+        fd: int,
+        old: int,
+        old_len: int,
+        new_fd: int,
+        new: int,
+        new_len: int,
+    ) -> int:
         if not (self._may_grow(new_fd) or self._in_scratch(fd)):  # within /tmp: no growth
             return ERRNO_DQUOT
         return self._real["path_rename"](caller, fd, old, old_len, new_fd, new, new_len)
 
-    def _path_link(self, caller: wasmtime.Caller, fd: int, flags: int, old: int, old_len: int,
-                   new_fd: int, new: int, new_len: int) -> int:
+    def _path_link(
+        self,
+        caller: wasmtime.Caller,
+        fd: int,
+        flags: int,
+        old: int,
+        old_len: int,
+        new_fd: int,
+        new: int,
+        new_len: int,
+    ) -> int:
         if not self._may_grow(new_fd):
             return ERRNO_DQUOT
         return self._real["path_link"](caller, fd, flags, old, old_len, new_fd, new, new_len)
@@ -201,4 +246,3 @@ class GuestFiles:
             return False
         self._touched()
         return True
-

@@ -143,33 +143,54 @@ class WasmKernel(Kernel):
     ).tag(config=True)
     # Limits: each refuses values outside its range (see settings.py for why these bounds).
     fuel = Limit(
-        integer=True, low=MIN_FUEL, high=INT64_MAX, unit="units",
+        integer=True,
+        low=MIN_FUEL,
+        high=INT64_MAX,
+        unit="units",
         help="Fuel per cell (about one unit per WebAssembly instruction; ~1e10 per second of"
         " pure-Python work). A cell that runs out stops with FuelExhausted. The interpreter's"
         " start-up (~1.4e8) is paid from it too. Env: WASM_KERNEL_FUEL.",
     ).tag(config=True)
     time_limit = Limit(
-        integer=False, low=MIN_SECONDS, high=MAX_SECONDS, unit="seconds", zero="no limit",
+        integer=False,
+        low=MIN_SECONDS,
+        high=MAX_SECONDS,
+        unit="seconds",
+        zero="no limit",
         help="Wall-clock seconds a cell may run, 0 for no limit. Env: WASM_KERNEL_TIME_LIMIT.",
     ).tag(config=True)
     memory_limit = Limit(
-        integer=True, low=MIN_MEMORY, high=MAX_MEMORY, unit="bytes",
+        integer=True,
+        low=MIN_MEMORY,
+        high=MAX_MEMORY,
+        unit="bytes",
         help="Bytes of linear memory the guest interpreter may use (it needs 40 MiB to start)."
         " Env: WASM_KERNEL_MEMORY_LIMIT.",
     ).tag(config=True)
     output_limit = Limit(
-        integer=True, low=MIN_OUTPUT, high=INT64_MAX, unit="bytes",
+        integer=True,
+        low=MIN_OUTPUT,
+        high=INT64_MAX,
+        unit="bytes",
         help="Bytes of output (streams and display data) shown per cell; the rest is dropped"
         " with a notice. Env: WASM_KERNEL_OUTPUT_LIMIT.",
     ).tag(config=True)
     scratch_limit = Limit(
-        integer=True, low=MIN_SCRATCH, high=INT64_MAX, unit="bytes", zero="no limit",
+        integer=True,
+        low=MIN_SCRATCH,
+        high=INT64_MAX,
+        unit="bytes",
+        zero="no limit",
         help="Bytes a cell may fill the private /tmp with (on the host's disk; each file counts"
         " at least 4 KiB), 0 for no limit. A cell that grows it past the limit is stopped."
         " Env: WASM_KERNEL_SCRATCH_LIMIT.",
     ).tag(config=True)
     interrupt_grace = Limit(
-        integer=False, low=0.0, high=MAX_GRACE, unit="seconds", default_text="1.0",
+        integer=False,
+        low=0.0,
+        high=MAX_GRACE,
+        unit="seconds",
+        default_text="1.0",
         help="Seconds an interrupted cell gets to stop by itself (KeyboardInterrupt) before it"
         " is stopped hard; 0 stops it hard at once. Env: WASM_KERNEL_INTERRUPT_GRACE.",
     ).tag(config=True)
@@ -515,8 +536,9 @@ class WasmKernel(Kernel):
         if not self._refuse_malformed(stream, ident, parent, "history_reply", fields):
             await super().history_request(stream, ident, parent)
 
-    def _refuse_malformed(self, stream: Any, ident: Any, parent: dict, reply_type: str,
-                          fields: dict[str, type]) -> bool:
+    def _refuse_malformed(
+        self, stream: Any, ident: Any, parent: dict, reply_type: str, fields: dict[str, type]
+    ) -> bool:
         """Send an error reply when the request's content is not what the protocol says."""
         content = parent.get("content")
         problem = None
@@ -594,13 +616,18 @@ class WasmKernel(Kernel):
                 stop_line = None if stop is None else _bounded(stop, 0)
                 entries = self.history.range(_bounded(session, 0), _bounded(start, 0), stop_line)
             elif hist_access_type == "search":
-                entries = self.history.search(str(pattern or "*"), _bounded(n, 0) or None,
-                                              bool(unique))
+                entries = self.history.search(
+                    str(pattern or "*"), _bounded(n, 0) or None, bool(unique)
+                )
             else:
                 entries = []
         except (TypeError, ValueError) as exc:
-            return {"status": "error", "ename": "MalformedRequest", "evalue": str(exc),
-                    "traceback": []}
+            return {
+                "status": "error",
+                "ename": "MalformedRequest",
+                "evalue": str(exc),
+                "traceback": [],
+            }
         if output:
             return {"status": "ok", "history": [(s, n_, (src, None)) for s, n_, src in entries]}
         return {"status": "ok", "history": entries}
@@ -731,7 +758,8 @@ class CellHost:
                 self._told_backlog = True
                 self.kernel.log.warning(
                     "leaving out cell output: more than %d bytes wait for clients that do not"
-                    " read IOPub", self.kernel.guest_output.limit,
+                    " read IOPub",
+                    self.kernel.guest_output.limit,
                 )
 
     def stream(self, name: str, text: str) -> None:
@@ -744,18 +772,24 @@ class CellHost:
             message["data"] = self.active_output.bundle(message["data"])
         if op == "result":
             if not self.silent:
-                self._publish("execute_result", {
-                    "execution_count": self.execution_count,
-                    "data": message["data"],
-                    "metadata": message["metadata"],
-                })
+                self._publish(
+                    "execute_result",
+                    {
+                        "execution_count": self.execution_count,
+                        "data": message["data"],
+                        "metadata": message["metadata"],
+                    },
+                )
         elif op == "display":
             msg_type = "update_display_data" if message["update"] else "display_data"
-            self._publish(msg_type, {
-                "data": message["data"],
-                "metadata": message["metadata"],
-                "transient": message["transient"],
-            })
+            self._publish(
+                msg_type,
+                {
+                    "data": message["data"],
+                    "metadata": message["metadata"],
+                    "transient": message["transient"],
+                },
+            )
         elif op == "clear":
             self._publish("clear_output", {"wait": message["wait"]})
         elif op == "error":
@@ -773,8 +807,9 @@ class CellHost:
             return {"text": self.kernel.describe_sandbox()}
         return {}
 
-    def _record_error(self, ename: str, evalue: str, traceback: list[str],
-                      shown: bool = True) -> None:
+    def _record_error(
+        self, ename: str, evalue: str, traceback: list[str], shown: bool = True
+    ) -> None:
         """The cell's error, for its reply; published now, or (past the output budget) in
         brief when the cell ends, so that an error never passes unseen."""
         self.error = {"ename": ename, "evalue": evalue, "traceback": traceback}
@@ -805,10 +840,14 @@ class CellHost:
         evalue = self.error["evalue"]
         if len(evalue) > BRIEF_ERROR:
             evalue = evalue[:BRIEF_ERROR] + " [...]"
-        self.error = {"ename": self.error["ename"], "evalue": evalue, "traceback": [
-            f"{self.error['ename']}: {evalue}",
-            "(the traceback is not shown: the cell's output went past its output limit)",
-        ]}
+        self.error = {
+            "ename": self.error["ename"],
+            "evalue": evalue,
+            "traceback": [
+                f"{self.error['ename']}: {evalue}",
+                "(the traceback is not shown: the cell's output went past its output limit)",
+            ],
+        }
         self._publish("error", self.error)
 
     def _input(self, prompt: str, password: bool, interrupts: Interrupts) -> dict:
@@ -820,8 +859,11 @@ class CellHost:
         while self.session.recv(socket)[1] is not None:  # drop stale replies
             pass
         self.session.send(
-            socket, "input_request", {"prompt": prompt, "password": password},
-            self.parent, ident=self.stdin_ident,
+            socket,
+            "input_request",
+            {"prompt": prompt, "password": password},
+            self.parent,
+            ident=self.stdin_ident,
         )
         while True:
             if interrupts.take():

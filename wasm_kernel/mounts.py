@@ -58,8 +58,9 @@ def _host_folder(spec: str, text: str, base: Path) -> Path:
     try:
         folder = folder.resolve(strict=True)
     except (OSError, RuntimeError) as exc:
-        raise MountError(f"mount {spec!r}: the host folder {str(folder)!r} is missing ({exc})") \
-            from None
+        raise MountError(
+            f"mount {spec!r}: the host folder {str(folder)!r} is missing ({exc})"
+        ) from None
     if not folder.is_dir():
         raise MountError(f"mount {spec!r}: {str(folder)!r} is not a folder")
     if folder == Path(folder.anchor):
@@ -71,8 +72,12 @@ def _host_folder(spec: str, text: str, base: Path) -> Path:
 def _guest_path(spec: str, guest: str) -> str:
     clean = posixpath.normpath(guest)
     if (
-        not guest.startswith("/") or clean != guest or guest == "/" or guest.startswith("//")
-        or not guest.isprintable() or ":" in guest
+        not guest.startswith("/")
+        or clean != guest
+        or guest == "/"
+        or guest.startswith("//")
+        or not guest.isprintable()
+        or ":" in guest
     ):
         raise MountError(
             f"mount {spec!r}: the guest path must be a clean absolute folder other than /,"

@@ -44,7 +44,8 @@ class OutputPump:
             self._budget, self._used = budget, 0
             self._limit_notice, self._told = limit_notice, False
             self._decoders = {
-                name: codecs.getincrementaldecoder("utf-8")("replace") for name in ("stdout", "stderr")
+                name: codecs.getincrementaldecoder("utf-8")("replace")
+                for name in ("stdout", "stderr")
             }
 
     def end(self) -> None:

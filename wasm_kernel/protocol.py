@@ -35,12 +35,16 @@ def _is_str_dict(value: Any) -> bool:
 
 
 def _mime_data(value: Any) -> dict:
-    _check(_is_str_dict(value) and bool(value), "data must be a non-empty object keyed by mime type")
+    _check(
+        _is_str_dict(value) and bool(value), "data must be a non-empty object keyed by mime type"
+    )
     for mime, payload in value.items():
         _check("/" in mime and len(mime) < 256, f"bad mime type {mime[:64]!r}")
         # JSON mime types (application/json, application/vnd.x+json) may hold any JSON value
-        _check(isinstance(payload, (str, dict, list)) or mime.endswith("json"),
-               f"{mime} payload must be text or JSON")
+        _check(
+            isinstance(payload, (str, dict, list)) or mime.endswith("json"),
+            f"{mime} payload must be text or JSON",
+        )
     return value
 
 
@@ -105,8 +109,12 @@ def _error(message: dict) -> dict:
     _check(isinstance(ename, str) and len(ename) < 1024, "ename must be a short string")
     _check(isinstance(evalue, str), "evalue must be a string")
     _check(isinstance(tb, list) and all(isinstance(line, str) for line in tb), "bad traceback")
-    return {"op": "error", "ename": ename, "evalue": _clip(evalue),
-            "traceback": _clip("\n".join(tb)).split("\n")}
+    return {
+        "op": "error",
+        "ename": ename,
+        "evalue": _clip(evalue),
+        "traceback": _clip("\n".join(tb)).split("\n"),
+    }
 
 
 def _input(message: dict) -> dict:
@@ -119,8 +127,10 @@ def _input(message: dict) -> dict:
 def _sleep(message: dict) -> dict:
     seconds = message.get("seconds")
     _check(
-        isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-        and math.isfinite(seconds) and seconds >= 0,
+        isinstance(seconds, (int, float))
+        and not isinstance(seconds, bool)
+        and math.isfinite(seconds)
+        and seconds >= 0,
         "seconds must be a finite, non-negative number",
     )
     return {"op": "sleep", "seconds": float(seconds)}

@@ -84,7 +84,7 @@ def write_name(name: str) -> bytes:
 
 def read_name(data: bytes, pos: int) -> tuple[str, int]:
     length, pos = read_u32(data, pos)
-    return data[pos:pos + length].decode("utf-8"), pos + length
+    return data[pos : pos + length].decode("utf-8"), pos + length
 
 
 # -- module structure -------------------------------------------------------------------------
@@ -116,7 +116,7 @@ def parse_sections(data: bytes) -> ModuleLayout:
     while pos < len(data):
         section_id = data[pos]
         size, body_start = read_u32(data, pos + 1)
-        body = data[body_start:body_start + size]
+        body = data[body_start : body_start + size]
         name = read_name(body, 0)[0] if section_id == 0 else ""
         layout.sections.append(Section(section_id, body, name))
         pos = body_start + size
@@ -182,7 +182,7 @@ def code_bodies(layout: ModuleLayout) -> list[bytes]:
     bodies = []
     for _ in range(count):
         size, start = read_u32(body, pos)
-        bodies.append(body[start:start + size])
+        bodies.append(body[start : start + size])
         pos = start + size
     return bodies
 
@@ -195,7 +195,7 @@ def defined_globals(layout: ModuleLayout) -> list[tuple[int, bool, bytes]]:
     for _ in range(count):
         valtype, mutable = body[pos], body[pos + 1] == MUTABLE
         end = _constant_end(body, pos + 2)
-        found.append((valtype, mutable, body[pos + 2:end]))
+        found.append((valtype, mutable, body[pos + 2 : end]))
         pos = end
     return found
 
@@ -226,23 +226,69 @@ def _sbrk_body(brk: int, grow_failed: int) -> bytes:
     set_brk = b"\x24" + write_u32(brk)
     fail = b"\x41\x01\x24" + write_u32(grow_failed) + b"\x41\x7f\x0f"  # flag it, return -1
     memory_bytes = b"\x3f\x00" + b"\x41" + write_s32(16) + b"\x74"  # memory.size << 16
-    code = b"".join([
-        # first call: the break starts at the end of the initial memory
-        get_brk, b"\x45", b"\x04\x40", memory_bytes, set_brk, b"\x0b",
-        # a negative increment is not supported (dlmalloc never trims with sbrk here)
-        b"\x20\x00", b"\x41\x00", b"\x48", b"\x04\x40", b"\x41\x7f", b"\x0f", b"\x0b",
-        # new = brk + increment, in 64 bits so that passing 4 GiB is seen
-        get_brk, b"\xad", b"\x20\x00", b"\xad", b"\x7c", b"\x22\x01",
-        b"\x42" + write_s32(1 << 32), b"\x56", b"\x04\x40", fail, b"\x0b",
-        # past the end of memory: grow by the missing pages, or fail with -1
-        b"\x20\x01", b"\x3f\x00", b"\xad", b"\x42\x10", b"\x86", b"\x56", b"\x04\x40",
-        b"\x20\x01", b"\x3f\x00", b"\xad", b"\x42\x10", b"\x86", b"\x7d",
-        b"\x42" + write_s32(PAGE - 1), b"\x7c", b"\x42\x10", b"\x88", b"\xa7",
-        b"\x40\x00", b"\x41\x7f", b"\x46", b"\x04\x40", fail, b"\x0b",
-        b"\x0b",
-        # return the old break and move it
-        get_brk, b"\x20\x01", b"\xa7", set_brk, b"\x0b",
-    ])
+    code = b"".join(
+        [
+            # first call: the break starts at the end of the initial memory
+            get_brk,
+            b"\x45",
+            b"\x04\x40",
+            memory_bytes,
+            set_brk,
+            b"\x0b",
+            # a negative increment is not supported (dlmalloc never trims with sbrk here)
+            b"\x20\x00",
+            b"\x41\x00",
+            b"\x48",
+            b"\x04\x40",
+            b"\x41\x7f",
+            b"\x0f",
+            b"\x0b",
+            # new = brk + increment, in 64 bits so that passing 4 GiB is seen
+            get_brk,
+            b"\xad",
+            b"\x20\x00",
+            b"\xad",
+            b"\x7c",
+            b"\x22\x01",
+            b"\x42" + write_s32(1 << 32),
+            b"\x56",
+            b"\x04\x40",
+            fail,
+            b"\x0b",
+            # past the end of memory: grow by the missing pages, or fail with -1
+            b"\x20\x01",
+            b"\x3f\x00",
+            b"\xad",
+            b"\x42\x10",
+            b"\x86",
+            b"\x56",
+            b"\x04\x40",
+            b"\x20\x01",
+            b"\x3f\x00",
+            b"\xad",
+            b"\x42\x10",
+            b"\x86",
+            b"\x7d",
+            b"\x42" + write_s32(PAGE - 1),
+            b"\x7c",
+            b"\x42\x10",
+            b"\x88",
+            b"\xa7",
+            b"\x40\x00",
+            b"\x41\x7f",
+            b"\x46",
+            b"\x04\x40",
+            fail,
+            b"\x0b",
+            b"\x0b",
+            # return the old break and move it
+            get_brk,
+            b"\x20\x01",
+            b"\xa7",
+            set_brk,
+            b"\x0b",
+        ]
+    )
     locals_ = write_u32(1) + write_u32(1) + b"\x7e"  # one i64 local: the new break
     return locals_ + code
 
@@ -264,13 +310,20 @@ def make_restorable(wasm: bytes) -> bytes:
     new_global = bytes([I32, MUTABLE]) + b"\x41\x00\x0b"  # mutable i32 = 0
     global_section.body = write_u32(count + 2) + global_section.body[pos:] + new_global * 2
 
-    exports = [(f"{GLOBAL_EXPORT_PREFIX}{index}", index)
-               for index, (_, mutable, _) in enumerate(globals_) if mutable]
+    exports = [
+        (f"{GLOBAL_EXPORT_PREFIX}{index}", index)
+        for index, (_, mutable, _) in enumerate(globals_)
+        if mutable
+    ]
     exports += [(BRK_EXPORT, brk), (GROW_FAILED_EXPORT, grow_failed)]
     export_section = layout.find(SECTION_EXPORT)
     count, pos = read_u32(export_section.body, 0)
-    export_section.body = write_u32(count + len(exports)) + export_section.body[pos:] + b"".join(
-        write_name(name) + bytes([EXPORT_GLOBAL]) + write_u32(index) for name, index in exports
+    export_section.body = (
+        write_u32(count + len(exports))
+        + export_section.body[pos:]
+        + b"".join(
+            write_name(name) + bytes([EXPORT_GLOBAL]) + write_u32(index) for name, index in exports
+        )
     )
 
     bodies = code_bodies(layout)
@@ -361,7 +414,7 @@ LOCAL_GET, LOCAL_TEE = 0x20, 0x22
 
 
 def _windows(code, size):
-    return (code[i:i + size] for i in range(len(code) - size + 1))
+    return (code[i : i + size] for i in range(len(code) - size + 1))
 
 
 def find_interrupt_cells(wasm: bytes) -> InterruptCells:
@@ -384,14 +437,19 @@ def find_interrupt_cells(wasm: bytes) -> InterruptCells:
     for window in _windows(set_interrupt, 6):
         ops = [op for op, _ in window]
         # &Handlers[signum]: i32.const BASE; local.get 0; i32.const 3; i32.shl; i32.add; tee
-        if ops == [I32_CONST, LOCAL_GET, I32_CONST, I32_SHL, I32_ADD, LOCAL_TEE] \
-                and window[2][1] == (3,):
+        if ops == [I32_CONST, LOCAL_GET, I32_CONST, I32_SHL, I32_ADD, LOCAL_TEE] and window[2][
+            1
+        ] == (3,):
             handlers, entry_local = window[0][1][0], window[5][1][0]
     for window in _windows(set_interrupt, 5):
         ops = [op for op, _ in window]
         # Handlers[signum].tripped = 1: local.get E; i32.const T; i32.add; i32.const 1; store
-        if handlers is not None and ops == [LOCAL_GET, I32_CONST, I32_ADD, I32_CONST, I32_STORE] \
-                and window[0][1] == (entry_local,) and window[3][1] == (1,):
+        if (
+            handlers is not None
+            and ops == [LOCAL_GET, I32_CONST, I32_ADD, I32_CONST, I32_STORE]
+            and window[0][1] == (entry_local,)
+            and window[3][1] == (1,)
+        ):
             tripped_offset = window[1][1][0] + window[4][1][1]
     for window in _windows(set_interrupt, 3):
         ops = [op for op, _ in window]
@@ -402,10 +460,23 @@ def find_interrupt_cells(wasm: bytes) -> InterruptCells:
     for window in _windows(signal_received, 10):
         ops = [op for op, _ in window]
         # *(*(PTR) + K) |= BIT
-        if ops == [I32_CONST, I32_LOAD, I32_CONST, I32_ADD, LOCAL_TEE, LOCAL_GET, I32_LOAD,
-                   I32_CONST, I32_OR, I32_STORE]:
-            breaker = (window[0][1][0] + window[1][1][1],
-                       window[2][1][0] + window[9][1][1], window[7][1][0])
+        if ops == [
+            I32_CONST,
+            I32_LOAD,
+            I32_CONST,
+            I32_ADD,
+            LOCAL_TEE,
+            LOCAL_GET,
+            I32_LOAD,
+            I32_CONST,
+            I32_OR,
+            I32_STORE,
+        ]:
+            breaker = (
+                window[0][1][0] + window[1][1][1],
+                window[2][1][0] + window[9][1][1],
+                window[7][1][0],
+            )
     if None in (handlers, tripped_offset, is_tripped, breaker):
         raise UnsupportedModule("PyErr_SetInterruptEx does not have the expected shape")
     return InterruptCells(

@@ -252,8 +252,14 @@ class Sandbox:
     """One guest interpreter. With a restorable runtime, a trap rolls it back to the state
     checkpointed after the last cell; otherwise it is replaced by a fresh one."""
 
-    def __init__(self, compiled: CompiledRuntime, limits: Limits, rollback: bool = True,
-                 mounts: Sequence[Mount] = (), cwd: str = SCRATCH):
+    def __init__(
+        self,
+        compiled: CompiledRuntime,
+        limits: Limits,
+        rollback: bool = True,
+        mounts: Sequence[Mount] = (),
+        cwd: str = SCRATCH,
+    ):
         self.compiled = compiled
         self.limits = limits
         self.mounts = tuple(mounts)
@@ -265,7 +271,9 @@ class Sandbox:
         self._turn_lock = threading.Lock()
         self._tmp = Path(tempfile.mkdtemp(prefix="wasm-kernel-tmp-"))
         self._scratch = ScratchWatch(
-            self._tmp, limits.scratch, partial(self.interrupts.request_stop, "scratch"),
+            self._tmp,
+            limits.scratch,
+            partial(self.interrupts.request_stop, "scratch"),
             touches=True,  # GuestFiles reports every call that may grow /tmp
             writing=lambda: self._files.writing_to_scratch(),
         )
@@ -300,7 +308,9 @@ class Sandbox:
         runtime = self.compiled.runtime
         wasi.preopen_dir(str(self.compiled.lib_dir), runtime.lib_guest_dir, False)
         wasi.preopen_dir(
-            str(self.compiled.mpl_data_dir), f"{runtime.stdlib_guest_path}/matplotlib/mpl-data", False
+            str(self.compiled.mpl_data_dir),
+            f"{runtime.stdlib_guest_path}/matplotlib/mpl-data",
+            False,
         )
         wasi.preopen_dir(str(self._tmp), SCRATCH, True)
         for mount in self.mounts:  # wasmtime keeps every path the guest opens inside these
@@ -320,8 +330,12 @@ class Sandbox:
         linker.define_wasi()
         linker.allow_shadowing = True
         # the runtime's two folders, then /tmp, then the mounts (see _wasi)
-        files = GuestFiles(preopens=3 + len(self.mounts), scratch_index=2,
-                           touched=self._scratch.touched, room=self._scratch.has_room)
+        files = GuestFiles(
+            preopens=3 + len(self.mounts),
+            scratch_index=2,
+            touched=self._scratch.touched,
+            room=self._scratch.has_room,
+        )
         files.shadow(linker)
         i32 = wasmtime.ValType.i32()
         i64 = wasmtime.ValType.i64()
@@ -329,18 +343,26 @@ class Sandbox:
             "host", "call", wasmtime.FuncType([i32] * 4, [i32]), self._host_call, access_caller=True
         )
         linker.define_func(
-            "wasi_snapshot_preview1", "poll_oneoff",
-            wasmtime.FuncType([i32] * 4, [i32]), self._poll_oneoff, access_caller=True,
+            "wasi_snapshot_preview1",
+            "poll_oneoff",
+            wasmtime.FuncType([i32] * 4, [i32]),
+            self._poll_oneoff,
+            access_caller=True,
         )
         linker.define_func(
-            "wasi_snapshot_preview1", "clock_time_get",
-            wasmtime.FuncType([i32, i64, i32], [i32]), self._clock_time_get, access_caller=True,
+            "wasi_snapshot_preview1",
+            "clock_time_get",
+            wasmtime.FuncType([i32, i64, i32], [i32]),
+            self._clock_time_get,
+            access_caller=True,
         )
         # No symlinks: one made in a writable mount could point a host program that later
         # opens it (a backup, the user's editor) at files the guest was never granted.
         linker.define_func(
-            "wasi_snapshot_preview1", "path_symlink",
-            wasmtime.FuncType([i32] * 5, [i32]), lambda *_: WASI_EPERM,
+            "wasi_snapshot_preview1",
+            "path_symlink",
+            wasmtime.FuncType([i32] * 5, [i32]),
+            lambda *_: WASI_EPERM,
         )
         instance = linker.instantiate(store, self.compiled.module)
         exports = instance.exports(store)
@@ -463,9 +485,7 @@ class Sandbox:
                 self._scratch.begin(turn)
                 if self._scratch.over_limit:  # no growth until files are deleted, not even
                     self._scratch.stop_writers()  # through files kept open from earlier cells
-                self._output.begin(
-                    host.stream, limits.output, self._output_notice(limits.output)
-                )
+                self._output.begin(host.stream, limits.output, self._output_notice(limits.output))
                 try:
                     status = self._call_turn(source)
                 except wasmtime.ExitTrap as exit_trap:
@@ -521,8 +541,9 @@ class Sandbox:
         )
 
     @contextmanager
-    def _metered(self, store: wasmtime.Store, fuel: int, seconds: float,
-                 interruptible: bool = True) -> Iterator[int]:
+    def _metered(
+        self, store: wasmtime.Store, fuel: int, seconds: float, interruptible: bool = True
+    ) -> Iterator[int]:
         """Fuel, a wall-clock deadline (none if 0) and interrupts around one guest call;
         yields the turn's number."""
         turn = self.interrupts.begin(soft=interruptible)
@@ -573,8 +594,9 @@ class Sandbox:
             self._take_checkpoint(store)
         return True
 
-    def _check_status(self, status: int, limits: Limits,
-                      memory_at_start: int) -> CellStopped | None:
+    def _check_status(
+        self, status: int, limits: Limits, memory_at_start: int
+    ) -> CellStopped | None:
         """A turn that returns non-zero escaped the guest's own error handling: it ran out of
         memory while reporting, or the cell broke the kernel's guest code (the guest checks
         its own integrity at the end of each cell). Either way the turn is undone."""
@@ -597,7 +619,9 @@ class Sandbox:
         cells = self.compiled.interrupt_cells
         if cells is None:
             return None
-        flags = SignalFlags(cells, memory_address(self._memory, store), self._memory.data_len(store))
+        flags = SignalFlags(
+            cells, memory_address(self._memory, store), self._memory.data_len(store)
+        )
         try:
             flags.clear()
         except IndexError:
@@ -703,8 +727,9 @@ class Sandbox:
     def _write(self, store: wasmtime.Caller | wasmtime.Store, pointer: int, data: bytes) -> None:
         self._memory.write(store, data, pointer & 0xFFFFFFFF)  # raises IndexError out of bounds
 
-    def _host_call(self, caller: wasmtime.Caller, ptr: int, length: int,
-                   out_ptr: int, out_len_ptr: int) -> int:
+    def _host_call(
+        self, caller: wasmtime.Caller, ptr: int, length: int, out_ptr: int, out_len_ptr: int
+    ) -> int:
         try:
             size = length & 0xFFFFFFFF
             if size > MAX_MESSAGE or not self._output.fits(size + protocol.MESSAGE_COST):
@@ -775,8 +800,9 @@ class Sandbox:
                 return False
             self.interrupts.wait(remaining)
 
-    def _clock_time_get(self, caller: wasmtime.Caller, clock_id: int, _precision: int,
-                        out_ptr: int) -> int:
+    def _clock_time_get(
+        self, caller: wasmtime.Caller, clock_id: int, _precision: int, out_ptr: int
+    ) -> int:
         """The guest's clocks, from the host's, so that poll deadlines agree with them."""
         now = _CLOCKS.get(clock_id)
         if now is None:
@@ -787,8 +813,9 @@ class Sandbox:
             return WASI_EFAULT
         return 0
 
-    def _poll_oneoff(self, caller: wasmtime.Caller, in_ptr: int, out_ptr: int,
-                     count: int, nevents_ptr: int) -> int:
+    def _poll_oneoff(
+        self, caller: wasmtime.Caller, in_ptr: int, out_ptr: int, count: int, nevents_ptr: int
+    ) -> int:
         """WASI poll that an interrupt or stop can wake (wasmtime's own cannot be woken)."""
         if count <= 0 or count > 4096:
             return WASI_EINVAL
@@ -797,15 +824,18 @@ class Sandbox:
         except (IndexError, ValueError, struct.error, wasmtime.WasmtimeError):
             return WASI_EFAULT
 
-    def _poll(self, caller: wasmtime.Caller, in_ptr: int, out_ptr: int,
-              count: int, nevents_ptr: int) -> int:
+    def _poll(
+        self, caller: wasmtime.Caller, in_ptr: int, out_ptr: int, count: int, nevents_ptr: int
+    ) -> int:
         raw = self._read(caller, in_ptr, 48 * count)
         ready: list[tuple[int, int]] = []  # (userdata, event type)
         timers: list[tuple[float, int]] = []  # (seconds from now, userdata)
         for index in range(count):
             userdata, tag = struct.unpack_from("<QB", raw, 48 * index)
             if tag == 0:
-                clock_id, timeout, _precision, flags = struct.unpack_from("<I4xQQH", raw, 48 * index + 16)
+                clock_id, timeout, _precision, flags = struct.unpack_from(
+                    "<I4xQQH", raw, 48 * index + 16
+                )
                 now = _CLOCKS.get(clock_id)
                 if now is None:
                     return WASI_EINVAL
@@ -818,7 +848,9 @@ class Sandbox:
             if self.interrupts.stop_reason is None:
                 self.interrupts.wait(delay)
             ready.append((userdata, 0))
-        events = b"".join(struct.pack("<QHBx4xQH6x", userdata, 0, kind, 0, 0) for userdata, kind in ready)
+        events = b"".join(
+            struct.pack("<QHBx4xQH6x", userdata, 0, kind, 0, 0) for userdata, kind in ready
+        )
         self._write(caller, out_ptr, events)
         self._write(caller, nevents_ptr, struct.pack("<I", len(ready)))
         return 0

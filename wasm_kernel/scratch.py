@@ -299,7 +299,11 @@ class ScratchWatch:
     """
 
     def __init__(
-        self, folder: Path, limit: int, stop: Callable[[int], None], touches: bool = False,
+        self,
+        folder: Path,
+        limit: int,
+        stop: Callable[[int], None],
+        touches: bool = False,
         writing: Callable[[], bool] | None = None,
     ):
         self.folder = folder

@@ -92,9 +92,18 @@ class Text(LastWins, Unicode):  # type: ignore[misc]
 class Limit(LastWins, TraitType[Any, Any]):
     """A number in a range, perhaps with 0 for "none"; given as a number or a string."""
 
-    def __init__(self, *, integer: bool, low: float, high: float, unit: str,
-                 zero: str | None = None, default_text: str = "the profile's", help: str = "",
-                 **kwargs: Any):
+    def __init__(
+        self,
+        *,
+        integer: bool,
+        low: float,
+        high: float,
+        unit: str,
+        zero: str | None = None,
+        default_text: str = "the profile's",
+        help: str = "",
+        **kwargs: Any,
+    ):
         self.integer, self.low, self.high, self.unit, self.zero = integer, low, high, unit, zero
         self.default_text = default_text
         self.allowed = self._allowed()
@@ -102,8 +111,10 @@ class Limit(LastWins, TraitType[Any, Any]):
 
     def _allowed(self) -> str:
         kind = "an integer" if self.integer else "a number"
-        text = (f"{kind} ({self.unit}) from {_amount(self.low, self.unit)}"
-                f" to {_amount(self.high, self.unit)}")
+        text = (
+            f"{kind} ({self.unit}) from {_amount(self.low, self.unit)}"
+            f" to {_amount(self.high, self.unit)}"
+        )
         if self.zero:
             text = f"0 ({self.zero}) or {text}"
         if self.integer:

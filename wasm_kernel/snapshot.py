@@ -40,8 +40,9 @@ class GuestState:
         self._memory = memory
         self._brk = exports[BRK_EXPORT]
         self._grow_failed = exports[GROW_FAILED_EXPORT]
-        self._globals = {name: value for name, value in exports.items()
-                         if name.startswith(GLOBAL_EXPORT_PREFIX)}
+        self._globals = {
+            name: value for name, value in exports.items() if name.startswith(GLOBAL_EXPORT_PREFIX)
+        }
         self._buffer = bytearray()
         self._saved_globals: dict[str, int] = {}
         self._size = 0

@@ -5,7 +5,7 @@ def energy(bodies):
     e = 0.0
     for i, (x, y, vx, vy, m) in enumerate(bodies):
         e += 0.5 * m * (vx * vx + vy * vy)
-        for x2, y2, _, _, m2 in bodies[i + 1:]:
+        for x2, y2, _, _, m2 in bodies[i + 1 :]:
             e -= m * m2 / ((x - x2) ** 2 + (y - y2) ** 2) ** 0.5
     return e
 
@@ -19,7 +19,7 @@ def advance(bodies, dt, steps):
                 xj, yj, vxj, vyj, mj = bodies[j]
                 dx, dy = xi - xj, yi - yj
                 d2 = dx * dx + dy * dy
-                mag = dt / (d2 * d2 ** 0.5)
+                mag = dt / (d2 * d2**0.5)
                 vxi -= dx * mj * mag
                 vyi -= dy * mj * mag
                 bodies[j][2] = vxj + dx * mi * mag

@@ -115,12 +115,14 @@ def test_javascript_passes_under_allow(allowed: Kernel) -> None:
 def test_one_notice_per_cell(blocked: Kernel) -> None:
     """Ten scripts and an HTML handler in one cell: passive displays, and one notice line, at
     the end of the cell, naming each kind of change once."""
-    run = ok(blocked.execute(
-        "from IPython.display import HTML, Javascript, display\n"
-        "for i in range(10):\n    display(Javascript(f'window.n = {i}'))\n"
-        "display(HTML('<b onclick=\"x()\">b</b>'))\n"
-        "print('done')"
-    ))
+    run = ok(
+        blocked.execute(
+            "from IPython.display import HTML, Javascript, display\n"
+            "for i in range(10):\n    display(Javascript(f'window.n = {i}'))\n"
+            "display(HTML('<b onclick=\"x()\">b</b>'))\n"
+            "print('done')"
+        )
+    )
     assert len(shown(run)) == 11
     assert all("application/javascript" not in data for data in shown(run))
     notice = only(notices(run))
@@ -131,14 +133,19 @@ def test_one_notice_per_cell(blocked: Kernel) -> None:
 
 
 CODE_MIME_TYPES = {
-    "application/vnd.jupyter.widget-view+json": {"model_id": "0123", "version_major": 2,
-                                                 "version_minor": 0},
+    "application/vnd.jupyter.widget-view+json": {
+        "model_id": "0123",
+        "version_major": 2,
+        "version_minor": 0,
+    },
     "application/vnd.jupyter.widget-state+json": {"state": {}, "version_major": 2},
     "application/vnd.bokehjs_exec.v0+json": "",
     "application/vnd.holoviews_exec.v0+json": "document.title = 'pwned'",
     "text/javascript": "alert(1)",
-    "application/vnd.vegalite.v5+json": {"data": {"url": "/api/contents/secret.csv"},
-                                         "mark": "point"},
+    "application/vnd.vegalite.v5+json": {
+        "data": {"url": "/api/contents/secret.csv"},
+        "mark": "point",
+    },
     "application/vnd.plotly.v1+json": {"data": [], "layout": {}},
 }
 
@@ -146,8 +153,10 @@ CODE_MIME_TYPES = {
 def test_code_carrying_mime_types_are_dropped(blocked: Kernel, allowed: Kernel) -> None:
     """Widget, bokeh/holoviews loaders, other script types and data-spec renderers are not
     shown under block; a raw bundle of them alone leaves a placeholder text."""
-    cell = f"display({{**{CODE_MIME_TYPES!r}, 'text/plain': 'a widget'}}, raw=True)\n" \
-           f"display({{'application/vnd.jupyter.widget-view+json': {{'model_id': 'x'}}}}, raw=True)"
+    cell = (
+        f"display({{**{CODE_MIME_TYPES!r}, 'text/plain': 'a widget'}}, raw=True)\n"
+        f"display({{'application/vnd.jupyter.widget-view+json': {{'model_id': 'x'}}}}, raw=True)"
+    )
     run = ok(blocked.execute(cell))
     first, second = shown(run)
     assert first == {"text/plain": "a widget"}
@@ -163,14 +172,16 @@ def test_code_carrying_mime_types_are_dropped(blocked: Kernel, allowed: Kernel) 
 
 def test_execute_result_of_a_custom_repr(blocked: Kernel) -> None:
     """A cell's value is a result, not a display: its _repr_html_ and bundle are cleaned too."""
-    run = ok(blocked.execute(
-        "class Sneaky:\n"
-        "    def _repr_html_(self):\n"
-        "        return '<b>value</b><img src=x onerror=\"alert(1)\">'\n"
-        "    def _repr_mimebundle_(self, include=None, exclude=None):\n"
-        "        return {'application/javascript': 'alert(2)'}\n"
-        "Sneaky()"
-    ))
+    run = ok(
+        blocked.execute(
+            "class Sneaky:\n"
+            "    def _repr_html_(self):\n"
+            "        return '<b>value</b><img src=x onerror=\"alert(1)\">'\n"
+            "    def _repr_mimebundle_(self, include=None, exclude=None):\n"
+            "        return {'application/javascript': 'alert(2)'}\n"
+            "Sneaky()"
+        )
+    )
     data = only(run.of_type("execute_result"))["data"]
     assert "application/javascript" not in data
     assert "<b>value</b>" in data["text/html"] and "onerror" not in data["text/html"]
@@ -185,13 +196,27 @@ def test_html_loses_scripts_handlers_frames_and_script_links(blocked: Kernel) ->
     cleaned = only(run.of_type("execute_result"))["data"]["text/html"]
     for gone in ("<script", "onerror", "onclick", "<iframe", "javascript", "commandlinker"):
         assert gone not in cleaned.lower().replace("\t", ""), cleaned
-    for kept in ('<p id="keep">', "<b>bold</b>", 'href="https://jupyter.org/"', "safe link",
-                 'src="data:image/png;base64,iVBORw0KGgo="', 'alt="inline"', "bad link", "click"):
+    for kept in (
+        '<p id="keep">',
+        "<b>bold</b>",
+        'href="https://jupyter.org/"',
+        "safe link",
+        'src="data:image/png;base64,iVBORw0KGgo="',
+        'alt="inline"',
+        "bad link",
+        "click",
+    ):
         assert kept in cleaned, (kept, cleaned)
     notice = only(notices(run))
     assert "text/html sanitized" in notice
-    for what in ("<script>", "<iframe>", "onerror", "onclick", "URLs",
-                 "data-commandlinker-command"):
+    for what in (
+        "<script>",
+        "<iframe>",
+        "onerror",
+        "onclick",
+        "URLs",
+        "data-commandlinker-command",
+    ):
         assert what in notice
 
 
@@ -203,11 +228,13 @@ def test_html_passes_under_allow(allowed: Kernel) -> None:
 
 def test_updated_display_is_cleaned_too(blocked: Kernel) -> None:
     """update_display_data replaces a shown output: it must not smuggle a script in later."""
-    run = ok(blocked.execute(
-        "from IPython.display import HTML, display\n"
-        "handle = display(HTML('<i>first</i>'), display_id=True)\n"
-        "handle.update(HTML('<i>second</i><script>alert(1)</script>'))"
-    ))
+    run = ok(
+        blocked.execute(
+            "from IPython.display import HTML, display\n"
+            "handle = display(HTML('<i>first</i>'), display_id=True)\n"
+            "handle.update(HTML('<i>second</i><script>alert(1)</script>'))"
+        )
+    )
     updates = run.of_type("update_display_data")
     assert only(updates)["data"]["text/html"] == "<i>second</i>"
     assert "<script>" in only(notices(run))
@@ -235,10 +262,12 @@ def test_dataframe_and_styler_html_keep_their_structure(blocked: Kernel, allowed
 
 
 def test_svg_loses_scripts_handlers_and_foreign_content(blocked: Kernel) -> None:
-    run = ok(blocked.execute(
-        f"from IPython.display import display\n"
-        f"display({{'image/svg+xml': {HOSTILE_SVG!r}, 'text/plain': 'svg'}}, raw=True)"
-    ))
+    run = ok(
+        blocked.execute(
+            f"from IPython.display import display\n"
+            f"display({{'image/svg+xml': {HOSTILE_SVG!r}, 'text/plain': 'svg'}}, raw=True)"
+        )
+    )
     svg = only(shown(run))["image/svg+xml"]
     root = ET.fromstring(svg)  # still a well-formed SVG document
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
@@ -251,9 +280,11 @@ def test_svg_loses_scripts_handlers_and_foreign_content(blocked: Kernel) -> None
 
 
 def test_svg_passes_under_allow(allowed: Kernel) -> None:
-    run = ok(allowed.execute(
-        f"display({{'image/svg+xml': {HOSTILE_SVG!r}, 'text/plain': 'svg'}}, raw=True)"
-    ))
+    run = ok(
+        allowed.execute(
+            f"display({{'image/svg+xml': {HOSTILE_SVG!r}, 'text/plain': 'svg'}}, raw=True)"
+        )
+    )
     assert only(shown(run))["image/svg+xml"] == HOSTILE_SVG
 
 
@@ -301,11 +332,13 @@ def test_markdown_with_html_or_script_links_is_dropped(blocked: Kernel, allowed:
 
 
 def test_latex_with_a_script_link_is_dropped(blocked: Kernel) -> None:
-    run = ok(blocked.execute(
-        "from IPython.display import Latex, display\n"
-        "display(Latex(r'$\\href{javascript:alert(1)}{x}$'))\n"
-        "display(Latex(r'$x^2$'))"
-    ))
+    run = ok(
+        blocked.execute(
+            "from IPython.display import Latex, display\n"
+            "display(Latex(r'$\\href{javascript:alert(1)}{x}$'))\n"
+            "display(Latex(r'$x^2$'))"
+        )
+    )
     hostile, fine = shown(run)
     assert "text/latex" not in hostile and fine["text/latex"] == "$x^2$"
     assert "text/latex dropped" in only(notices(run))
@@ -365,12 +398,14 @@ def test_inspection_is_passive(blocked: Kernel, allowed: Kernel) -> None:
 def test_odd_payloads_do_not_break_the_kernel(blocked: Kernel) -> None:
     """Lists for text, dicts for images, lone surrogates, bad XML: dropped or cleaned, never
     a crash, and the next cell runs."""
-    run = ok(blocked.execute(
-        "display({'text/html': ['<b>', 'x'], 'image/png': {'a': 1}, 'text/plain': 'p'}, raw=True)\n"
-        "display({'text/html': '<b>\\ud800</b>', 'image/svg+xml': '<svg><unclosed>',"
-        " 'text/plain': 'q'}, raw=True)\n"
-        "display({'image/svg+xml': '<!DOCTYPE s [<!ENTITY a \"aaaa\">]><svg>&a;</svg>'}, raw=True)"
-    ))
+    run = ok(
+        blocked.execute(
+            "display({'text/html': ['<b>', 'x'], 'image/png': {'a': 1}, 'text/plain': 'p'}, raw=True)\n"
+            "display({'text/html': '<b>\\ud800</b>', 'image/svg+xml': '<svg><unclosed>',"
+            " 'text/plain': 'q'}, raw=True)\n"
+            "display({'image/svg+xml': '<!DOCTYPE s [<!ENTITY a \"aaaa\">]><svg>&a;</svg>'}, raw=True)"
+        )
+    )
     first, second, third = shown(run)
     assert first == {"text/plain": "p"}
     assert second["text/html"] == "<b>\N{REPLACEMENT CHARACTER}</b>"

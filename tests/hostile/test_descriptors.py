@@ -54,8 +54,10 @@ def test_opening_until_refused_leaves_the_kernel_room(strict: Kernel) -> None:
 def test_files_opened_by_a_rolled_back_cell_are_closed(strict: Kernel) -> None:
     ok(strict.execute("kept_file = open('/tmp/kept', 'w')"))
     before = process_descriptors(strict)
-    run = strict.execute("import os\nleak = [os.open('/tmp', os.O_RDONLY) for _ in range(300)]\n"
-                         "while True:\n    pass")
+    run = strict.execute(
+        "import os\nleak = [os.open('/tmp', os.O_RDONLY) for _ in range(300)]\n"
+        "while True:\n    pass"
+    )
     assert run.content["ename"] == "TimeLimitExceeded"
     assert process_descriptors(strict) <= before + 5
     assert strict.execute("kept_file.write('still open')").result_text() == "10"

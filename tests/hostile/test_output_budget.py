@@ -27,19 +27,24 @@ def published_bytes(run: CellRun) -> int:
 
 
 def test_forged_errors_count_against_the_limit(strict: Kernel) -> None:
-    run = strict.execute(FORGE + "for i in range(400):\n"
-                         "    forge(op='error', ename='Forged', evalue='x' * 250_000, traceback=[])")
+    run = strict.execute(
+        FORGE + "for i in range(400):\n"
+        "    forge(op='error', ename='Forged', evalue='x' * 250_000, traceback=[])"
+    )
     assert run.content["status"] == "error"
     assert run.content["ename"] == "Forged"
     assert published_bytes(run) < 2 * LIMIT
     assert NOTICE in run.stream_text("stderr")
 
 
-@pytest.mark.parametrize("message", [
-    "op='clear', wait=False",
-    "op='display', data={'text/plain': 'y' * 1000}, metadata={}, transient={}",
-    "op='result', data={'text/plain': 'z' * 1000}, metadata={}",
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        "op='clear', wait=False",
+        "op='display', data={'text/plain': 'y' * 1000}, metadata={}, transient={}",
+        "op='result', data={'text/plain': 'z' * 1000}, metadata={}",
+    ],
+)
 def test_forged_output_of_each_type_counts(strict: Kernel, message: str) -> None:
     run = ok(strict.execute(FORGE + f"for i in range(5000):\n    forge({message})"))
     assert published_bytes(run) < 2 * LIMIT
@@ -57,8 +62,11 @@ def test_a_huge_error_still_fails_the_cell(strict: Kernel) -> None:
 
 
 def test_an_unreadably_large_error_still_fails_the_cell(strict: Kernel) -> None:
-    run = strict.execute(FORGE + "_host.call(json.dumps({'op': 'error', 'ename': 'E',"
-                         " 'evalue': 'x' * (70 << 20), 'traceback': []}).encode())", timeout=120)
+    run = strict.execute(
+        FORGE + "_host.call(json.dumps({'op': 'error', 'ename': 'E',"
+        " 'evalue': 'x' * (70 << 20), 'traceback': []}).encode())",
+        timeout=120,
+    )
     assert run.content["status"] == "error"
     assert run.content["ename"] == "ErrorTooLarge"
 
@@ -72,11 +80,13 @@ def test_an_error_after_the_budget_is_spent_is_still_shown(strict: Kernel) -> No
 
 
 def test_output_after_a_dropped_large_image_is_kept(strict: Kernel) -> None:
-    run = ok(strict.execute(
-        "import base64\nfrom IPython.display import display\nprint('before')\n"
-        "display({'image/png': base64.b64encode(bytes(20 << 20)).decode()}, raw=True)\n"
-        "print('after')\ndisplay({'text/plain': 'small'}, raw=True)"
-    ))
+    run = ok(
+        strict.execute(
+            "import base64\nfrom IPython.display import display\nprint('before')\n"
+            "display({'image/png': base64.b64encode(bytes(20 << 20)).decode()}, raw=True)\n"
+            "print('after')\ndisplay({'text/plain': 'small'}, raw=True)"
+        )
+    )
     assert run.stream_text() == "before\nafter\n"
     assert NOTICE in run.stream_text("stderr")
     assert [data["data"] for data in run.of_type("display_data")] == [{"text/plain": "small"}]
@@ -102,9 +112,11 @@ def test_output_waiting_for_a_client_that_does_not_read_is_bounded() -> None:
         kernel.client.iopub_channel.stop()  # our own client stops reading too
         process = psutil.Process(kernel.manager.provisioner.process.pid)
         before = process.memory_info().rss
-        cell = ("for i in range(3):\n"
-                "    display({'image/png': base64.b64encode(bytes(300_000)).decode() + str(i)},"
-                " raw=True)")
+        cell = (
+            "for i in range(3):\n"
+            "    display({'image/png': base64.b64encode(bytes(300_000)).decode() + str(i)},"
+            " raw=True)"
+        )
         for _ in range(250):
             kernel.client.execute(cell)
             assert kernel.client.get_shell_msg(timeout=60)["content"]["status"] == "ok"

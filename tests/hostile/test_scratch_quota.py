@@ -28,7 +28,9 @@ def assert_stopped(run) -> None:
 def test_an_unlinked_file_still_open_counts(strict: Kernel) -> None:
     run = strict.execute(
         "f = open('/tmp/g', 'wb')\nos.unlink('/tmp/g')\n"
-        "for _ in range(192):\n    f.write(bytes(1 << 20))\n    f.flush()", timeout=120)
+        "for _ in range(192):\n    f.write(bytes(1 << 20))\n    f.flush()",
+        timeout=120,
+    )
     assert_stopped(run)
     assert strict.execute("sentinel").result_text() == "'kept'"
 
@@ -40,7 +42,8 @@ def test_a_path_longer_than_path_max_counts(strict: Kernel) -> None:
         "path = '/tmp'\nfor level in range(20):\n    path += '/' + 'd' * 200\n    os.mkdir(path)\n"
         "name = path + '/' + 'f' * (4090 - len(path) - 1)\nfor index in range(8):\n"
         "    with open(name[:-1] + str(index), 'wb') as out:\n        out.write(bytes(10 << 20))",
-        timeout=120)
+        timeout=120,
+    )
     assert_stopped(run)
 
 
@@ -59,10 +62,13 @@ def test_writes_in_user_expressions_are_measured(strict: Kernel) -> None:
 
 
 def test_writes_during_completion_are_measured(strict: Kernel) -> None:
-    ok(strict.execute(
-        "class Grows:\n    def __dir__(self):\n"
-        "        open('/tmp/from-completion', 'ab').write(bytes(100 << 20))\n        return ['x']\n"
-        "g = Grows()"))
+    ok(
+        strict.execute(
+            "class Grows:\n    def __dir__(self):\n"
+            "        open('/tmp/from-completion', 'ab').write(bytes(100 << 20))\n        return ['x']\n"
+            "g = Grows()"
+        )
+    )
     strict.client.complete("g.", 2, reply=True, timeout=120)
     assert_full(strict)
 
@@ -71,11 +77,16 @@ def test_over_the_limit_nothing_grows_until_files_are_deleted(strict: Kernel) ->
     """A cell stopped past the limit leaves its files; later cells cannot add to them, not
     even through a file kept open from before, so the excess cannot pile up cell by cell."""
     ok(strict.execute("kept = open('/tmp/kept', 'wb')"))
-    assert_stopped(strict.execute("kept.write(bytes(100 << 20))\nkept.flush()\n"
-                                  "import time\ntime.sleep(2)", timeout=120))
-    for code in ("kept.write(bytes(100 << 20))\nkept.flush()",
-                 "open('/tmp/new', 'wb').write(b'x')",
-                 "os.mkdir('/tmp/folder')"):
+    assert_stopped(
+        strict.execute(
+            "kept.write(bytes(100 << 20))\nkept.flush()\nimport time\ntime.sleep(2)", timeout=120
+        )
+    )
+    for code in (
+        "kept.write(bytes(100 << 20))\nkept.flush()",
+        "open('/tmp/new', 'wb').write(b'x')",
+        "os.mkdir('/tmp/folder')",
+    ):
         run = strict.execute(code, timeout=120)
         assert run.content["status"] == "error", code
         assert run.content["ename"] in ("OSError", "PermissionError"), run.content

@@ -66,8 +66,9 @@ def configured(tmp_path: Path, lines: dict[str, str]) -> dict[str, str]:
     return {"JUPYTER_CONFIG_DIR": str(folder)}
 
 
-def start_with(start_kernel, tmp_path: Path, source: str, values: dict[str, str],
-               **options) -> Kernel:
+def start_with(
+    start_kernel, tmp_path: Path, source: str, values: dict[str, str], **options
+) -> Kernel:
     """A kernel given ``values`` (argv/env text, or config-file Python) through ``source``,
     with its own TMPDIR so a scratch folder left behind would show."""
     env = {"TMPDIR": str(tmp_path / "tmp")}
@@ -155,10 +156,15 @@ def test_one_bad_value_is_refused_not_used(
 
 def test_edge_values_on_the_command_line_are_taken(start_kernel, tmp_path: Path) -> None:
     """0 where it means none, float notation for an integer, the smallest memory."""
-    kernel = start_kernel([
-        "--WasmKernel.fuel=1e12", "--WasmKernel.time_limit=0", "--WasmKernel.scratch_limit=0",
-        "--WasmKernel.interrupt_grace=0", f"--WasmKernel.memory_limit={64 << 20}",
-    ])
+    kernel = start_kernel(
+        [
+            "--WasmKernel.fuel=1e12",
+            "--WasmKernel.time_limit=0",
+            "--WasmKernel.scratch_limit=0",
+            "--WasmKernel.interrupt_grace=0",
+            f"--WasmKernel.memory_limit={64 << 20}",
+        ]
+    )
     banner = kernel.banner()
     assert "fuel 1,000,000,000,000, no time limit, memory 64 MiB" in banner
     assert "/tmp: private scratch, deleted when the kernel stops, no size limit" in banner
@@ -167,18 +173,29 @@ def test_edge_values_on_the_command_line_are_taken(start_kernel, tmp_path: Path)
 
 def test_edge_values_in_the_environment_are_taken(start_kernel) -> None:
     """The smallest fuel runs the interpreter's start-up and a cell; words for booleans."""
-    kernel = start_kernel(env={
-        "WASM_KERNEL_FUEL": "1e9", "WASM_KERNEL_ROLLBACK": "off",
-        "WASM_KERNEL_TIME_LIMIT": "0.1e3", "WASM_KERNEL_OUTPUT_LIMIT": "1000",
-    })
+    kernel = start_kernel(
+        env={
+            "WASM_KERNEL_FUEL": "1e9",
+            "WASM_KERNEL_ROLLBACK": "off",
+            "WASM_KERNEL_TIME_LIMIT": "0.1e3",
+            "WASM_KERNEL_OUTPUT_LIMIT": "1000",
+        }
+    )
     assert "fuel 1,000,000,000, time 100 s" in kernel.banner()
     assert ok(kernel.execute("print('x' * 10)")).stream_text() == "x" * 10 + "\n"
 
 
 def test_edge_values_in_a_config_file_are_taken(start_kernel, tmp_path: Path) -> None:
     """A float that is a whole number is taken for an integer setting; 4 GiB is allowed."""
-    env = configured(tmp_path, {"fuel": "1e12", "memory_limit": "4 << 30",
-                                "time_limit": "2592000", "interrupt_grace": "3600"})
+    env = configured(
+        tmp_path,
+        {
+            "fuel": "1e12",
+            "memory_limit": "4 << 30",
+            "time_limit": "2592000",
+            "interrupt_grace": "3600",
+        },
+    )
     kernel = start_kernel(env=env)
     assert "fuel 1,000,000,000,000, time 2592000 s, memory 4096 MiB" in kernel.banner()
     assert ok(kernel.execute("6 * 7")).result_text() == "42"

@@ -14,14 +14,16 @@ REPLACED = "\ufffd"
 @pytest.fixture(scope="module")
 def kernel() -> Kernel:
     started = Kernel()
-    ok(started.execute(
-        "class Odd:\n"
-        "    def __repr__(self):\n"
-        "        return 'odd \\udfff'\n"
-        "Odd.__doc__ = 'doc with \\ud800 inside'\n"  # (a literal docstring: compile error)
-        "odd = Odd()\n"
-        "globals()['name_\\ud800'] = 1"
-    ))
+    ok(
+        started.execute(
+            "class Odd:\n"
+            "    def __repr__(self):\n"
+            "        return 'odd \\udfff'\n"
+            "Odd.__doc__ = 'doc with \\ud800 inside'\n"  # (a literal docstring: compile error)
+            "odd = Odd()\n"
+            "globals()['name_\\ud800'] = 1"
+        )
+    )
     yield started
     started.shutdown()
 

@@ -132,8 +132,10 @@ def mime_bundle(obj, include=None, exclude=None):
 
 def _formatter_failed(obj, method_name, exc):
     """Say on stderr that a rich representation failed (IPython prints the traceback)."""
-    sys.stderr.write(f"{type(obj).__name__}.{method_name}() raised {type(exc).__name__}: {exc};"
-                     " that representation is left out\n")
+    sys.stderr.write(
+        f"{type(obj).__name__}.{method_name}() raised {type(exc).__name__}: {exc};"
+        " that representation is left out\n"
+    )
 
 
 def plain_text(obj):
@@ -170,8 +172,8 @@ def displayhook(value):
 def _ends_with_semicolon(source, node):
     """True when ';' follows the cell's last expression (IPython's output suppression)."""
     lines = source.splitlines(True)
-    tail = lines[node.end_lineno - 1].encode()[node.end_col_offset:].decode(errors="replace")
-    rest = "".join([tail, *lines[node.end_lineno:]]).lstrip()
+    tail = lines[node.end_lineno - 1].encode()[node.end_col_offset :].decode(errors="replace")
+    rest = "".join([tail, *lines[node.end_lineno :]]).lstrip()
     return rest.startswith(";")
 
 
@@ -187,8 +189,9 @@ def report_error(exc):
     import _wasm_kernel_traceback
 
     traceback = _clip("\n".join(_wasm_kernel_traceback.format_exception(exc)))
-    call_host("error", ename=type(exc).__name__, evalue=_clip(str(exc)),
-              traceback=traceback.split("\n"))
+    call_host(
+        "error", ename=type(exc).__name__, evalue=_clip(str(exc)), traceback=traceback.split("\n")
+    )
 
 
 def _report(exc):
@@ -260,8 +263,7 @@ def _compile_cell(source, filename):
         source = rewritten
     body = tree.body
     show_last = (
-        bool(body) and isinstance(body[-1], ast.Expr)
-        and not _ends_with_semicolon(source, body[-1])
+        bool(body) and isinstance(body[-1], ast.Expr) and not _ends_with_semicolon(source, body[-1])
     )
     units = []
     if show_last:
@@ -323,8 +325,9 @@ class EventManager:
     """IPython-style event callbacks (matplotlib registers post_execute, for one)."""
 
     def __init__(self):
-        self.callbacks = {name: [] for name in
-                          ("pre_execute", "pre_run_cell", "post_execute", "post_run_cell")}
+        self.callbacks = {
+            name: [] for name in ("pre_execute", "pre_run_cell", "post_execute", "post_run_cell")
+        }
 
     def register(self, event, function):
         if event not in self.callbacks:
@@ -431,8 +434,12 @@ def evaluate_expressions(expressions):
             data, metadata = mime_bundle(eval(source, _namespace()))
             results[name] = {"status": "ok", "data": data, "metadata": metadata}
         except Exception as exc:
-            results[name] = {"status": "error", "ename": type(exc).__name__,
-                             "evalue": str(exc), "traceback": []}
+            results[name] = {
+                "status": "error",
+                "ename": type(exc).__name__,
+                "evalue": str(exc),
+                "traceback": [],
+            }
     call_host("reply", content=results)
 
 
@@ -460,8 +467,9 @@ def _resolve(dotted):
 
 def _token_bounds(code, cursor, allow_after):
     start = cursor
-    while start > 0 and (code[start - 1].isidentifier() or code[start - 1].isdigit()
-                         or code[start - 1] in "._"):
+    while start > 0 and (
+        code[start - 1].isidentifier() or code[start - 1].isdigit() or code[start - 1] in "._"
+    ):
         start -= 1
     end = cursor
     if allow_after:
@@ -485,8 +493,11 @@ def _submodules(package_name):
     package = importlib.import_module(package_name)
     names = {info.name for info in pkgutil.iter_modules(getattr(package, "__path__", []))}
     prefix = package_name + "."
-    names |= {name[len(prefix):].partition(".")[0]
-              for name in sys.builtin_module_names if name.startswith(prefix)}
+    names |= {
+        name[len(prefix) :].partition(".")[0]
+        for name in sys.builtin_module_names
+        if name.startswith(prefix)
+    }
     return names
 
 
@@ -529,8 +540,11 @@ def complete(code, cursor):
         candidates = list(_namespace()) + dir(builtins) + keyword.kwlist
     show_private = prefix.startswith("_")
     matches = sorted(
-        {name for name in candidates
-         if name.startswith(prefix) and (show_private or not name.startswith("_"))}
+        {
+            name
+            for name in candidates
+            if name.startswith(prefix) and (show_private or not name.startswith("_"))
+        }
     )
     call_host("reply", content={"matches": matches, "cursor_start": start, "cursor_end": cursor})
 
@@ -555,7 +569,7 @@ def inspect_object(code, cursor, detail_level):
     start, end = _token_bounds(code, cursor, allow_after=True)
     name = code[start:end].strip(".")
     if not name and (context := _call_context(code, cursor)):
-        name = code[context[0]:context[1]].strip(".")
+        name = code[context[0] : context[1]].strip(".")
     try:
         obj = _resolve(name)
     except Exception:
@@ -578,8 +592,10 @@ def inspect_object(code, cursor, detail_level):
         source_file = getattr(inspect.getmodule(obj), "__file__", None)
         if source_file:
             fields.append(("File", source_file))
-    text = "\n".join(f"{label}: {value}" if "\n" not in value else f"{label}:\n{value}"
-                     for label, value in fields)
+    text = "\n".join(
+        f"{label}: {value}" if "\n" not in value else f"{label}:\n{value}"
+        for label, value in fields
+    )
     call_host("reply", content={"found": True, "data": {"text/plain": text}})
 
 
@@ -635,8 +651,10 @@ class ShippedModules:
 # _socket.getaddrinfo or "can't start new thread". Each of these now ends in one clear error.
 
 NO_NETWORK = "there is no network in this sandbox"  # the traceback shim keys its hint on it
-NO_THREADS = ("can't start new thread: threads are not available in this sandbox (its"
-              " interpreter runs on a single thread); call the function directly instead")
+NO_THREADS = (
+    "can't start new thread: threads are not available in this sandbox (its"
+    " interpreter runs on a single thread); call the function directly instead"
+)
 
 
 class NetworkUnavailable(_socket.gaierror, ConnectionError):
@@ -754,8 +772,13 @@ class _FixingLoader:
 def _without_network_and_threads():
     """Put the refusals in the builtin modules everything else reaches the network and
     threads through, before socket or threading is imported."""
-    for name in ("getaddrinfo", "getnameinfo", "gethostbyname", "gethostbyname_ex",
-                 "gethostbyaddr"):
+    for name in (
+        "getaddrinfo",
+        "getnameinfo",
+        "gethostbyname",
+        "gethostbyname_ex",
+        "gethostbyaddr",
+    ):
         if not hasattr(_socket, name):
             setattr(_socket, name, _refuse_lookup)
     _socket.socket = _NoSocket
@@ -832,8 +855,11 @@ def install_modules(sources):
     global _self, _originals
     sys.meta_path.insert(0, ShippedModules(sources))
     _self = sys.modules[__name__]
-    _originals = {name: value for name, value in globals().items()
-                  if isinstance(value, (type, types.FunctionType, Shell))}
+    _originals = {
+        name: value
+        for name, value in globals().items()
+        if isinstance(value, (type, types.FunctionType, Shell))
+    }
 
 
 def _intact():

@@ -7,12 +7,14 @@ import pandas as pd
 def bench():
     n = 300_000
     ids = np.arange(n)
-    frame = pd.DataFrame({
-        "store": ids % 50,
-        "product": (ids * 31) % 200,
-        "units": (ids % 7) + 1,
-        "price": ((ids * 13) % 1000) / 10.0,
-    })
+    frame = pd.DataFrame(
+        {
+            "store": ids % 50,
+            "product": (ids * 31) % 200,
+            "units": (ids % 7) + 1,
+            "price": ((ids * 13) % 1000) / 10.0,
+        }
+    )
     frame["revenue"] = frame["units"] * frame["price"]
     by_store = frame.groupby("store").agg(units=("units", "sum"), revenue=("revenue", "sum"))
     by_pair = frame.groupby(["store", "product"])["revenue"].mean()

@@ -20,8 +20,10 @@ def run_line_magic(shell, name, line):
     magic = LINE_MAGICS.get(name)
     if magic is None:
         if name in CELL_MAGICS:
-            raise UsageError(f"Line magic function `%{name}` not found (But cell magic "
-                             f"`%%{name}` exists, did you mean that instead?).")
+            raise UsageError(
+                f"Line magic function `%{name}` not found (But cell magic "
+                f"`%%{name}` exists, did you mean that instead?)."
+            )
         raise UsageError(f"Line magic function `%{name}` not found.")
     return magic(shell, line)
 
@@ -125,13 +127,15 @@ class TimeitResult:
         self.best, self.worst = min(self.timings), max(self.timings)
         self.average = sum(self.timings) / len(self.timings)
         variance = sum((t - self.average) ** 2 for t in self.timings) / len(self.timings)
-        self.stdev = variance ** 0.5
+        self.stdev = variance**0.5
 
     def __str__(self):
         runs = "run" if self.repeat == 1 else "runs"
         loops = "loop" if self.loops == 1 else "loops"
-        return (f"{_format_time(self.average)} ± {_format_time(self.stdev)} per loop"
-                f" (mean ± std. dev. of {self.repeat} {runs}, {self.loops:,} {loops} each)")
+        return (
+            f"{_format_time(self.average)} ± {_format_time(self.stdev)} per loop"
+            f" (mean ± std. dev. of {self.repeat} {runs}, {self.loops:,} {loops} each)"
+        )
 
     __repr__ = __str__
 
@@ -144,7 +148,7 @@ def _timeit(shell, options, setup, statement):
     repeat = int(options.get("r", 7))
     if not loops:  # like IPython: enough loops for about 0.2 s per run
         loops = 1
-        while loops < 10 ** 9 and timer.timeit(loops) < 0.2:
+        while loops < 10**9 and timer.timeit(loops) < 0.2:
             loops *= 10
     result = TimeitResult(loops, repeat, timer.repeat(repeat, loops))
     if "q" not in options:
@@ -164,7 +168,7 @@ def _parse_options(line, spec):
             if letter not in letters:
                 raise UsageError(f"option -{letter} not recognized")
             if letter in with_value:
-                value = word[index + 1:]
+                value = word[index + 1 :]
                 if not value:
                     value, _, rest = rest.partition(" ")
                     rest = rest.lstrip()
@@ -217,8 +221,9 @@ def whos_magic(shell, line):
         value = shell.user_ns[name]
         info = repr(value).replace("\n", "\\n")
         rows.append((name, type(value).__name__, info if len(info) < 60 else info[:57] + "..."))
-    widths = [max(len(row[i]) for row in rows + [("Variable", "Type", "Data/Info")])
-              for i in range(2)]
+    widths = [
+        max(len(row[i]) for row in rows + [("Variable", "Type", "Data/Info")]) for i in range(2)
+    ]
     print(f"{'Variable':<{widths[0]}}   {'Type':<{widths[1]}}   Data/Info")
     print("-" * (widths[0] + widths[1] + 20))
     for name, kind, info in rows:
@@ -318,9 +323,11 @@ def capture_cell_magic(shell, line, cell):
 
     options = line.split()
     name = next((word for word in options if not word.startswith("-")), None)
-    with capture_output(stdout="--no-stdout" not in options,
-                        stderr="--no-stderr" not in options,
-                        display="--no-display" not in options) as captured:
+    with capture_output(
+        stdout="--no-stdout" not in options,
+        stderr="--no-stderr" not in options,
+        display="--no-display" not in options,
+    ) as captured:
         _run_body(shell, cell)
     if name:
         shell.user_ns[name] = captured

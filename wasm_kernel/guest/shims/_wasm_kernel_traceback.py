@@ -87,7 +87,7 @@ def _exception_line(report):
         first = f"{RED}{name}{RESET}: {text}" if text else f"{RED}{name}{RESET}"
         notes = [*notes, _missing_module_hint(text)]
     elif issubclass(report.exc_type or Exception, OSError):
-        hint = {TOO_MANY_FILES: TOO_MANY_FILES_HINT, QUOTA: QUOTA_HINT}.get(text[:len(QUOTA)])
+        hint = {TOO_MANY_FILES: TOO_MANY_FILES_HINT, QUOTA: QUOTA_HINT}.get(text[: len(QUOTA)])
         notes = [*notes, hint] if hint else notes
     return "\n".join([first, *map(str, notes)])
 
@@ -99,15 +99,21 @@ def _missing_module_hint(text):
     top = name.partition(".")[0]
     listing = "help('modules') lists the modules it ships."
     if top in NETWORK_MODULES:
-        return (f"(The sandbox's runtime does not ship {top}: the sandbox has no network for it"
-                f" to use. {listing})")
+        return (
+            f"(The sandbox's runtime does not ship {top}: the sandbox has no network for it"
+            f" to use. {listing})"
+        )
     if top != name and _ships(top):
         return f"(The sandbox's runtime ships {top}, but not {name}. {listing})"
     if top in sys.stdlib_module_names:
-        return (f"(The sandbox's runtime, a WASI build of CPython, leaves out this part of the"
-                f" standard library. {listing})")
-    return (f"(The sandbox's runtime does not ship {name or 'this module'}, and nothing can be"
-            f" installed into it: no pip, no network. {listing})")
+        return (
+            f"(The sandbox's runtime, a WASI build of CPython, leaves out this part of the"
+            f" standard library. {listing})"
+        )
+    return (
+        f"(The sandbox's runtime does not ship {name or 'this module'}, and nothing can be"
+        f" installed into it: no pip, no network. {listing})"
+    )
 
 
 def _ships(name):
@@ -125,7 +131,7 @@ def _syntax_error(report):
         line = line.rstrip("\n")
         stripped = line.strip()
         if stripped.startswith('File "') and CELL_PREFIX in stripped:
-            name, _, rest = stripped[len('File "'):].partition('"')
+            name, _, rest = stripped[len('File "') :].partition('"')
             line = f"  {GREEN}{name}{rest}{RESET}"
         elif line.startswith(report.exc_type.__name__):
             name, _, message = line.partition(":")
@@ -141,16 +147,20 @@ def _format_one(report):
     if name == "UsageError":  # IPython shows usage errors without a traceback
         return [_exception_line(report)]
     padding = " " * max(42 - len(name), 1)
-    chunks = [f"{RED}{RULE}{RESET}",
-              f"{RED}{name}{RESET}{padding}Traceback (most recent call last)"]
+    chunks = [
+        f"{RED}{RULE}{RESET}",
+        f"{RED}{name}{RESET}{padding}Traceback (most recent call last)",
+    ]
     for frame in _user_frames(report.stack):
         excerpt = _source_excerpt(frame)
         chunks.append(_location(frame) + ("\n" + excerpt + "\n" if excerpt else ""))
     chunks.append(_exception_line(report))
     for group_index, member in enumerate(getattr(report, "exceptions", None) or (), start=1):
         member_text = "\n".join(_format_one(member))
-        chunks.append(f"+---------------- {group_index} ----------------\n"
-                      + "\n".join("| " + line for line in member_text.split("\n")))
+        chunks.append(
+            f"+---------------- {group_index} ----------------\n"
+            + "\n".join("| " + line for line in member_text.split("\n"))
+        )
     return chunks
 
 
@@ -162,12 +172,14 @@ def format_exception(exc):
     while report is not None and id(report) not in seen:
         seen.add(id(report))
         if report.__cause__ is not None:
-            chain.append((report, "\nThe above exception was the direct cause of the following"
-                                  " exception:\n"))
+            chain.append(
+                (report, "\nThe above exception was the direct cause of the following exception:\n")
+            )
             report = report.__cause__
         elif report.__context__ is not None and not report.__suppress_context__:
-            chain.append((report, "\nDuring handling of the above exception, another exception"
-                                  " occurred:\n"))
+            chain.append(
+                (report, "\nDuring handling of the above exception, another exception occurred:\n")
+            )
             report = report.__context__
         else:
             chain.append((report, None))

@@ -23,8 +23,9 @@ settings = {
 }
 
 
-def configure(figure_format=None, figure_formats=None, print_figure_kwargs=None,
-              close_figures=None):
+def configure(
+    figure_format=None, figure_formats=None, print_figure_kwargs=None, close_figures=None
+):
     """The InlineBackend settings ``%config`` can change."""
     if figure_format is not None:
         figure_formats = {figure_format}
@@ -34,8 +35,10 @@ def configure(figure_format=None, figure_formats=None, print_figure_kwargs=None,
         if unknown:
             raise ValueError(f"unknown figure format(s) {sorted(unknown)}; use {sorted(FORMATS)}")
         if "jpeg" in formats and not _jpeg_available():
-            raise ValueError("JPEG figures are not available: this runtime's Pillow has no JPEG"
-                             " encoder. Use 'png', 'retina' or 'svg'.")
+            raise ValueError(
+                "JPEG figures are not available: this runtime's Pillow has no JPEG"
+                " encoder. Use 'png', 'retina' or 'svg'."
+            )
         settings["figure_formats"] = formats
     if print_figure_kwargs is not None:
         settings["print_figure_kwargs"] = dict(print_figure_kwargs)

@@ -18,12 +18,34 @@ from IPython.core.display_functions import (
 )
 
 __all__ = [
-    "display_pretty", "display_html", "display_markdown", "display_svg", "display_png",
-    "display_jpeg", "display_webp", "display_latex", "display_json", "display_javascript",
-    "display_pdf", "DisplayObject", "TextDisplayObject", "Pretty", "HTML", "Markdown", "Math",
-    "Latex", "SVG", "JSON", "Javascript", "Image",
+    "display_pretty",
+    "display_html",
+    "display_markdown",
+    "display_svg",
+    "display_png",
+    "display_jpeg",
+    "display_webp",
+    "display_latex",
+    "display_json",
+    "display_javascript",
+    "display_pdf",
+    "DisplayObject",
+    "TextDisplayObject",
+    "Pretty",
+    "HTML",
+    "Markdown",
+    "Math",
+    "Latex",
+    "SVG",
+    "JSON",
+    "Javascript",
+    "Image",
     # Kept here too for code written against older IPython, where they lived in this module.
-    "display", "clear_output", "publish_display_data", "update_display", "DisplayHandle",
+    "display",
+    "clear_output",
+    "publish_display_data",
+    "update_display",
+    "DisplayHandle",
 ]
 
 
@@ -197,8 +219,11 @@ class HTML(TextDisplayObject):
     """HTML source, shown as text/html."""
 
     def __init__(self, data=None, url=None, filename=None, metadata=None):
-        if isinstance(data, str) and data[:8].lower() == "<iframe " \
-                and data[-9:].lower() == "</iframe>":
+        if (
+            isinstance(data, str)
+            and data[:8].lower() == "<iframe "
+            and data[-9:].lower() == "</iframe>"
+        ):
             import warnings
 
             warnings.warn("Consider using IPython.display.IFrame instead", stacklevel=2)
@@ -265,8 +290,16 @@ class JSON(DisplayObject):
 
     _data = None
 
-    def __init__(self, data=None, url=None, filename=None, expanded=False, metadata=None,
-                 root="root", **kwargs):
+    def __init__(
+        self,
+        data=None,
+        url=None,
+        filename=None,
+        expanded=False,
+        metadata=None,
+        root="root",
+        **kwargs,
+    ):
         self.metadata = {"expanded": expanded, "root": root, **(metadata or {}), **kwargs}
         super().__init__(data=data, url=url, filename=filename)
 
@@ -374,10 +407,10 @@ def _jpeg_size(data):
         if marker == 0xFF:
             index += 1
             continue
-        length = int.from_bytes(data[index + 2:index + 4], "big")
+        length = int.from_bytes(data[index + 2 : index + 4], "big")
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            height = int.from_bytes(data[index + 5:index + 7], "big")
-            width = int.from_bytes(data[index + 7:index + 9], "big")
+            height = int.from_bytes(data[index + 5 : index + 7], "big")
+            width = int.from_bytes(data[index + 7 : index + 9], "big")
             return width, height
         index += 2 + length
     raise ValueError("no frame size found in the JPEG data")
@@ -404,9 +437,20 @@ class Image(DisplayObject):
         _FMT_WEBP: "image/webp",
     }
 
-    def __init__(self, data=None, url=None, filename=None, format=None, embed=None,
-                 width=None, height=None, retina=False, unconfined=False, metadata=None,
-                 alt=None):
+    def __init__(
+        self,
+        data=None,
+        url=None,
+        filename=None,
+        format=None,
+        embed=None,
+        width=None,
+        height=None,
+        retina=False,
+        unconfined=False,
+        metadata=None,
+        alt=None,
+    ):
         if isinstance(data, os.PathLike):
             data = os.fspath(data)
         if isinstance(data, (bytearray, memoryview)):
@@ -473,8 +517,11 @@ class Image(DisplayObject):
         """Show the image at half its pixel size (HiDPI screens)."""
         if not self.embed:
             return
-        measure = {self._FMT_PNG: _png_size, self._FMT_JPEG: _jpeg_size,
-                   self._FMT_GIF: _gif_size}.get(self.format)
+        measure = {
+            self._FMT_PNG: _png_size,
+            self._FMT_JPEG: _jpeg_size,
+            self._FMT_GIF: _gif_size,
+        }.get(self.format)
         if measure is None:
             return
         width, height = measure(self.data)

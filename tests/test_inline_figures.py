@@ -13,7 +13,6 @@ import re
 from collections.abc import Iterator
 
 import pytest
-
 from conftest import CellRun, Kernel, ok
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -259,7 +259,7 @@ def check(cell: Cell, outcome: Outcome, execution_count: int) -> None:
         assert [kind for kind, _ in merged] == [kind for kind, _ in expected], (
             where + str(merged)[:800]
         )
-        for (kind, got), (_, want) in zip(merged, expected):
+        for (kind, got), (_, want) in zip(merged, expected, strict=False):
             if not (kind == "error" and cell.kind == "fuel"):
                 assert cell.token in tokens_in({"content": got}), (
                     where + f"{kind} without the token: {got!r}"
@@ -326,7 +326,7 @@ def drive(kernel: Kernel, number: int, errors: list[BaseException], counts: dict
         cells = [make_cell(number, i, counter) for i in range(CELLS_PER_KERNEL)]
         for start in range(0, len(cells), BATCH):
             batch = cells[start : start + BATCH]
-            for cell, outcome in zip(batch, send(kernel, batch)):
+            for cell, outcome in zip(batch, send(kernel, batch), strict=True):
                 check(cell, outcome, count)
                 count += 1
         # The counter saw every ordinary cell and none of the rolled-back ones.
@@ -335,7 +335,7 @@ def drive(kernel: Kernel, number: int, errors: list[BaseException], counts: dict
             f"kernel {number}: n = {run.result_text()}, want {counter[0]}"
         )
         counts[number] = count
-    except BaseException as exc:  # noqa: BLE001 -- reported by the main thread
+    except BaseException as exc:
         errors.append(exc)
 
 

@@ -12,7 +12,6 @@ import re
 from typing import Any
 
 import pytest
-
 from conftest import CellRun, Kernel, ok, plain
 
 # -- helpers ------------------------------------------------------------------------------------

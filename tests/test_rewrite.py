@@ -106,7 +106,8 @@ def test_sbrk_refuses_negative_and_impossible_increments(rewritten) -> None:
     [
         ("(module (func $other))", "sbrk"),
         (
-            '(module (import "env" "g" (global i32)) (func $sbrk (param i32) (result i32) i32.const 0))',
+            '(module (import "env" "g" (global i32))'
+            " (func $sbrk (param i32) (result i32) i32.const 0))",
             "import globals",
         ),
     ],

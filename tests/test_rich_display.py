@@ -12,7 +12,6 @@ import base64
 import json
 
 import pytest
-
 from conftest import Kernel, ok
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -477,8 +476,9 @@ def test_raw_bundle_is_sent_as_is(kernel: Kernel) -> None:
     content = one(
         kernel,
         (
-            "display({'text/html': '<b>raw</b>', 'text/plain': 'raw', 'application/vnd.custom+json':"
-            " {'k': [1]}}, raw=True, metadata={'text/html': {'isolated': True}})"
+            "display({'text/html': '<b>raw</b>', 'text/plain': 'raw',"
+            " 'application/vnd.custom+json': {'k': [1]}}, raw=True,"
+            " metadata={'text/html': {'isolated': True}})"
         ),
     )
     assert content["data"] == {
@@ -531,7 +531,8 @@ def test_display_mimetype_helpers_keep_only_their_type(kernel: Kernel) -> None:
     contents = shown(
         kernel,
         (
-            "from IPython.display import HTML, Markdown, display_html, display_png, display_markdown\n"
+            "from IPython.display import HTML, Markdown\n"
+            "from IPython.display import display_html, display_png, display_markdown\n"
             "display_html(HTML('<u>u</u>'))\n"
             "display_png(HTML('<u>no png here</u>'))\n"
             "display_markdown(Markdown('md'), metadata={'k': 1})"
@@ -609,7 +610,8 @@ def test_repr_mimebundle_dict_only(kernel: Kernel) -> None:
         (
             "class Only:\n"
             "    def _repr_mimebundle_(self, include=None, exclude=None):\n"
-            "        return {'text/plain': 'custom plain', 'image/png': b'\\x89PNG\\r\\n\\x1a\\n'}\n"
+            "        return {'text/plain': 'custom plain',"
+            " 'image/png': b'\\x89PNG\\r\\n\\x1a\\n'}\n"
             "display(Only())"
         ),
     )

@@ -120,9 +120,8 @@ LIBRARIES_CELL = (
     "print('pandas', int(df['a'].sum()), ''.join(df['b']), int(df.describe().loc['count', 'a']))\n"
 )
 ARR = [[float(4 * r + c) for c in range(4)] for r in range(3)]
-LIBRARIES_OUTPUT = (
-    f"numpy {sum(sum(x * y for x, y in zip(a, b)) for a in ARR for b in ARR)} 1.0\npandas 6 xyz 3\n"
-)
+DOTS = sum(sum(x * y for x, y in zip(a, b, strict=True)) for a in ARR for b in ARR)
+LIBRARIES_OUTPUT = f"numpy {DOTS} 1.0\npandas 6 xyz 3\n"
 
 
 class ModeKernel(Kernel):

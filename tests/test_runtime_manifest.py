@@ -1,4 +1,4 @@
-"""Runtime manifests: the shipped one loads and verifies; bad pins, ABIs and packages are refused."""
+"""Runtime manifests: the shipped one loads and verifies; bad pins, ABIs, packages are refused."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ def test_reading_host_file_fails_with_python_exception(sandboxed: Kernel) -> Non
 
 def test_root_listing_shows_nothing_of_the_host(sandboxed: Kernel) -> None:
     host_entries = set(os.listdir("/"))
-    assert HOST_ONLY_ROOT_ENTRIES <= host_entries
+    assert host_entries >= HOST_ONLY_ROOT_ENTRIES
     listing = guest_json(
         sandboxed,
         "import os, json\n"

@@ -1,10 +1,10 @@
 """The on-disk cache of compiled runtimes.
 
 Compiling the fuel-metered CPython module (after ``rewrite.make_restorable``) takes a minute
-or more; loading the serialized native code takes tens of milliseconds. An entry holds the serialized module plus the files
-the guest needs next to it (the stdlib zip under its guest name and matplotlib's data
-extracted), and is keyed by everything that makes serialized code reusable: the runtime's
-sha256 digests, the wasmtime version and the engine settings.
+or more; loading the serialized native code takes tens of milliseconds. An entry holds the
+serialized module plus the files the guest needs next to it (the stdlib zip under its guest
+name and matplotlib's data extracted), and is keyed by everything that makes serialized code
+reusable: the runtime's sha256 digests, the wasmtime version and the engine settings.
 
 Entries are built in a temporary folder and renamed into place, so a reader never sees half
 an entry. Each entry records the size and mtime of its big files; when they no longer match,
@@ -372,14 +372,16 @@ class RuntimeCache:
     def _extract_mpl_data(self, runtime: Runtime, target: Path) -> None:
         """matplotlib's data ships as a zip inside the stdlib zip; the guest needs it unpacked."""
         target.mkdir()
-        with zipfile.ZipFile(runtime.stdlib.path) as outer:
-            with outer.open(runtime.mpl_data_member) as inner_file:
-                with zipfile.ZipFile(inner_file) as inner:
-                    for member in inner.infolist():
-                        dest = (target / member.filename).resolve()
-                        if not dest.is_relative_to(target.resolve()):
-                            raise CorruptEntry(f"unsafe member {member.filename!r} in mpl-data")
-                        inner.extract(member, target)
+        with (
+            zipfile.ZipFile(runtime.stdlib.path) as outer,
+            outer.open(runtime.mpl_data_member) as inner_file,
+            zipfile.ZipFile(inner_file) as inner,
+        ):
+            for member in inner.infolist():
+                dest = (target / member.filename).resolve()
+                if not dest.is_relative_to(target.resolve()):
+                    raise CorruptEntry(f"unsafe member {member.filename!r} in mpl-data")
+                inner.extract(member, target)
 
     def _prune_stale(self, runtime: Runtime) -> None:
         """Remove entries of this runtime built for another wasmtime or engine setting."""

@@ -214,7 +214,8 @@ class WasmKernel(Kernel):
         " cache folder."
     ).tag(config=True)
     history_file = Text(
-        help="SQLite file of input history (':memory:' to keep none). Env: WASM_KERNEL_HISTORY_FILE."
+        help="SQLite file of input history (':memory:' to keep none). "
+        "Env: WASM_KERNEL_HISTORY_FILE."
     ).tag(config=True)
 
     _profile_default = _env_default("profile", DEFAULT_PROFILE)
@@ -753,14 +754,14 @@ class CellHost:
 
     def _publish(self, msg_type: str, content: dict) -> None:
         ident = self.kernel._topic(msg_type)
-        if not self.kernel.guest_output.publish(msg_type, content, self.parent, ident):
-            if not self._told_backlog:
-                self._told_backlog = True
-                self.kernel.log.warning(
-                    "leaving out cell output: more than %d bytes wait for clients that do not"
-                    " read IOPub",
-                    self.kernel.guest_output.limit,
-                )
+        published = self.kernel.guest_output.publish(msg_type, content, self.parent, ident)
+        if not published and not self._told_backlog:
+            self._told_backlog = True
+            self.kernel.log.warning(
+                "leaving out cell output: more than %d bytes wait for clients that do not"
+                " read IOPub",
+                self.kernel.guest_output.limit,
+            )
 
     def stream(self, name: str, text: str) -> None:
         if not self.silent:

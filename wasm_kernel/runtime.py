@@ -87,7 +87,8 @@ def load_runtime(name: str = DEFAULT_RUNTIME, directory: Path | None = None) -> 
         raise RuntimeUnavailable(f"no runtime manifest named {name!r} at {path}") from None
     if spec.get("abi") != SUPPORTED_ABI:
         raise RuntimeUnavailable(
-            f"runtime {name!r} declares ABI {spec.get('abi')!r}; this kernel speaks {SUPPORTED_ABI!r}"
+            f"runtime {name!r} declares ABI {spec.get('abi')!r}; "
+            f"this kernel speaks {SUPPORTED_ABI!r}"
         )
     try:
         dist = metadata.distribution(spec["package"])

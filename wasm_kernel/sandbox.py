@@ -275,7 +275,7 @@ class Sandbox:
             limits.scratch,
             partial(self.interrupts.request_stop, "scratch"),
             touches=True,  # GuestFiles reports every call that may grow /tmp
-            writing=lambda: self._files.writing_to_scratch(),
+            writing=lambda: self._files.writing_to_scratch(),  # noqa: PLW0108 (set later)
         )
         self._host: GuestHost | None = None
         self._reply: dict | None = None

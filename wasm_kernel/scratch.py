@@ -133,7 +133,7 @@ class _Place:
         """The folder's size; None if ``cancel()`` became true meanwhile."""
         try:
             return _measure(self, cancel)
-        except Exception as error:  # noqa: BLE001 - a measurement must never raise
+        except Exception as error:
             return Usage(0, f"the host failed to measure it ({type(error).__name__}: {error})")
 
 
@@ -198,7 +198,7 @@ def _measure(place: _Place, cancel: Callable[[], bool] | None) -> Usage | None:
                             continue
                         linked.add(key)
                     used = status.st_blocks
-                    blocks += used if used > least else least  # noqa: FURB136 (faster)
+                    blocks += used if used > least else least
         except OSError as error:
             if error.errno not in _SKIPPED:
                 unmeasured = unmeasured or _unreadable(error)

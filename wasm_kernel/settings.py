@@ -126,7 +126,7 @@ class Limit(LastWins, TraitType[Any, Any]):
 
     def validate(self, obj: Any, value: Any) -> int | float:
         number = _decimal(value)
-        if number is not None and (self.zero and number == 0 or self.low <= number <= self.high):
+        if number is not None and ((self.zero and number == 0) or self.low <= number <= self.high):
             if not self.integer:
                 return float(number)
             if number == number.to_integral_value():

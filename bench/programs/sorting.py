@@ -12,7 +12,7 @@ def lcg(seed, n):
 def bench():
     numbers = lcg(42, 30_000)
     ascending = sorted(numbers)
-    assert all(a <= b for a, b in zip(ascending, ascending[1:]))  # noqa: RUF007
+    assert all(a <= b for a, b in zip(ascending, ascending[1:], strict=False))
     strings = [format(v, "x") for v in numbers[:20_000]]
     strings.sort()
     assert strings[0] <= strings[1] <= strings[-1]

@@ -400,10 +400,12 @@ def test_odd_payloads_do_not_break_the_kernel(blocked: Kernel) -> None:
     a crash, and the next cell runs."""
     run = ok(
         blocked.execute(
-            "display({'text/html': ['<b>', 'x'], 'image/png': {'a': 1}, 'text/plain': 'p'}, raw=True)\n"
+            "display({'text/html': ['<b>', 'x'], 'image/png': {'a': 1}, 'text/plain': 'p'},"
+            " raw=True)\n"
             "display({'text/html': '<b>\\ud800</b>', 'image/svg+xml': '<svg><unclosed>',"
             " 'text/plain': 'q'}, raw=True)\n"
-            "display({'image/svg+xml': '<!DOCTYPE s [<!ENTITY a \"aaaa\">]><svg>&a;</svg>'}, raw=True)"
+            "display({'image/svg+xml': '<!DOCTYPE s [<!ENTITY a \"aaaa\">]><svg>&a;</svg>'},"
+            " raw=True)"
         )
     )
     first, second, third = shown(run)

@@ -65,7 +65,8 @@ def test_writes_during_completion_are_measured(strict: Kernel) -> None:
     ok(
         strict.execute(
             "class Grows:\n    def __dir__(self):\n"
-            "        open('/tmp/from-completion', 'ab').write(bytes(100 << 20))\n        return ['x']\n"
+            "        open('/tmp/from-completion', 'ab').write(bytes(100 << 20))\n"
+            "        return ['x']\n"
             "g = Grows()"
         )
     )

@@ -299,17 +299,17 @@ def run_cell(source, execution_count):
         shell.events.trigger("pre_run_cell")
         for code in _compile_cell(source, filename):
             _run_code(code, namespace)
-    except BaseException as exc:  # noqa: BLE001 - every failure is the user's to see
+    except BaseException as exc:
         _report(exc)
     for event in ("post_execute", "post_run_cell"):
         try:
             shell.events.trigger(event)
-        except BaseException as exc:  # noqa: BLE001 - a failing hook is reported, not fatal
+        except BaseException as exc:
             _report(exc)
     try:
         flush_streams()
         _note_new_files()
-    except BaseException:  # noqa: BLE001 - an interrupt after the cell's code has no work to stop
+    except BaseException:
         pass
     for name in ("stdout", "stderr"):
         if not hasattr(sys, name):  # deleted: the interpreter's end of turn cannot do without
@@ -397,7 +397,7 @@ def _read_line(prompt, password):
     return reply.get("value", "")
 
 
-def input(prompt=""):  # noqa: A001 - replaces the builtin on purpose
+def input(prompt=""):
     return _read_line(prompt, password=False)
 
 
@@ -420,7 +420,7 @@ def serve(name, *args):
     if it broke the kernel's code, the turn ends DAMAGED, as a cell's would."""
     try:
         globals()[name](*args)
-    except BaseException:  # noqa: BLE001 - the user's code failed or was interrupted
+    except BaseException:
         call_host("reply", content={})
     if not _intact():
         raise SystemExit(DAMAGED)
@@ -762,7 +762,7 @@ class _FixingLoader:
         self.loader.exec_module(module)
         try:
             self.fixup(module)
-        except Exception:  # noqa: BLE001 - a runtime that changed keeps its own behaviour
+        except Exception:
             pass
 
     def __getattr__(self, name):
@@ -867,7 +867,7 @@ def _intact():
     sys.modules, replaced its functions or broken the import system."""
     try:
         module = builtins.__import__(__name__)
-    except BaseException:  # noqa: BLE001 - whatever the cell put there
+    except BaseException:
         return False
     return module is _self and all(
         module.__dict__.get(name) is value for name, value in _originals.items()

@@ -67,7 +67,7 @@ def pip_magic(shell, line):
         print(f"{'-' * width} -------")
         for name, version in packages:
             print(f"{name:<{width}} {version}")
-        return None
+        return
     names = ", ".join(name for name, _ in _shipped_packages())
     raise UsageError(
         f"%pip {line}".rstrip() + ": packages cannot be installed in this sandbox (no network,"
@@ -289,7 +289,6 @@ def matplotlib_magic(shell, line):
             " sent to the notebook as images); there is no GUI to draw on."
         )
     import matplotlib
-
     from matplotlib_inline import sandbox_backend
 
     matplotlib.use(sandbox_backend.NAME)

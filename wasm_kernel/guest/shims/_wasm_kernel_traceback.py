@@ -121,7 +121,7 @@ def _ships(name):
         import importlib.util
 
         return importlib.util.find_spec(name) is not None
-    except Exception:  # noqa: BLE001 - a broken package counts as not shipped
+    except Exception:
         return False
 
 

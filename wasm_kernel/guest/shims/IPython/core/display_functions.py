@@ -9,7 +9,7 @@ import os
 
 from _wasm_kernel import call_host, mime_bundle
 
-__all__ = ["display", "clear_output", "publish_display_data", "update_display", "DisplayHandle"]
+__all__ = ["DisplayHandle", "clear_output", "display", "publish_display_data", "update_display"]
 
 
 def _new_id():

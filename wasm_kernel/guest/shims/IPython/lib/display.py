@@ -4,7 +4,7 @@ import os
 
 from IPython.core.display import TextDisplayObject
 
-__all__ = ["IFrame", "FileLink", "Code"]
+__all__ = ["Code", "FileLink", "IFrame"]
 
 
 class IFrame:

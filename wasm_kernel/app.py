@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 from ipykernel.kernelapp import IPKernelApp
@@ -100,10 +100,12 @@ class WasmKernelApp(IPKernelApp):
     name = "wasm-kernel"
     description = "A Jupyter kernel running Python in a WebAssembly sandbox."
     classes = [*IPKernelApp.classes, WasmKernel]
-    kernel_class = Type(WasmKernel, klass="ipykernel.kernelbase.Kernel").tag(config=True)
+    kernel_class = Type(WasmKernel, klass="ipykernel.kernelbase.Kernel").tag(  # type: ignore[assignment]
+        config=True
+    )
     subcommands: dict = {}  # ours (install, precompile, run) are python -m wasm_kernel's
 
-    def emit_help(self, classes: bool = False) -> Iterator[str]:
+    def emit_help(self, classes: bool = False) -> Generator[str, None, None]:
         """Our commands and settings first, with their real defaults; ipykernel's after.
 
         traitlets would list our settings last, after some 900 lines of IPython's, with
@@ -200,7 +202,7 @@ class WasmKernelApp(IPKernelApp):
         read-only)."""
         self.profile_dir = None
 
-    def load_config_file(self, suppress_errors: object = None) -> None:
+    def load_config_file(self, suppress_errors: object = None) -> None:  # type: ignore[override]
         """Read ``jupyter_wasm_kernel_config.py`` from the Jupyter config path only, never from
         the working folder: a config file is Python that runs on the host."""
         Application.load_config_file(self, CONFIG_FILE, path=jupyter_config_path())

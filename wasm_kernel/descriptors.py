@@ -132,7 +132,11 @@ class GuestFiles:
         linker.define_wasi()
         linker.define(store, "guest", "memory", memory)
         exports = linker.instantiate(store, adapter).exports(store)
-        self._real = {name: exports[name] for name in SIGNATURES}
+        self._real = {}
+        for name in SIGNATURES:
+            function = exports[name]
+            assert isinstance(function, wasmtime.Func), name  # the adapter's own exports
+            self._real[name] = function
         self._memory = memory
         return adapter
 
@@ -197,6 +201,7 @@ class GuestFiles:
         )
         if errno == ERRNO_SUCCESS:
             at = opened & 0xFFFFFFFF  # wasm i32 values arrive signed
+            assert self._memory is not None  # bound before the guest runs
             new_fd = int.from_bytes(self._memory.read(caller, at, at + 4), "little")
             self.open[new_fd] = (self._in_scratch(fd), writable)
         return errno

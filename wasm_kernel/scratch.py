@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Self
 
@@ -228,10 +229,12 @@ def _measure(place: _Place, cancel: Callable[[], bool] | None) -> Usage | None:
                     os.close(current)
                     current = root
                 else:
-                    current = _climb(current, root, depth - level, identity)
+                    climbed = _climb(current, root, depth - level, identity)
+                    if climbed is None:  # the folders moved while it was read (only while
+                        current = root  # the guest runs; _climb closed what it held): what
+                        break  # was found is a lower bound, as good as any
+                    current = climbed
                 depth = level
-                if current is None:  # the folders moved while it was read (only while the
-                    break  # guest runs): what was found is a lower bound, as good as any
             try:
                 child = os.open(name, _OPEN_FOLDER, dir_fd=current)
             except OSError as error:
@@ -413,6 +416,10 @@ class ScratchWatch:
         assert size is not None
         return size
 
+    def _moved_on(self, turn: int) -> bool:
+        """Whether the turn being measured has ended (the walk can stop)."""
+        return self._turn != turn
+
     def _over(self, size: Usage, baseline: Usage) -> bool:
         return bool(size.unmeasured) or (size > self.limit and size > baseline)
 
@@ -438,7 +445,7 @@ class ScratchWatch:
                     self._active = True
             started = time.monotonic()
             self.polls += 1
-            size = self._place.usage(cancel=lambda turn=turn: self._turn != turn)
+            size = self._place.usage(cancel=partial(self._moved_on, turn))
             # walking a large folder takes a while: never spend more than half the time on it
             pause = max(POLL_SECONDS, time.monotonic() - started)
             if size is None or not self._over(size, baseline):

@@ -69,7 +69,7 @@ def _amount(number: float, unit: str) -> str:
     if number == INT64_MAX:
         return f"{text} (2**63-1)"
     if unit == "bytes" and number >= 1 << 20 and number % (1 << 20) == 0:
-        size = number >> 20
+        size = int(number) >> 20
         return f"{text} ({size >> 10} GiB)" if size % 1024 == 0 else f"{text} ({size} MiB)"
     if unit == "seconds" and number >= 86400:
         return f"{text} ({number / 86400:g} days)"
@@ -85,7 +85,7 @@ class LastWins:
         return self.from_string(strings[-1])  # type: ignore[attr-defined]
 
 
-class Text(LastWins, Unicode):  # type: ignore[misc]
+class Text(LastWins, Unicode):
     """A string setting (paths, names)."""
 
 
@@ -137,7 +137,7 @@ class Limit(LastWins, TraitType[Any, Any]):
         return self.default_text  # the real default is dynamic (profile or environment)
 
 
-class CheckedBool(LastWins, Bool):  # type: ignore[misc]
+class CheckedBool(LastWins, Bool):
     """A Bool that takes the environment's words too (1/0, true/false, yes/no, on/off)."""
 
     def from_string(self, s: str) -> str:
@@ -153,16 +153,17 @@ class CheckedBool(LastWins, Bool):  # type: ignore[misc]
         raise TraitError(f"{self.name} must be true or false (or 1/0, yes/no, on/off)")
 
 
-class CheckedEnum(LastWins, Enum):  # type: ignore[misc]
+class CheckedEnum(LastWins, Enum):
     """An Enum whose refusal names the choices (and that reads argv strings itself)."""
 
     def from_string(self, s: str) -> str:
         return s  # read by validate, so a bad argv value is reported, not fatal
 
     def validate(self, obj: Any, value: Any) -> Any:
-        if isinstance(value, str) and value in self.values:
+        choices = self.values or ()
+        if isinstance(value, str) and value in choices:
             return value
-        choices = ", ".join(repr(choice) for choice in self.values)
+        choices = ", ".join(repr(choice) for choice in choices)
         raise TraitError(f"{self.name} must be one of {choices}")
 
 

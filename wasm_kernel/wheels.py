@@ -1,0 +1,371 @@
+"""Wheels as hostile input: checked, unpacked into a staging folder, then moved into place.
+
+A wheel comes from a package index or a folder the kernel does not control, so nothing in it
+is trusted: its file name must be a wheel's, for a platform the guest runs; every member must
+be a regular file or folder with a plain relative path (no absolute paths, ``..``, links or
+devices), within bounded counts, sizes and compression ratios; METADATA and WHEEL must
+parse and agree with the file name; and every file's sha256 must be the one RECORD gives.
+Only then do its files move from the staging folder into the kernel's package folder, so a
+refused wheel leaves nothing behind and nothing is ever written outside that folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import os
+import re
+import shutil
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from email.message import Message
+from email.parser import BytesParser
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.tags import Tag
+from packaging.utils import (
+    InvalidWheelFilename,
+    NormalizedName,
+    canonicalize_name,
+    parse_wheel_filename,
+)
+from packaging.version import InvalidVersion, Version
+
+MAX_MEMBERS = 20_000  # files in one wheel
+MAX_WHEEL_BYTES = 256 << 20  # one wheel's unpacked size, whatever the quota
+MAX_RATIO = 200  # a member may unpack to at most this many times its compressed size...
+RATIO_FREE = 1 << 20  # ...once it is past this size
+MAX_METADATA = 4 << 20  # bytes of METADATA, WHEEL or RECORD read
+CHUNK = 1 << 16
+REGULAR, FOLDER = 0o100000, 0o040000
+
+
+class PackageError(Exception):
+    """A request refused or failed, with a message for the notebook user."""
+
+
+@dataclass
+class Distribution:
+    """An installed (or shipped) distribution, as `%pip list` and `%pip show` present it."""
+
+    name: str
+    version: str
+    metadata: Message
+    location: str  # as the guest sees it
+    files: list[str] = field(default_factory=list)  # installed ones, relative to the folder
+    size: int = 0
+
+    @property
+    def key(self) -> NormalizedName:
+        return canonicalize_name(self.name)
+
+    @property
+    def tops(self) -> set[str]:
+        return {path.split("/", 1)[0] for path in self.files}
+
+    @property
+    def requires(self) -> list[str]:
+        """Names this distribution needs (extras' needs left out), as pip show lists them."""
+        names = []
+        for text in self.metadata.get_all("Requires-Dist") or []:
+            try:
+                requirement = Requirement(text)
+            except InvalidRequirement:
+                continue
+            if requirement.marker is None or "extra" not in str(requirement.marker):
+                names.append(requirement.name)
+        return names
+
+
+def parse_metadata(data: bytes, what: str) -> Message:
+    if len(data) > MAX_METADATA:
+        raise PackageError(f"{what} is larger than {MAX_METADATA >> 20} MiB")
+    try:
+        return BytesParser().parsebytes(data)
+    except Exception as exc:  # noqa: BLE001 - any parser failure is a malformed file
+        raise PackageError(f"{what} cannot be read: {exc}") from None
+
+
+def runs_on_guest(tags: frozenset[Tag]) -> bool:
+    """A wheel the guest can load: Python code for no particular ABI, for any platform or
+    for WASI (the guest cannot load compiled extensions built for another platform)."""
+    return any(
+        tag.abi == "none"
+        and (tag.platform == "any" or tag.platform.startswith("wasi"))
+        and tag.interpreter.startswith(("py", "cp3"))
+        for tag in tags
+    )
+
+
+def _record_hash(data_hash: hashlib._Hash) -> str:  # type: ignore[name-defined]
+    return "sha256=" + base64.urlsafe_b64encode(data_hash.digest()).rstrip(b"=").decode()
+
+
+def _check_member_name(name: str) -> None:
+    """A member's path inside the wheel, refused unless it is plainly relative and inside."""
+    if (
+        not name
+        or name.startswith("/")
+        or "\\" in name
+        or ":" in name
+        or "\x00" in name
+        or any(part in ("", ".", "..") for part in name.rstrip("/").split("/"))
+        or not name.isprintable()
+    ):
+        raise PackageError(
+            f"it holds a file whose path leaves its folder or is not plain: {name!r}"
+        )
+
+
+@dataclass
+class Wheel:
+    """One downloaded wheel file and what its name says."""
+
+    path: Path
+    sha256: str
+    name: NormalizedName
+    version: Version
+    tags: frozenset[Tag]
+
+    @property
+    def tag_text(self) -> str:
+        return "-".join(self.path.name[:-4].split("-")[-3:])
+
+    @classmethod
+    def open(cls, path: Path, sha256: str, expected: NormalizedName | None = None) -> Wheel:
+        try:
+            name, version, _build, tags = parse_wheel_filename(path.name)
+        except (InvalidWheelFilename, InvalidVersion) as exc:
+            raise PackageError(f"{path.name!r} is not a wheel's file name ({exc})") from None
+        if expected is not None and name != expected:
+            raise PackageError(f"asked for {expected}, the package source answered {path.name}")
+        return cls(path, sha256, name, version, tags)
+
+    def check_tags(self) -> None:
+        if not runs_on_guest(self.tags):
+            raise PackageError(
+                f"{self.name} {self.version} is a compiled wheel ({self.tag_text}): compiled"
+                " extensions cannot run in the WebAssembly sandbox, only pure-Python wheels"
+                " (py3-none-any)."
+            )
+
+
+class WheelFolder:
+    """This kernel's package folder: what is installed, and the quota it must stay within."""
+
+    def __init__(self, root: Path, quota: int, location: str):
+        self.root = root
+        self.location = location  # the site folder's guest path
+        self.site = root / "site"  # the folder the guest sees
+        self.site.mkdir()
+        self.quota = quota
+        self.installed: dict[str, Distribution] = {}
+
+    @property
+    def used(self) -> int:
+        return sum(dist.size for dist in self.installed.values())
+
+    def owner(self, top: str) -> Distribution | None:
+        for dist in self.installed.values():
+            if top in dist.tops:
+                return dist
+        return None
+
+    def install(self, wheel: Wheel, replacing: Distribution | None) -> Distribution:
+        """Unpack ``wheel`` into a staging folder, check everything, then move it in."""
+        wheel.check_tags()
+        staging = Path(tempfile.mkdtemp(prefix="staging-", dir=self.root))
+        try:
+            dist = self._unpack(wheel, staging, freed=replacing.size if replacing else 0)
+            for top in sorted(dist.tops):
+                owner = self.owner(top)
+                if owner is not None and owner is not replacing:
+                    raise PackageError(
+                        f"{wheel.name} {wheel.version} would overwrite {top!r}, which belongs to"
+                        f" {owner.name} {owner.version}"
+                    )
+            if replacing is not None:
+                self.remove(replacing)
+            for top in sorted(dist.tops):
+                os.rename(staging / top, self.site / top)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        self.installed[dist.key] = dist
+        return dist
+
+    def remove(self, dist: Distribution) -> None:
+        for top in dist.tops:
+            target = self.site / top
+            if target.is_dir():
+                shutil.rmtree(target)
+            else:
+                target.unlink(missing_ok=True)
+        self.installed.pop(dist.key, None)
+
+    def _unpack(self, wheel: Wheel, staging: Path, freed: int) -> Distribution:
+        stem = f"{wheel.path.name}"
+        try:
+            archive = zipfile.ZipFile(wheel.path)
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise PackageError(f"{stem} is not a valid wheel: {exc}") from None
+        with archive:
+            members = self._checked_members(archive, wheel, self.quota - self.used + freed)
+            info_dir = self._info_dir(members, wheel)
+            metadata = parse_metadata(self._read(archive, f"{info_dir}/METADATA"), "METADATA")
+            self._check_metadata(metadata, wheel)
+            self._check_wheel_file(self._read(archive, f"{info_dir}/WHEEL"))
+            record = self._record(self._read(archive, f"{info_dir}/RECORD"))
+            files, size = [], 0
+            for info in members:
+                if info.is_dir():
+                    continue
+                target = self._target(info.filename, info_dir)
+                digest = self._extract(archive, info, staging / target if target else None)
+                size += info.file_size
+                expected = record.pop(info.filename, None)
+                if info.filename == f"{info_dir}/RECORD":
+                    if target:
+                        files.append(target)
+                    continue
+                if expected is None or expected != _record_hash(digest):
+                    raise PackageError(
+                        f"{stem}: its RECORD does not match the file {info.filename!r}"
+                        " (a wheel whose RECORD lies is refused)"
+                    )
+                if target:
+                    files.append(target)
+            leftover = [name for name in record if not name.endswith("/")]
+            if leftover:
+                raise PackageError(f"{stem}: its RECORD lists files it lacks: {leftover[:3]}")
+        return Distribution(
+            metadata["Name"], metadata["Version"], metadata, self.location, files, size
+        )
+
+    def _checked_members(
+        self, archive: zipfile.ZipFile, wheel: Wheel, room: int
+    ) -> list[zipfile.ZipInfo]:
+        members = archive.infolist()
+        stem = wheel.path.name
+        if len(members) > MAX_MEMBERS:
+            raise PackageError(f"{stem} holds more than {MAX_MEMBERS:,} files")
+        seen, total = set(), 0
+        for info in members:
+            _check_member_name(info.filename)
+            kind = (info.external_attr >> 16) & 0o170000
+            if kind not in (0, REGULAR, FOLDER) or (kind == FOLDER and not info.is_dir()):
+                raise PackageError(f"{stem}: {info.filename!r} is a link or special file")
+            if info.flag_bits & 0x1:
+                raise PackageError(f"{stem}: {info.filename!r} is encrypted")
+            key = info.filename.rstrip("/")
+            if key in seen:
+                raise PackageError(f"{stem}: {info.filename!r} appears twice")
+            seen.add(key)
+            if info.file_size > RATIO_FREE and info.file_size > MAX_RATIO * info.compress_size:
+                raise PackageError(
+                    f"{stem}: {info.filename!r} is compressed more than {MAX_RATIO}:1"
+                    " (a zip bomb is refused)"
+                )
+            total += info.file_size
+        if total > MAX_WHEEL_BYTES:
+            raise PackageError(f"{stem} unpacks to more than {MAX_WHEEL_BYTES >> 20} MiB")
+        if total > room:
+            raise PackageError(
+                f"installing {wheel.name} {wheel.version} ({total:,} bytes unpacked) would take"
+                f" this kernel's packages past their quota of {self.quota:,} bytes"
+                f" ({self.used:,} used). The quota is --WasmKernel.packages_quota=BYTES."
+            )
+        return members
+
+    @staticmethod
+    def _info_dir(members: list[zipfile.ZipInfo], wheel: Wheel) -> str:
+        tops = {info.filename.split("/", 1)[0] for info in members if "/" in info.filename}
+        info_dirs = [top for top in tops if top.endswith(".dist-info")]
+        if len(info_dirs) != 1:
+            raise PackageError(f"{wheel.path.name} must hold exactly one .dist-info folder")
+        name, _, version = info_dirs[0][: -len(".dist-info")].rpartition("-")
+        if canonicalize_name(name) != wheel.name or not _same_version(version, wheel.version):
+            raise PackageError(f"{wheel.path.name}: its metadata folder is {info_dirs[0]!r}")
+        return info_dirs[0]
+
+    @staticmethod
+    def _read(archive: zipfile.ZipFile, name: str) -> bytes:
+        try:
+            info = archive.getinfo(name)
+        except KeyError:
+            raise PackageError(f"the wheel has no {name}") from None
+        if info.file_size > MAX_METADATA:
+            raise PackageError(f"{name} is larger than {MAX_METADATA >> 20} MiB")
+        with archive.open(info) as member:
+            return member.read(MAX_METADATA + 1)
+
+    @staticmethod
+    def _check_metadata(metadata: Message, wheel: Wheel) -> None:
+        name, version = metadata["Name"], metadata["Version"]
+        if not name or not version:
+            raise PackageError(f"{wheel.path.name}: METADATA lacks Name or Version")
+        if canonicalize_name(str(name)) != wheel.name or not _same_version(version, wheel.version):
+            raise PackageError(
+                f"{wheel.path.name}: its METADATA names {str(name)[:100]!r}"
+                f" {str(version)[:100]!r}, not the wheel's own name and version"
+            )
+
+    @staticmethod
+    def _check_wheel_file(data: bytes) -> None:
+        wheel_file = parse_metadata(data, "WHEEL")
+        version = str(wheel_file["Wheel-Version"] or "")
+        if not re.fullmatch(r"1\.\d+", version.strip()):
+            raise PackageError(f"WHEEL gives Wheel-Version {version[:40]!r}; only 1.x is known")
+
+    @staticmethod
+    def _record(data: bytes) -> dict[str, str]:
+        try:
+            rows = list(csv.reader(io.StringIO(data.decode("utf-8"))))
+        except (UnicodeDecodeError, csv.Error) as exc:
+            raise PackageError(f"RECORD cannot be read: {exc}") from None
+        record = {}
+        for row in rows:
+            if row:
+                record[row[0]] = row[1] if len(row) > 1 else ""
+        return record
+
+    @staticmethod
+    def _target(name: str, info_dir: str) -> str | None:
+        """Where a member goes, relative to the folder; None for files not installed
+        (scripts, headers and data files: nothing here can run or use them)."""
+        data_dir = info_dir[: -len(".dist-info")] + ".data"
+        if name.startswith(data_dir + "/"):
+            parts = name.split("/", 2)
+            if len(parts) == 3 and parts[1] in ("purelib", "platlib"):
+                return parts[2]
+            return None
+        return name
+
+    @staticmethod
+    def _extract(archive: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path | None) -> object:
+        digest = hashlib.sha256()
+        if target is not None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        out = open(target, "xb") if target is not None else None  # noqa: SIM115
+        try:
+            with archive.open(info) as member:
+                while chunk := member.read(CHUNK):
+                    digest.update(chunk)
+                    if out is not None:
+                        out.write(chunk)
+        except (zipfile.BadZipFile, OSError, EOFError) as exc:
+            raise PackageError(f"{info.filename!r} is damaged: {exc}") from None
+        finally:
+            if out is not None:
+                out.close()
+        return digest
+
+
+def _same_version(text: str, version: Version) -> bool:
+    try:
+        return Version(str(text)) == version
+    except InvalidVersion:
+        return False

@@ -118,7 +118,7 @@ def requirement_text(requirement: Requirement) -> str:
 def shipped_distributions(stdlib_zip: Path, location: str) -> dict[str, Distribution]:
     """The runtime's own packages, read from the dist-info folders in its (sha256-pinned)
     standard library zip: the guest's word is not needed, nor trusted."""
-    found = {}
+    found: dict[str, Distribution] = {}
     with zipfile.ZipFile(stdlib_zip) as archive:
         for name in archive.namelist():
             parts = name.split("/")
@@ -337,7 +337,7 @@ class Packages:
         if command == "uninstall":
             return self.uninstall(args)
         if command == "list":
-            return self.list()
+            return self.listing()
         if command == "show":
             return self.show(args)
         raise PackageError(
@@ -349,7 +349,7 @@ class Packages:
     def _all(self) -> dict[str, Distribution]:
         return {**self.shipped, **self.folder.installed}
 
-    def list(self) -> str:
+    def listing(self) -> str:
         rows = sorted(((d.name, d.version) for d in self._all().values()), key=_lower_first)
         width = max([len("Package")] + [len(name) for name, _ in rows])
         version_width = max([len("Version")] + [len(version) for _, version in rows])

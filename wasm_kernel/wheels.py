@@ -101,8 +101,8 @@ def runs_on_guest(tags: frozenset[Tag]) -> bool:
     )
 
 
-def _record_hash(data_hash: hashlib._Hash) -> str:  # type: ignore[name-defined]
-    return "sha256=" + base64.urlsafe_b64encode(data_hash.digest()).rstrip(b"=").decode()
+def _record_hash(digest: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 def _check_member_name(name: str) -> None:
@@ -207,7 +207,7 @@ class WheelFolder:
         self.installed.pop(dist.key, None)
 
     def _unpack(self, wheel: Wheel, staging: Path, freed: int) -> Distribution:
-        stem = f"{wheel.path.name}"
+        stem = wheel.path.name
         try:
             archive = zipfile.ZipFile(wheel.path)
         except (zipfile.BadZipFile, OSError) as exc:
@@ -226,12 +226,8 @@ class WheelFolder:
                 target = self._target(info.filename, info_dir)
                 digest = self._extract(archive, info, staging / target if target else None)
                 size += info.file_size
-                expected = record.pop(info.filename, None)
-                if info.filename == f"{info_dir}/RECORD":
-                    if target:
-                        files.append(target)
-                    continue
-                if expected is None or expected != _record_hash(digest):
+                listed = record.pop(info.filename, None)
+                if info.filename != f"{info_dir}/RECORD" and listed != digest:
                     raise PackageError(
                         f"{stem}: its RECORD does not match the file {info.filename!r}"
                         " (a wheel whose RECORD lies is refused)"
@@ -345,7 +341,8 @@ class WheelFolder:
         return name
 
     @staticmethod
-    def _extract(archive: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path | None) -> object:
+    def _extract(archive: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path | None) -> str:
+        """Write one member (or only read it, if it is not installed); its RECORD hash."""
         digest = hashlib.sha256()
         if target is not None:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -361,7 +358,7 @@ class WheelFolder:
         finally:
             if out is not None:
                 out.close()
-        return digest
+        return _record_hash(digest.digest())
 
 
 def _same_version(text: str, version: Version) -> bool:

@@ -29,6 +29,7 @@ import tempfile
 import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from email.message import Message
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -61,8 +62,8 @@ PIP_BOOT = (
     " from pip._internal.cli.main import main; sys.exit(main())"
 )
 NOT_FOUND = re.compile(
-    r"(?:Could not find a version that satisfies the requirement|No matching distribution"
-    r" found for) (\S+)"
+    r"Could not find a version that satisfies the requirement (\S+)(?: \(from ([^)]*)\))?"
+    r" \(from versions: ([^)]*)\)"
 )
 
 
@@ -366,34 +367,48 @@ class Packages:
             dist = everything.get(canonicalize_name(text))
             if dist is None:
                 missing.append(text)
-                continue
-            required_by = sorted(
-                other.name
-                for other in everything.values()
-                if dist.key in {canonicalize_name(name) for name in other.requires}
-            )
-            meta = dist.metadata
-            found.append(
-                "\n".join(
-                    [
-                        f"Name: {dist.name}",
-                        f"Version: {dist.version}",
-                        f"Summary: {meta.get('Summary', '')}",
-                        f"Home-page: {meta.get('Home-page', '')}",
-                        f"Author: {meta.get('Author', '')}",
-                        f"Author-email: {meta.get('Author-email', '')}",
-                        f"License: {meta.get('License', '')}",
-                        f"Location: {dist.location}",
-                        f"Requires: {', '.join(sorted(set(dist.requires)))}",
-                        f"Required-by: {', '.join(required_by)}",
-                    ]
-                )
-            )
+            else:
+                found.append(self._shown(dist, everything))
         if missing:
             raise PackageError(
                 "\n---\n".join(found + [f"Package(s) not found: {', '.join(missing)}"])
             )
         return "\n---\n".join(found)
+
+    @staticmethod
+    def _shown(dist: Distribution, everything: dict[str, Distribution]) -> str:
+        """One distribution as ``pip show`` prints it."""
+        meta = dist.metadata
+        homepage = meta.get("Home-page", "")
+        for url in meta.get_all("Project-URL") or []:
+            label, _, address = url.partition(",")
+            if not homepage and re.sub(r"[^a-z]", "", label.lower()) == "homepage":
+                homepage = address.strip()
+        license_line = f"License: {meta.get('License', '')}"
+        if _metadata_version(meta) >= (2, 4) and meta.get("License-Expression"):
+            license_line = f"License-Expression: {meta['License-Expression']}"
+        required_by = sorted(
+            (
+                other.name
+                for other in everything.values()
+                if dist.key in {canonicalize_name(name) for name in other.requires}
+            ),
+            key=str.lower,
+        )
+        return "\n".join(
+            [
+                f"Name: {dist.name}",
+                f"Version: {dist.version}",
+                f"Summary: {meta.get('Summary', '')}",
+                f"Home-page: {homepage}",
+                f"Author: {meta.get('Author', '')}",
+                f"Author-email: {meta.get('Author-email', '')}",
+                license_line,
+                f"Location: {dist.location}",
+                f"Requires: {', '.join(dist.requires)}",
+                f"Required-by: {', '.join(required_by)}",
+            ]
+        )
 
     def uninstall(self, args: list[str]) -> str:
         if not args:
@@ -465,7 +480,7 @@ class Packages:
         report = pip.work / "report.json"
         status, errors = pip.resolve(wanted, upgrade, report)
         if status != 0:
-            raise PackageError(self._explain(pip, errors))
+            raise PackageError(self._explain(pip, errors, wanted))
         try:
             with open(report, "rb") as source:
                 items = json.loads(source.read(MAX_REPORT))["install"]
@@ -495,35 +510,46 @@ class Packages:
             sha256 if isinstance(sha256, str) else None,
         )
 
-    def _explain(self, pip: Pip, errors: str) -> str:
+    def _explain(self, pip: Pip, errors: str, wanted: list[str]) -> str:
         """pip's refusal, said for this sandbox: a shipped package that would have to be
-        replaced, a compiled-only package, or pip's own error lines."""
+        replaced, a compiled-only package, wheels refused, or pip's own last word."""
         match = NOT_FOUND.search(errors)
+        requirement = None
         if match:
             try:
                 requirement = Requirement(match.group(1))
             except InvalidRequirement:
-                requirement = None
-            if requirement is not None:
-                key = canonicalize_name(requirement.name)
-                shipped = self.shipped.get(key)
-                if shipped is not None:
-                    return (
-                        f"the packages asked for need {requirement}, but the runtime ships"
-                        f" {shipped.name} {shipped.version}, which cannot be replaced."
-                        " Nothing was installed."
-                    )
-                report = pip.work / "compiled.json"
-                if pip.resolve_for_host_platform(requirement_text(requirement), report) == 0:
-                    return self._compiled_only(requirement, report)
+                pass
+        if requirement is not None:
+            key = canonicalize_name(requirement.name)
+            shipped = self.shipped.get(key)
+            if shipped is not None:
+                needed_by = match.group(2) if match and match.group(2) else "the packages asked for"
                 return (
-                    f"no wheel of {requirement} that runs in the sandbox was found in"
-                    f" {self.source}. Only pure-Python wheels (py3-none-any) can be installed;"
-                    " packages published only as source are never built here."
+                    f"{needed_by} needs {requirement}, but the runtime ships"
+                    f" {shipped.name} {shipped.version}, which cannot be replaced."
+                    " Nothing was installed."
                 )
+            report = pip.work / "compiled.json"
+            if pip.resolve_for_host_platform(requirement_text(requirement), report) == 0:
+                return self._compiled_only(requirement, report)
+            if match and match.group(3).strip() != "none":
+                return (
+                    f"{requirement.name} {match.group(3)} is in {self.source}, but pip could use"
+                    " none of its wheels (their metadata does not match their name, or they"
+                    " need another Python). Nothing was installed."
+                )
+            return (
+                f"no wheel of {requirement} that runs in the sandbox was found in"
+                f" {self.source}. Only pure-Python wheels (py3-none-any) can be installed;"
+                " packages published only as source are never built here."
+            )
         kept = [line for line in errors.splitlines() if line.startswith("ERROR:")]
-        text = "\n".join(kept).replace(str(pip.work), "") or "pip failed"
-        return text[:MAX_PIP_ERRORS]
+        last = next((line for line in reversed(errors.splitlines()) if line.strip()), "")
+        if kept == ["ERROR: Exception:"] or not kept:  # pip crashed: its last line says on what
+            reason = re.sub(r"<[^>]*>", "", last.split(": ", 1)[-1]).replace("  ", " ")
+            kept = [f"pip failed on {', '.join(wanted)} from {self.source}: {reason.strip()}"]
+        return "\n".join(kept).replace(str(pip.work), "")[:MAX_PIP_ERRORS]
 
     def _compiled_only(self, requirement: Requirement, report: Path) -> str:
         try:
@@ -554,7 +580,7 @@ class Packages:
                 [f"{item.name}=={item.version}" for item in missing], folder
             )
             if status != 0:
-                raise PackageError(self._explain(pip, errors))
+                raise PackageError(self._explain(pip, errors, [item.name for item in missing]))
             for item in missing:
                 path = folder / item.filename
                 if (
@@ -584,6 +610,13 @@ class Packages:
             wheel.check_tags()
             wheels.append(wheel)
         return wheels
+
+
+def _metadata_version(metadata: Message) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in str(metadata.get("Metadata-Version", "")).split("."))
+    except ValueError:
+        return ()
 
 
 def _lower_first(row: tuple[str, str]) -> str:

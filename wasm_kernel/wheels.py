@@ -25,6 +25,7 @@ from email.message import Message
 from email.parser import BytesParser
 from pathlib import Path
 
+from packaging.markers import UndefinedComparison, UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.tags import Tag
 from packaging.utils import (
@@ -42,6 +43,18 @@ RATIO_FREE = 1 << 20  # ...once it is past this size
 MAX_METADATA = 4 << 20  # bytes of METADATA, WHEEL or RECORD read
 CHUNK = 1 << 16
 REGULAR, FOLDER = 0o100000, 0o040000
+# environment markers as the guest would evaluate them (no extra asked for)
+GUEST_MARKERS = {
+    "extra": "",
+    "python_version": "3.15",
+    "python_full_version": "3.15.0",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "sys_platform": "wasi",
+    "platform_system": "",
+    "platform_machine": "wasm32",
+    "os_name": "posix",
+}
 
 
 class PackageError(Exception):
@@ -69,16 +82,17 @@ class Distribution:
 
     @property
     def requires(self) -> list[str]:
-        """Names this distribution needs (extras' needs left out), as pip show lists them."""
-        names = []
+        """Names this distribution needs in the guest (extras' needs left out), as pip show
+        lists them."""
+        names = set()
         for text in self.metadata.get_all("Requires-Dist") or []:
             try:
                 requirement = Requirement(text)
-            except InvalidRequirement:
+                if requirement.marker is None or requirement.marker.evaluate(GUEST_MARKERS):
+                    names.add(requirement.name)
+            except (InvalidRequirement, UndefinedComparison, UndefinedEnvironmentName):
                 continue
-            if requirement.marker is None or "extra" not in str(requirement.marker):
-                names.append(requirement.name)
-        return names
+        return sorted(names, key=str.lower)
 
 
 def parse_metadata(data: bytes, what: str) -> Message:

@@ -1,0 +1,398 @@
+"""%pip in the sandbox (issue 14): real kernels install wheels that the tests build on the fly
+into a temporary wheelhouse, through the host's pip, and import them in the same session.
+
+Hostile wheels (one per way a wheel can attack the host) must each be refused with a clear
+error, leave the kernel alive and write nothing outside the kernel's package folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import Kernel, ok, plain
+from packaging.tags import platform_tags
+
+GUEST_FOLDER = "/usr/local/packages"
+RUN = uuid.uuid4().hex[:8]  # wheels are cached per user by sha256: fresh content per run
+MARKER = f"wkt-escaped-{RUN}"  # a file the escaping wheels try to write outside the folder
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def make_wheel(
+    folder: Path,
+    name: str,
+    version: str = "1.0",
+    files: dict[str, str | bytes] | None = None,
+    requires: tuple[str, ...] = (),
+    tag: str = "py3-none-any",
+    metadata: str | None = None,
+    lie_in_record: bool = False,
+    extra: tuple[tuple[zipfile.ZipInfo, bytes], ...] = (),
+) -> Path:
+    """A wheel as build backends write it: METADATA, WHEEL and a RECORD of every file."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    info = f"{dist}.dist-info"
+    members = {
+        path: data.encode() if isinstance(data, str) else data
+        for path, data in (files or {}).items()
+    }
+    members[f"{info}/METADATA"] = (
+        metadata
+        if metadata is not None
+        else f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: {name} ({RUN})\n"
+        + "".join(f"Requires-Dist: {requirement}\n" for requirement in requires)
+    ).encode()
+    members[f"{info}/WHEEL"] = (
+        f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n".encode()
+    )
+    rows = [f"{path},{_record_hash(data)},{len(data)}" for path, data in members.items()]
+    rows += [f"{item.filename},{_record_hash(data)},{len(data)}" for item, data in extra]
+    if lie_in_record:
+        rows[0] = rows[0].replace(rows[0].split(",")[1], _record_hash(b"something else"))
+    members[f"{info}/RECORD"] = ("\n".join([*rows, f"{info}/RECORD,,"]) + "\n").encode()
+    path = folder / f"{dist}-{tag}.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for member, data in members.items():
+            archive.writestr(member, data)
+        for item, data in extra:
+            archive.writestr(item, data)
+    return path
+
+
+def _symlink(name: str, target: str) -> tuple[zipfile.ZipInfo, bytes]:
+    item = zipfile.ZipInfo(name)
+    item.external_attr = 0o120777 << 16
+    return item, target.encode()
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    house = tmp_path_factory.mktemp("wheelhouse")
+    make_wheel(
+        house,
+        "wkt-helper",
+        files={"wkt_helper/__init__.py": "import wkt_dep\nVALUE = wkt_dep.X + 1\n"},
+        requires=("wkt-dep>=0.5", "numpy>=1"),
+    )
+    make_wheel(
+        house, "wkt-dep", "0.7", {"wkt_dep.py": f"X = 41\nRUN = {RUN!r}\n"}, tag="py2.py3-none-any"
+    )
+    make_wheel(house, "wkt-listed", files={"wkt_listed.py": "OK = True\n"})
+    host_platform = next(iter(platform_tags()))
+    make_wheel(
+        house, "wkt-compiled", "2.0", {"wkt_compiled.py": ""}, tag=f"cp315-cp315-{host_platform}"
+    )
+    make_wheel(house, "wkt-oldnumpy", files={"wkt_oldnumpy.py": ""}, requires=("numpy<2",))
+    make_wheel(house, "wkt-big", files={"wkt_big.bin": os.urandom(3 << 19)})  # 1.5 MiB
+    # hostile wheels
+    make_wheel(house, "wkt-escape", files={"wkt_escape.py": "", f"../../{MARKER}": "x"})
+    make_wheel(house, "wkt-absolute", files={"wkt_absolute.py": "", f"/tmp/{MARKER}": "x"})
+    make_wheel(
+        house,
+        "wkt-link",
+        files={"wkt_link.py": ""},
+        extra=(_symlink("wkt_link_pw", "/etc/passwd"),),
+    )
+    make_wheel(house, "wkt-bomb", files={"wkt_bomb.py": "", "wkt_bomb.bin": bytes(64 << 20)})
+    make_wheel(house, "wkt-record", files={"wkt_record.py": "X = 1\n"}, lie_in_record=True)
+    make_wheel(
+        house,
+        "wkt-badmeta",
+        files={"wkt_badmeta.py": ""},
+        metadata="Metadata-Version: 2.1\nSummary: no name, no version\n",
+    )
+    make_wheel(
+        house,
+        "wkt-imposter",
+        files={"wkt_imposter.py": ""},
+        metadata="Metadata-Version: 2.1\nName: wkt-other\nVersion: 6.6\n",
+    )
+    return house
+
+
+@pytest.fixture(scope="module")
+def packaged(wheelhouse: Path) -> Iterator[Kernel]:
+    """A notebook-profile kernel whose packages come from the test wheelhouse."""
+    started = Kernel([f"--WasmKernel.packages={wheelhouse}"])
+    yield started
+    started.shutdown()
+
+
+def failed(run) -> str:
+    assert run.content["status"] == "error", run.stream_text()
+    return run.content["evalue"]
+
+
+def installed_files(kernel: Kernel) -> list[str]:
+    return plain(ok(kernel.execute(f"import os; sorted(os.listdir({GUEST_FOLDER!r}))")))
+
+
+def test_install_with_dependency_imports_in_the_same_session(packaged: Kernel) -> None:
+    missing = packaged.execute("import wkt_helper")
+    assert missing.content["ename"] == "ModuleNotFoundError"
+    run = ok(packaged.execute("%pip install wkt-helper"))
+    assert "Successfully installed" in run.stream_text()
+    assert "wkt-helper-1.0" in run.stream_text() and "wkt-dep-0.7" in run.stream_text()
+    assert plain(
+        ok(packaged.execute("import wkt_helper, wkt_dep; wkt_helper.VALUE, wkt_dep.RUN"))
+    ) == (
+        42,
+        RUN,
+    )
+    # numpy, a dependency the runtime ships, was not fetched: only the two wheels are there
+    assert installed_files(packaged) == [
+        "wkt_dep-0.7.dist-info",
+        "wkt_dep.py",
+        "wkt_helper",
+        "wkt_helper-1.0.dist-info",
+    ]
+    # the guest sees the folder read-only
+    refused = packaged.execute(f"open('{GUEST_FOLDER}/wkt_dep.py', 'a')")
+    assert refused.content["status"] == "error"
+    again = ok(packaged.execute("%pip install wkt-helper"))
+    assert "Requirement already satisfied: wkt-helper" in again.stream_text()
+
+
+def test_shipped_package_is_already_there_with_its_version(packaged: Kernel) -> None:
+    version = plain(ok(packaged.execute("import numpy; numpy.__version__")))
+    run = ok(packaged.execute("%pip install numpy"))
+    assert "Requirement already satisfied: numpy" in run.stream_text()
+    assert f"({version}, shipped with the runtime)" in run.stream_text()
+    pinned = failed(packaged.execute("%pip install 'numpy<2'"))
+    assert f"numpy {version} ships with the runtime and cannot be replaced" in pinned
+    needs_old = failed(packaged.execute("%pip install wkt-oldnumpy"))
+    assert "numpy<2" in needs_old and "cannot be replaced" in needs_old
+    assert "wkt_oldnumpy.py" not in installed_files(packaged)
+    assert "ships with the runtime" in failed(packaged.execute("%pip uninstall -y numpy"))
+
+
+def test_compiled_only_package_says_why(packaged: Kernel) -> None:
+    evalue = failed(packaged.execute("%pip install wkt-compiled"))
+    assert "only as compiled wheels" in evalue and "cp315-cp315" in evalue
+    assert "cannot run in the WebAssembly sandbox" in evalue
+    missing = failed(packaged.execute("%pip install wkt-nowhere"))
+    assert "no wheel of wkt-nowhere" in missing
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("wkt-escape", "leaves its folder"),
+        ("wkt-absolute", "leaves its folder"),
+        ("wkt-link", "link or special file"),
+        ("wkt-bomb", "compressed more than"),
+        ("wkt-record", "RECORD does not match"),
+        ("wkt-badmeta", "wkt-badmeta"),  # refused by pip's own check or ours
+        ("wkt-imposter", "wkt-imposter"),  # a file that is another package
+    ],
+)
+def test_hostile_wheel_is_refused(packaged: Kernel, name: str, reason: str) -> None:
+    before = installed_files(packaged)
+    evalue = failed(packaged.execute(f"%pip install {name}"))
+    assert reason in evalue
+    assert installed_files(packaged) == before
+    for folder in (Path(tempfile.gettempdir()), Path("/tmp")):
+        assert not (folder / MARKER).exists()
+    assert plain(ok(packaged.execute("1 + 1"))) == 2
+
+
+@pytest.mark.parametrize(
+    "request_text",
+    [
+        "../wheelhouse/wkt_dep-0.7-py2.py3-none-any.whl",
+        "/etc/passwd",
+        "'wkt-dep @ file:///etc/passwd'",
+        "--index-url http://127.0.0.1:9/simple wkt-dep",
+        "'wkt-dep; python_version > \"3\"'",
+    ],
+)
+def test_only_names_and_versions_reach_the_host(packaged: Kernel, request_text: str) -> None:
+    before = installed_files(packaged)
+    run = packaged.execute(f"%pip install {request_text}")
+    assert run.content["ename"] == "UsageError"
+    assert "names" in run.content["evalue"] or "name" in run.content["evalue"]
+    assert installed_files(packaged) == before
+
+
+def test_requirements_file_list_show_uninstall(
+    packaged: Kernel, wheelhouse: Path, tmp_path: Path
+) -> None:
+    ok(
+        packaged.execute(
+            "open('/tmp/req.txt', 'w').write('# course\\nwkt-listed==1.0  # pinned\\n\\n')"
+        )
+    )
+    assert (
+        "Successfully installed wkt-listed-1.0"
+        in ok(packaged.execute("%pip install -r /tmp/req.txt")).stream_text()
+    )
+    assert plain(ok(packaged.execute("import wkt_listed; wkt_listed.OK"))) is True
+
+    listing = ok(packaged.execute("%pip list")).stream_text().splitlines()
+    names = {line.split()[0]: line.split()[1] for line in listing[2:]}
+    shipped = plain(
+        ok(
+            packaged.execute(
+                "import importlib.metadata as m\n"
+                "sorted({(d.metadata['Name'], d.version) for d in m.distributions()})"
+            )
+        )
+    )
+    assert set(names.items()) == set(shipped)  # the guest finds the installed ones too
+    assert names["wkt-listed"] == "1.0" and "numpy" in names
+    native = subprocess.run(
+        [sys.executable, "-m", "pip", "list"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert listing[0].split() == native[0].split()[:2]
+    assert set(listing[1].replace(" ", "")) == {"-"} and native[1].startswith("-")
+
+    # %pip show as pip shows the same wheels installed natively (Location aside)
+    shown = ok(packaged.execute("%pip show wkt-dep wkt-helper")).stream_text()
+    native_site = tmp_path / "site"
+    wheels = [str(next(wheelhouse.glob(f"{name}-*.whl"))) for name in ("wkt_dep", "wkt_helper")]
+    pip = [sys.executable, "-m", "pip"]
+    subprocess.run(
+        [*pip, "install", "-q", "--no-deps", f"--target={native_site}", *wheels], check=True
+    )
+    native_show = subprocess.run(
+        [*pip, "show", "wkt-dep", "wkt-helper"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(native_site)},
+    ).stdout
+    assert (
+        shown.replace(GUEST_FOLDER, "LOCATION").strip()
+        == native_show.replace(str(native_site), "LOCATION").strip()
+    )
+
+    removed = ok(packaged.execute("%pip uninstall -y wkt-listed")).stream_text()
+    assert "Successfully uninstalled wkt-listed-1.0" in removed
+    assert "wkt_listed.py" not in installed_files(packaged)
+    assert "wkt-listed" not in ok(packaged.execute("%pip list")).stream_text()
+    assert "Skipping wkt-listed" in ok(packaged.execute("%pip uninstall wkt-listed")).stream_text()
+
+
+def test_sandbox_magic_shows_the_setting(packaged: Kernel, wheelhouse: Path) -> None:
+    text = ok(packaged.execute("%sandbox")).stream_text()
+    assert f"Packages: %pip install from the wheelhouse {wheelhouse}" in text
+
+
+def test_strict_profile_refuses_unless_a_wheelhouse_is_granted(
+    start_kernel, wheelhouse: Path
+) -> None:
+    strict = start_kernel(kernel_name="wasm-python-strict")
+    evalue = failed(strict.execute("%pip install wkt-dep"))
+    assert "installing packages is off" in evalue
+    assert "Packages: off" in ok(strict.execute("%sandbox")).stream_text()
+    assert "numpy" in ok(strict.execute("%pip list")).stream_text()
+
+    granted = start_kernel(
+        [f"--WasmKernel.packages={wheelhouse}", "--WasmKernel.packages_quota=1048576"],
+        kernel_name="wasm-python-strict",
+    )
+    ok(granted.execute("%pip install wkt-dep"))
+    assert plain(ok(granted.execute("import wkt_dep; wkt_dep.X"))) == 41
+    over = failed(granted.execute("%pip install wkt-big"))
+    assert "quota of 1,048,576 bytes" in over
+    assert "wkt_big.bin" not in installed_files(granted)
+
+
+def test_bad_package_settings_are_reported(start_kernel, tmp_path: Path) -> None:
+    kernel = start_kernel(
+        [
+            f"--WasmKernel.packages={tmp_path / 'missing'}",
+            "--WasmKernel.packages_quota=10",
+        ]
+    )
+    evalue = failed(kernel.execute("1"))
+    assert "WasmKernel.packages = " in evalue and "is missing" in evalue
+    assert "WasmKernel.packages_quota = " in evalue
+
+
+class StallingIndex:
+    """A package index that accepts connections and never answers: pip waits on it."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self.server.accept()
+            except OSError:
+                return
+            self.held.append(connection)
+
+    def close(self) -> None:
+        self.server.close()
+        for connection in self.held:
+            connection.close()
+
+
+@pytest.fixture
+def stalling_index() -> Iterator[StallingIndex]:
+    index = StallingIndex()
+    yield index
+    index.close()
+
+
+def test_pip_time_is_not_the_cells_and_an_interrupt_cancels_it(
+    start_kernel, stalling_index: StallingIndex
+) -> None:
+    env = {
+        "PIP_INDEX_URL": f"http://127.0.0.1:{stalling_index.port}/simple/",
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_EXTRA_INDEX_URL": "",
+        "PIP_FIND_LINKS": "",
+        "PIP_TIMEOUT": "4",
+        "PIP_RETRIES": "0",
+    }
+    kernel = start_kernel(["--WasmKernel.packages=index", "--WasmKernel.time_limit=2"], env=env)
+    run = kernel.execute("%pip install wkt-stalled")
+    assert run.content["ename"] == "UsageError", run.content  # pip's failure, not the time limit
+    assert run.seconds > 4
+
+    msg_id = kernel.client.execute("%pip install wkt-stalled-again")
+    time.sleep(2)
+    pid = kernel.manager.provisioner.process.pid
+    assert psutil.Process(pid).children(recursive=True), "pip should be running"
+    kernel.manager.interrupt_kernel()
+    interrupted = kernel.collect(msg_id, timeout=30)
+    assert interrupted.content["ename"] == "KeyboardInterrupt"
+    assert psutil.Process(pid).children(recursive=True) == []
+    assert plain(ok(kernel.execute("2 + 2"))) == 4
+
+
+@pytest.mark.skipif(
+    not os.environ.get("WASM_KERNEL_TEST_INDEX"),
+    reason="installs from the real package index; set WASM_KERNEL_TEST_INDEX=1 (needs network)",
+)
+def test_install_from_the_configured_index(start_kernel) -> None:
+    kernel = start_kernel(["--WasmKernel.packages=index"])
+    run = ok(kernel.execute("%pip install idna"))
+    assert "idna" in run.stream_text()
+    assert plain(ok(kernel.execute("import idna; idna.encode('bücher.example')"))) == (
+        b"xn--bcher-kva.example"
+    )
+    assert f"Location: {GUEST_FOLDER}" in ok(kernel.execute("%pip show idna")).stream_text()

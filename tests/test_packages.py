@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import os
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -124,7 +126,22 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
         files={"wkt_imposter.py": ""},
         metadata="Metadata-Version: 2.1\nName: wkt-other\nVersion: 6.6\n",
     )
+    _make_sdist(house, "wkt-sdist", f"open('/tmp/{MARKER}-built', 'w').write('ran')\n")
     return house
+
+
+def _make_sdist(folder: Path, name: str, setup_py: str) -> None:
+    """A source distribution whose build would run ``setup_py`` on the host."""
+    dist = f"{name.replace('-', '_')}-1.0"
+    with tarfile.open(folder / f"{dist}.tar.gz", "w:gz") as archive:
+        for member, text in (
+            ("setup.py", setup_py + f"from setuptools import setup; setup(name={name!r})\n"),
+            ("PKG-INFO", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"),
+        ):
+            data = text.encode()
+            item = tarfile.TarInfo(f"{dist}/{member}")
+            item.size = len(data)
+            archive.addfile(item, io.BytesIO(data))
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +206,25 @@ def test_compiled_only_package_says_why(packaged: Kernel) -> None:
     assert "cannot run in the WebAssembly sandbox" in evalue
     missing = failed(packaged.execute("%pip install wkt-nowhere"))
     assert "no wheel of wkt-nowhere" in missing
+
+
+def test_source_distributions_are_never_built(
+    packaged: Kernel, wheelhouse: Path, tmp_path: Path
+) -> None:
+    evalue = failed(packaged.execute("%pip install wkt-sdist"))
+    assert "no wheel of wkt-sdist" in evalue and "never built" in evalue
+    built = Path(f"/tmp/{MARKER}-built")
+    assert not built.exists()
+    # control: the same pip, allowed to build, runs the sdist's setup.py on the host (whether
+    # the build then succeeds does not matter)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-index", "--isolated"]
+        + [f"--find-links={wheelhouse}", "--no-build-isolation", f"--dest={tmp_path}", "wkt-sdist"],
+        check=False,
+        capture_output=True,
+    )
+    assert built.read_text() == "ran"
+    built.unlink()
 
 
 @pytest.mark.parametrize(
@@ -323,7 +359,7 @@ def test_bad_package_settings_are_reported(start_kernel, tmp_path: Path) -> None
         ]
     )
     evalue = failed(kernel.execute("1"))
-    assert "WasmKernel.packages = " in evalue and "is missing" in evalue
+    assert "WasmKernel.packages = " in evalue and "is missing" in evalue, evalue
     assert "WasmKernel.packages_quota = " in evalue
 
 

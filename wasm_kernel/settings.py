@@ -186,11 +186,11 @@ class PackageSource(LastWins, TraitType[str, str]):
                 folder = folder.resolve(strict=True)
             except (OSError, RuntimeError):
                 raise TraitError(
-                    f"{self.name}: the wheelhouse folder {value!r} is missing"
+                    f"{self.name} must be {self.info_text}; the folder {value!r} is missing"
                 ) from None
             if folder.is_dir():
                 return str(folder)
-            raise TraitError(f"{self.name}: {value!r} is not a folder")
+            raise TraitError(f"{self.name} must be {self.info_text}; {value!r} is not a folder")
         raise TraitError(f"{self.name} must be {self.info_text}")
 
     def default_value_repr(self) -> str:

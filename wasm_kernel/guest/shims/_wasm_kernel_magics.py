@@ -84,8 +84,9 @@ def pip_magic(shell, line):
 
 def conda_magic(shell, line):
     raise UsageError(
-        "%conda: conda is not available in this sandbox; %pip install takes pure-Python"
-        " packages where the kernel allows it. `%pip list` shows what the runtime ships."
+        "%conda: conda cannot run in this sandbox (no processes); %pip install takes"
+        " pure-Python packages where the kernel allows it. `%pip list` shows what the runtime"
+        " ships."
     )
 
 

@@ -102,6 +102,9 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
         house, "wkt-compiled", "2.0", {"wkt_compiled.py": ""}, tag=f"cp315-cp315-{host_platform}"
     )
     make_wheel(house, "wkt-oldnumpy", files={"wkt_oldnumpy.py": ""}, requires=("numpy<2",))
+    for version in ("1.0", "2.0"):
+        make_wheel(house, "wkt-up", version, {f"wkt_up/v{version[0]}.py": ""})
+    make_wheel(house, "wkt-clash", files={"wkt_dep.py": "X = 'not the real one'\n"})
     make_wheel(house, "wkt-big", files={"wkt_big.bin": os.urandom(3 << 19)})  # 1.5 MiB
     # hostile wheels
     make_wheel(house, "wkt-escape", files={"wkt_escape.py": "", f"../../{MARKER}": "x"})
@@ -326,6 +329,29 @@ def test_requirements_file_list_show_uninstall(
     assert "Skipping wkt-listed" in ok(packaged.execute("%pip uninstall wkt-listed")).stream_text()
 
 
+def test_upgrade_replaces_the_installed_version(packaged: Kernel) -> None:
+    ok(packaged.execute("%pip install wkt-up==1.0"))
+    assert "v1.py" in plain(ok(packaged.execute(f"import os; os.listdir('{GUEST_FOLDER}/wkt_up')")))
+    kept = ok(packaged.execute("%pip install wkt-up")).stream_text()
+    assert "Requirement already satisfied: wkt-up" in kept
+    upgraded = ok(packaged.execute("%pip install -U wkt-up")).stream_text()
+    assert "Successfully installed wkt-up-2.0" in upgraded
+    files = installed_files(packaged)
+    assert "wkt_up-2.0.dist-info" in files and "wkt_up-1.0.dist-info" not in files
+    assert plain(ok(packaged.execute(f"import os; os.listdir('{GUEST_FOLDER}/wkt_up')"))) == [
+        "v2.py"
+    ]
+
+
+def test_a_wheel_may_not_overwrite_another_packages_files(packaged: Kernel) -> None:
+    ok(packaged.execute("%pip install wkt-dep"))
+    evalue = failed(packaged.execute("%pip install wkt-clash"))
+    assert "would overwrite 'wkt_dep.py', which belongs to wkt-dep 0.7" in evalue
+    assert (
+        plain(ok(packaged.execute("import importlib, wkt_dep; importlib.reload(wkt_dep).X"))) == 41
+    )
+
+
 def test_sandbox_magic_shows_the_setting(packaged: Kernel, wheelhouse: Path) -> None:
     text = ok(packaged.execute("%sandbox")).stream_text()
     assert f"Packages: %pip install from the wheelhouse {wheelhouse}" in text
@@ -361,6 +387,51 @@ def test_bad_package_settings_are_reported(start_kernel, tmp_path: Path) -> None
     evalue = failed(kernel.execute("1"))
     assert "WasmKernel.packages = " in evalue and "is missing" in evalue, evalue
     assert "WasmKernel.packages_quota = " in evalue
+
+
+def _simple_index(root: Path) -> Path:
+    """A PEP 503 index in files, with PEP 658 metadata beside each wheel (so pip resolves
+    without the wheel itself): wkt-indexed, and wkt-liar whose announced hash is wrong."""
+    files = root / "files"
+    files.mkdir(parents=True)
+    for name, lie in (("wkt-indexed", False), ("wkt-liar", True)):
+        wheel = make_wheel(files, name, files={f"{name.replace('-', '_')}.py": f"RUN = {RUN!r}\n"})
+        with zipfile.ZipFile(wheel) as archive:
+            metadata = archive.read(f"{name.replace('-', '_')}-1.0.dist-info/METADATA")
+        Path(f"{wheel}.metadata").write_bytes(metadata)
+        digest = hashlib.sha256(b"another file" if lie else wheel.read_bytes()).hexdigest()
+        meta_digest = hashlib.sha256(metadata).hexdigest()
+        page = root / "simple" / name / "index.html"
+        page.parent.mkdir(parents=True)
+        page.write_text(
+            f'<a href="../../files/{wheel.name}#sha256={digest}"'
+            f' data-core-metadata="sha256={meta_digest}"'
+            f' data-dist-info-metadata="sha256={meta_digest}">{wheel.name}</a>\n'
+        )
+    return root
+
+
+def test_downloads_are_cached_per_user_and_shared(start_kernel, tmp_path: Path) -> None:
+    index = _simple_index(tmp_path / "index")
+    env = {
+        "PIP_INDEX_URL": (index / "simple").as_uri() + "/",
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_EXTRA_INDEX_URL": "",
+        "PIP_FIND_LINKS": "",
+    }
+    first = start_kernel(["--WasmKernel.packages=index"], env=env)
+    ok(first.execute("%pip install wkt-indexed"))
+    (index / "files" / "wkt_indexed-1.0-py3-none-any.whl").unlink()  # only the cache has it now
+    second = start_kernel(["--WasmKernel.packages=index"], env=env)
+    assert (
+        "Successfully installed wkt-indexed-1.0"
+        in ok(second.execute("%pip install wkt-indexed")).stream_text()
+    )
+    assert plain(ok(second.execute("import wkt_indexed; wkt_indexed.RUN"))) == RUN
+    # an index whose file is not the one it announced
+    liar = failed(second.execute("%pip install wkt-liar"))
+    assert "wkt-liar with a file whose sha256 is not the one it announced" in liar
+    assert "wkt_liar.py" not in installed_files(second)
 
 
 class StallingIndex:

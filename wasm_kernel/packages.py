@@ -285,6 +285,7 @@ class Planned:
     version: Version
     filename: str
     sha256: str | None
+    url: str
 
 
 class Packages:
@@ -471,6 +472,8 @@ class Packages:
                 done = []
                 for wheel in wheels:
                     done.append(self.folder.install(wheel, self.folder.installed.get(wheel.name)))
+                    if wheel.path.is_relative_to(pip.work):  # downloaded, and it installs
+                        self.cache.put(wheel.path, wheel.sha256)
             if done:
                 names = " ".join(f"{dist.name}-{dist.version}" for dist in done)
                 lines.append(f"Successfully installed {names}")
@@ -497,6 +500,30 @@ class Packages:
                 )
         return plan
 
+    def _in_wheelhouse(self, item: Planned) -> Path | None:
+        """The wheelhouse's own file for ``item`` (no download needed), if pip chose one."""
+        wheelhouse = self.source.wheelhouse if self.source else None
+        address = urlsplit(item.url)
+        if wheelhouse is None or address.scheme != "file" or address.netloc:
+            return None
+        path = Path(unquote(address.path))
+        return path if path.parent == wheelhouse and path.name == item.filename else None
+
+    def _accept(self, item: Planned, path: Path) -> tuple[Path, str]:
+        """A fetched file, checked against what pip announced."""
+        if not path.is_file() or path.is_symlink() or Path(item.filename).name != item.filename:
+            raise PackageError(
+                f"asked for {item.name} {item.version}, the package source did not answer with"
+                f" {item.filename}"
+            )
+        sha256 = file_sha256(path)
+        if item.sha256 is not None and sha256 != item.sha256:
+            raise PackageError(
+                f"{item.filename}: the package source answered with a file whose sha256 is not"
+                " the one it announced"
+            )
+        return path, sha256
+
     @staticmethod
     def _planned(item: dict) -> Planned:
         metadata, download = item["metadata"], item["download_info"]
@@ -508,6 +535,7 @@ class Packages:
             Version(str(metadata["version"])),
             filename,
             sha256 if isinstance(sha256, str) else None,
+            str(download["url"]),
         )
 
     def _explain(self, pip: Pip, errors: str, wanted: list[str]) -> str:
@@ -544,6 +572,11 @@ class Packages:
                 f" {self.source}. Only pure-Python wheels (py3-none-any) can be installed;"
                 " packages published only as source are never built here."
             )
+        if "DO NOT MATCH THE HASHES" in errors:
+            return (
+                f"the package source answered {', '.join(wanted)} with a file whose sha256 is not"
+                " the one it announced, so pip refused it. Nothing was installed."
+            )
         kept = [line for line in errors.splitlines() if line.startswith("ERROR:")]
         last = next((line for line in reversed(errors.splitlines()) if line.strip()), "")
         if kept == ["ERROR: Exception:"] or not kept:  # pip crashed: its last line says on what
@@ -564,13 +597,17 @@ class Packages:
         )
 
     def _fetch(self, pip: Pip, plan: list[Planned]) -> list[Wheel]:
-        """Each planned wheel, from the cache or downloaded by pip, checked against the plan."""
-        found: dict[str, Path] = {}
+        """Each planned wheel, from the cache, the wheelhouse or downloaded by pip, checked
+        against what pip announced."""
+        found: dict[str, tuple[Path, str]] = {}
         missing = []
         for item in plan:
             cached = self.cache.get(item.sha256, item.filename)
+            local = self._in_wheelhouse(item)
             if cached is not None:
-                found[item.name] = cached
+                found[item.name] = cached, cached.parent.name
+            elif local is not None:
+                found[item.name] = self._accept(item, local)
             else:
                 missing.append(item)
         if missing:
@@ -582,27 +619,11 @@ class Packages:
             if status != 0:
                 raise PackageError(self._explain(pip, errors, [item.name for item in missing]))
             for item in missing:
-                path = folder / item.filename
-                if (
-                    not path.is_file()
-                    or path.is_symlink()
-                    or Path(item.filename).name != item.filename
-                ):
-                    raise PackageError(
-                        f"asked for {item.name} {item.version}, the package source did not"
-                        f" answer with {item.filename}"
-                    )
-                sha256 = file_sha256(path)
-                if item.sha256 is not None and sha256 != item.sha256:
-                    raise PackageError(
-                        f"{item.filename}: the package source answered with a file whose sha256"
-                        " is not the one it announced"
-                    )
-                found[item.name] = self.cache.put(path, sha256)
+                found[item.name] = self._accept(item, folder / item.filename)
         wheels = []
         for item in plan:
-            path = found[item.name]
-            wheel = Wheel.open(path, path.parent.name, expected=item.name)
+            path, sha256 = found[item.name]
+            wheel = Wheel.open(path, sha256, expected=item.name)
             if wheel.version != item.version:
                 raise PackageError(
                     f"asked for {item.name} {item.version}, the package source answered {path.name}"

@@ -270,6 +270,32 @@ def test_only_names_and_versions_reach_the_host(packaged: Kernel, request_text: 
     assert installed_files(packaged) == before
 
 
+def test_forged_pip_messages_reach_no_option(packaged: Kernel) -> None:
+    """The guest's own code can send any pip message: the host still takes names only."""
+    forge = (
+        "import _host, json\n"
+        "def pip(command, args):\n"
+        "    message = {'op': 'pip', 'command': command, 'args': args, 'upgrade': False}\n"
+        "    return json.loads(_host.call(json.dumps(message).encode()))\n"
+    )
+    ok(packaged.execute(forge))
+    before = installed_files(packaged)
+    for args in (
+        ["--target=/", "wkt-dep"],
+        ["wkt-dep", "--index-url=http://127.0.0.1:9/"],
+        ["-e", "/notebook"],
+        ["wkt-dep @ https://example.org/x.whl"],
+        ["x" * 300],
+        [],
+    ):
+        reply = plain(ok(packaged.execute(f"pip('install', {args!r})")))
+        assert set(reply) == {"error"} and reply["error"], (args, reply)
+    for command, args in (("download", ["wkt-dep"]), ("install", ["x" * 5000])):
+        refused = packaged.execute(f"pip({command!r}, {args!r})")  # refused by the protocol
+        assert refused.content["ename"] == "OSError", refused.content
+    assert installed_files(packaged) == before
+
+
 def test_requirements_file_list_show_uninstall(
     packaged: Kernel, wheelhouse: Path, tmp_path: Path
 ) -> None:

@@ -46,6 +46,7 @@ def make_wheel(
     tag: str = "py3-none-any",
     metadata: str | None = None,
     lie_in_record: bool = False,
+    wheel_version: str = "1.0",
     extra: tuple[tuple[zipfile.ZipInfo, bytes], ...] = (),
 ) -> Path:
     """A wheel as build backends write it: METADATA, WHEEL and a RECORD of every file."""
@@ -62,7 +63,7 @@ def make_wheel(
         + "".join(f"Requires-Dist: {requirement}\n" for requirement in requires)
     ).encode()
     members[f"{info}/WHEEL"] = (
-        f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n".encode()
+        f"Wheel-Version: {wheel_version}\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n".encode()
     )
     rows = [f"{path},{_record_hash(data)},{len(data)}" for path, data in members.items()]
     rows += [f"{item.filename},{_record_hash(data)},{len(data)}" for item, data in extra]
@@ -116,6 +117,8 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
         extra=(_symlink("wkt_link_pw", "/etc/passwd"),),
     )
     make_wheel(house, "wkt-bomb", files={"wkt_bomb.py": "", "wkt_bomb.bin": bytes(64 << 20)})
+    make_wheel(house, "wkt-collide", files={"wkt_collide": "x", "wkt_collide/x.py": ""})
+    make_wheel(house, "wkt-future", files={"wkt_future.py": ""}, wheel_version="2.0")
     make_wheel(house, "wkt-record", files={"wkt_record.py": "X = 1\n"}, lie_in_record=True)
     make_wheel(
         house,
@@ -238,6 +241,8 @@ def test_source_distributions_are_never_built(
         ("wkt-link", "link or special file"),
         ("wkt-bomb", "compressed more than"),
         ("wkt-record", "RECORD does not match"),
+        ("wkt-collide", "cannot be unpacked"),
+        ("wkt-future", "Wheel-Version"),
         ("wkt-badmeta", "wkt-badmeta"),  # refused by pip's own check or ours
         ("wkt-imposter", "wkt-imposter"),  # a file that is another package
     ],

@@ -36,7 +36,7 @@ from .active_output import ActiveOutput
 from .cache import RuntimeCache
 from .history import History
 from .mounts import SCRATCH, Mount, MountError, guest_cwd, holds_home, parse_mounts
-from .packages import GUEST_FOLDER, OFF, Cancelled, Packages, Source, WheelCache
+from .packages import GUEST_FOLDER, INDEX, OFF, Cancelled, Packages, Source, WheelCache
 from .profiles import DEFAULT_PROFILE, PROFILES
 from .runtime import DEFAULT_RUNTIME, Runtime, RuntimeUnavailable, load_runtime
 from .sandbox import CellStopped, Interrupts, Limits, Sandbox, memory_limit_text
@@ -353,7 +353,7 @@ class WasmKernel(Kernel):
             return None
         source = None
         if self.packages != OFF:
-            source = Source(None if self.packages == "index" else Path(self.packages))
+            source = Source(None if self.packages == INDEX else Path(self.packages))
         wheels = Path(platformdirs.user_cache_dir("wasm-kernel")) / "wheels"  # per user
         return Packages(
             source,

@@ -248,7 +248,7 @@ class WheelCache:
         return self.folder / sha256[:2] / sha256 / filename
 
     def get(self, sha256: str | None, filename: str) -> Path | None:
-        if not sha256 or not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        if not sha256 or not re.fullmatch(r"[0-9a-f]{64}", sha256) or not _plain_name(filename):
             return None
         path = self._place(sha256, filename)
         if path.is_file() and not path.is_symlink() and file_sha256(path) == sha256:
@@ -529,6 +529,8 @@ class Packages:
         metadata, download = item["metadata"], item["download_info"]
         hashes = download.get("archive_info", {}).get("hashes", {})
         filename = unquote(urlsplit(str(download["url"])).path.rsplit("/", 1)[-1])
+        if not _plain_name(filename) or not filename.endswith(".whl"):
+            raise PackageError(f"the package source named a file {filename!r}, not a wheel")
         sha256 = hashes.get("sha256")
         return Planned(
             canonicalize_name(str(metadata["name"])),
@@ -631,6 +633,16 @@ class Packages:
             wheel.check_tags()
             wheels.append(wheel)
         return wheels
+
+
+def _plain_name(filename: str) -> bool:
+    """A file name that is only a name: no folder, no way up, nothing hidden in it."""
+    return (
+        filename not in ("", ".", "..")
+        and "/" not in filename
+        and "\\" not in filename
+        and filename.isprintable()
+    )
 
 
 def _metadata_version(metadata: Message) -> tuple[int, ...]:

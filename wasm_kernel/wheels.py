@@ -12,6 +12,7 @@ refused wheel leaves nothing behind and nothing is ever written outside that fol
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import hashlib
 import io
@@ -119,7 +120,7 @@ def _record_hash(digest: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
-def _check_member_name(name: str) -> None:
+def _check_member_name(name: str, wheel: str) -> None:
     """A member's path inside the wheel, refused unless it is plainly relative and inside."""
     if (
         not name
@@ -131,7 +132,7 @@ def _check_member_name(name: str) -> None:
         or not name.isprintable()
     ):
         raise PackageError(
-            f"it holds a file whose path leaves its folder or is not plain: {name!r}"
+            f"{wheel} holds a file whose path leaves its folder or is not plain: {name!r}"
         )
 
 
@@ -264,7 +265,7 @@ class WheelFolder:
             raise PackageError(f"{stem} holds more than {MAX_MEMBERS:,} files")
         seen, total = set(), 0
         for info in members:
-            _check_member_name(info.filename)
+            _check_member_name(info.filename, stem)
             kind = (info.external_attr >> 16) & 0o170000
             if kind not in (0, REGULAR, FOLDER) or (kind == FOLDER and not info.is_dir()):
                 raise PackageError(f"{stem}: {info.filename!r} is a link or special file")
@@ -358,20 +359,21 @@ class WheelFolder:
     def _extract(archive: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path | None) -> str:
         """Write one member (or only read it, if it is not installed); its RECORD hash."""
         digest = hashlib.sha256()
-        if target is not None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        out = open(target, "xb") if target is not None else None  # noqa: SIM115
         try:
-            with archive.open(info) as member:
+            with contextlib.ExitStack() as stack:
+                out = None
+                if target is not None:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    out = stack.enter_context(open(target, "xb"))  # a file, never replaced
+                member = stack.enter_context(archive.open(info))
                 while chunk := member.read(CHUNK):
                     digest.update(chunk)
                     if out is not None:
                         out.write(chunk)
-        except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        except (zipfile.BadZipFile, EOFError) as exc:
             raise PackageError(f"{info.filename!r} is damaged: {exc}") from None
-        finally:
-            if out is not None:
-                out.close()
+        except OSError as exc:  # e.g. a file and a folder of the same name
+            raise PackageError(f"{info.filename!r} cannot be unpacked: {exc.strerror}") from None
         return _record_hash(digest.digest())
 
 

@@ -383,6 +383,20 @@ def test_a_wheel_may_not_overwrite_another_packages_files(packaged: Kernel) -> N
     )
 
 
+def test_packages_stay_importable_after_the_interpreter_restarts(
+    start_kernel, wheelhouse: Path
+) -> None:
+    kernel = start_kernel(
+        [f"--WasmKernel.packages={wheelhouse}", "--WasmKernel.rollback=false"]
+        + ["--WasmKernel.time_limit=1"]
+    )
+    ok(kernel.execute("%pip install wkt-dep"))
+    stopped = kernel.execute("while True: pass")
+    assert stopped.content["ename"] == "TimeLimitExceeded"
+    assert "The interpreter was restarted" in stopped.content["evalue"]  # a fresh interpreter
+    assert plain(ok(kernel.execute("import wkt_dep; wkt_dep.X"))) == 41
+
+
 def test_sandbox_magic_shows_the_setting(packaged: Kernel, wheelhouse: Path) -> None:
     text = ok(packaged.execute("%sandbox")).stream_text()
     assert f"Packages: %pip install from the wheelhouse {wheelhouse}" in text

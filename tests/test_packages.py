@@ -7,14 +7,11 @@ error, leave the kernel alive and write nothing outside the kernel's package fol
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import io
 import os
 import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -27,62 +24,11 @@ import psutil
 import pytest
 from conftest import Kernel, ok, plain
 from packaging.tags import platform_tags
+from wheelmaker import make_sdist, make_wheel, symlink_member
 
 GUEST_FOLDER = "/usr/local/packages"
 RUN = uuid.uuid4().hex[:8]  # wheels are cached per user by sha256: fresh content per run
 MARKER = f"wkt-escaped-{RUN}"  # a file the escaping wheels try to write outside the folder
-
-
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def make_wheel(
-    folder: Path,
-    name: str,
-    version: str = "1.0",
-    files: dict[str, str | bytes] | None = None,
-    requires: tuple[str, ...] = (),
-    tag: str = "py3-none-any",
-    metadata: str | None = None,
-    lie_in_record: bool = False,
-    wheel_version: str = "1.0",
-    extra: tuple[tuple[zipfile.ZipInfo, bytes], ...] = (),
-) -> Path:
-    """A wheel as build backends write it: METADATA, WHEEL and a RECORD of every file."""
-    dist = f"{name.replace('-', '_')}-{version}"
-    info = f"{dist}.dist-info"
-    members = {
-        path: data.encode() if isinstance(data, str) else data
-        for path, data in (files or {}).items()
-    }
-    members[f"{info}/METADATA"] = (
-        metadata
-        if metadata is not None
-        else f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: {name} ({RUN})\n"
-        + "".join(f"Requires-Dist: {requirement}\n" for requirement in requires)
-    ).encode()
-    members[f"{info}/WHEEL"] = (
-        f"Wheel-Version: {wheel_version}\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n".encode()
-    )
-    rows = [f"{path},{_record_hash(data)},{len(data)}" for path, data in members.items()]
-    rows += [f"{item.filename},{_record_hash(data)},{len(data)}" for item, data in extra]
-    if lie_in_record:
-        rows[0] = rows[0].replace(rows[0].split(",")[1], _record_hash(b"something else"))
-    members[f"{info}/RECORD"] = ("\n".join([*rows, f"{info}/RECORD,,"]) + "\n").encode()
-    path = folder / f"{dist}-{tag}.whl"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
-        for member, data in members.items():
-            archive.writestr(member, data)
-        for item, data in extra:
-            archive.writestr(item, data)
-    return path
-
-
-def _symlink(name: str, target: str) -> tuple[zipfile.ZipInfo, bytes]:
-    item = zipfile.ZipInfo(name)
-    item.external_attr = 0o120777 << 16
-    return item, target.encode()
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +60,7 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
         house,
         "wkt-link",
         files={"wkt_link.py": ""},
-        extra=(_symlink("wkt_link_pw", "/etc/passwd"),),
+        extra=(symlink_member("wkt_link_pw", "/etc/passwd"),),
     )
     make_wheel(house, "wkt-bomb", files={"wkt_bomb.py": "", "wkt_bomb.bin": bytes(64 << 20)})
     make_wheel(house, "wkt-collide", files={"wkt_collide": "x", "wkt_collide/x.py": ""})
@@ -132,22 +78,8 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
         files={"wkt_imposter.py": ""},
         metadata="Metadata-Version: 2.1\nName: wkt-other\nVersion: 6.6\n",
     )
-    _make_sdist(house, "wkt-sdist", f"open('/tmp/{MARKER}-built', 'w').write('ran')\n")
+    make_sdist(house, "wkt-sdist", f"open('/tmp/{MARKER}-built', 'w').write('ran')\n")
     return house
-
-
-def _make_sdist(folder: Path, name: str, setup_py: str) -> None:
-    """A source distribution whose build would run ``setup_py`` on the host."""
-    dist = f"{name.replace('-', '_')}-1.0"
-    with tarfile.open(folder / f"{dist}.tar.gz", "w:gz") as archive:
-        for member, text in (
-            ("setup.py", setup_py + f"from setuptools import setup; setup(name={name!r})\n"),
-            ("PKG-INFO", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"),
-        ):
-            data = text.encode()
-            item = tarfile.TarInfo(f"{dist}/{member}")
-            item.size = len(data)
-            archive.addfile(item, io.BytesIO(data))
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,8 @@ from conftest import Kernel, ok, plain
 from packaging.tags import platform_tags
 from wheelmaker import make_sdist, make_wheel, symlink_member
 
+from wasm_kernel.wheels import guest_markers
+
 GUEST_FOLDER = "/usr/local/packages"
 RUN = uuid.uuid4().hex[:8]  # wheels are cached per user by sha256: fresh content per run
 MARKER = f"wkt-escaped-{RUN}"  # a file the escaping wheels try to write outside the folder
@@ -49,6 +51,17 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
         house, "wkt-compiled", "2.0", {"wkt_compiled.py": ""}, tag=f"cp315-cp315-{host_platform}"
     )
     make_wheel(house, "wkt-oldnumpy", files={"wkt_oldnumpy.py": ""}, requires=("numpy<2",))
+    make_wheel(
+        house,
+        "wkt-marked",
+        files={"wkt_marked.py": ""},
+        requires=(
+            'wkt-wasi-only; sys_platform == "wasi"',
+            'wkt-absent; sys_platform != "wasi"',  # not in the wheelhouse: must not be needed
+            'wkt-old-python; python_version < "3.12"',
+        ),
+    )
+    make_wheel(house, "wkt-wasi-only", files={"wkt_wasi_only.py": ""})
     for version in ("1.0", "2.0"):
         make_wheel(house, "wkt-up", version, {f"wkt_up/v{version[0]}.py": ""})
     make_wheel(house, "wkt-clash", files={"wkt_dep.py": "X = 'not the real one'\n"})
@@ -290,6 +303,19 @@ def test_requirements_file_list_show_uninstall(
     assert "wkt_listed.py" not in installed_files(packaged)
     assert "wkt-listed" not in ok(packaged.execute("%pip list")).stream_text()
     assert "Skipping wkt-listed" in ok(packaged.execute("%pip uninstall wkt-listed")).stream_text()
+
+
+def test_dependencies_are_chosen_for_the_guest_platform(packaged: Kernel) -> None:
+    """Environment markers are evaluated as the guest evaluates them, not as the host does."""
+    guest = plain(
+        ok(packaged.execute("from packaging.markers import default_environment as d; d()"))
+    )
+    run = ok(packaged.execute("%pip install wkt-marked"))
+    assert "wkt-wasi-only-1.0" in run.stream_text(), run.stream_text()
+    shown = ok(packaged.execute("%pip show wkt-marked")).stream_text()
+    requires = next(line for line in shown.splitlines() if line.startswith("Requires:"))
+    assert requires == "Requires: wkt-wasi-only"
+    assert guest_markers(guest["python_full_version"]) == guest  # what the host tells pip
 
 
 def test_upgrade_replaces_the_installed_version(packaged: Kernel) -> None:

@@ -361,6 +361,7 @@ class WasmKernel(Kernel):
             self.runtime.stdlib.path,
             self.runtime.stdlib_guest_path,
             WheelCache(wheels),
+            self.runtime.python_version,
         )
 
     def run_pip(self, message: dict, interrupts: Interrupts) -> dict:

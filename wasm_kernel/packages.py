@@ -38,16 +38,22 @@ from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from .mounts import Mount
-from .wheels import Distribution, PackageError, Wheel, WheelFolder, parse_metadata
+from .wheels import (
+    Distribution,
+    PackageError,
+    Wheel,
+    WheelFolder,
+    guest_markers,
+    parse_metadata,
+)
 
 GUEST_FOLDER = "/usr/local/packages"  # where the guest sees this kernel's packages
 OFF, INDEX = "off", "index"
-PYTHON_VERSION = "3.15"
-# What pip may pick: wheels for any Python 3 that need no particular interpreter, ABI or
-# platform (py3-none-any, py2.py3-none-any, py315-none-any ...), or pure ones built for WASI.
+# What pip may pick (with --python-version): wheels for any Python 3 that need no particular
+# interpreter, ABI or platform (py3-none-any, py2.py3-none-any, py315-none-any ...), or pure
+# ones built for WASI.
 TARGET_OPTIONS = [
     "--only-binary=:all:",
-    f"--python-version={PYTHON_VERSION}",
     "--implementation=py",
     "--abi=none",
     "--platform=any",
@@ -57,8 +63,13 @@ MAX_REQUESTS = 100  # requirement strings per %pip command
 MAX_REQUEST_TEXT = 200  # characters per requirement string
 MAX_REPORT = 64 << 20  # bytes of pip's resolution report read
 MAX_PIP_ERRORS = 4000  # characters of pip's error lines passed on
+# pip evaluates dependencies' environment markers for the interpreter it runs on; it must
+# evaluate them for the guest (sys_platform "wasi", its Python version), so the boot code
+# replaces the one function its vendored packaging asks.
 PIP_BOOT = (
-    "import sys; sys.path += sys.argv[1:3]; del sys.argv[1:3];"
+    "import json, sys; sys.path += sys.argv[1:3]; markers = json.loads(sys.argv[3]);"
+    " del sys.argv[1:4]; import pip._vendor.packaging.markers as m;"
+    " m.default_environment = lambda: dict(markers);"
     " from pip._internal.cli.main import main; sys.exit(main())"
 )
 NOT_FOUND = re.compile(
@@ -160,9 +171,17 @@ class Pip:
     imports nothing but itself; it finds installed distributions only in the stub folder.
     """
 
-    def __init__(self, source: Source, work: Path, cancelled: Callable[[float], bool]):
+    def __init__(
+        self,
+        source: Source,
+        work: Path,
+        markers: dict[str, str],
+        cancelled: Callable[[float], bool],
+    ):
         self.source = source
         self.work = work
+        self.markers = markers
+        self.python_option = f"--python-version={markers['python_version']}"
         self.cancelled = cancelled  # waits up to N seconds; True if the user interrupted
         self.stubs = work / "installed"
         pip_spec = importlib.util.find_spec("pip")
@@ -191,6 +210,7 @@ class Pip:
             PIP_BOOT,
             str(self.stubs),
             str(self.pip_home),
+            json.dumps(self.markers),
             *arguments,
         ]
         environment = dict(os.environ, PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
@@ -217,21 +237,23 @@ class Pip:
         return process.returncode, text
 
     def resolve(self, requirements: list[str], upgrade: bool, report: Path) -> tuple[int, str]:
-        options = ["install", "--dry-run", "--quiet", f"--report={report}", *TARGET_OPTIONS]
+        options = ["install", "--dry-run", "--quiet", f"--report={report}", self.python_option]
+        options += TARGET_OPTIONS
         if upgrade:
             options.append("--upgrade")
         return self.run([*options, *self.source.pip_options, "--", *requirements])
 
     def resolve_for_host_platform(self, requirement: str, report: Path) -> int:
-        """Whether ``requirement`` has wheels for CPython 3.15 on this machine: to tell a
-        compiled-only package from a missing one."""
+        """Whether ``requirement`` has wheels for the guest's CPython version on this
+        machine's platform: to tell a compiled-only package from a missing one."""
         options = ["install", "--dry-run", "--quiet", "--ignore-installed", "--no-deps"]
         options += [f"--report={report}", "--only-binary=:all:"]
-        options.append(f"--python-version={PYTHON_VERSION}")
+        options.append(self.python_option)
         return self.run([*options, *self.source.pip_options, "--", requirement])[0]
 
     def download(self, pins: list[str], folder: Path) -> tuple[int, str]:
-        options = ["download", "--quiet", "--no-deps", f"--dest={folder}", *TARGET_OPTIONS]
+        options = ["download", "--quiet", "--no-deps", f"--dest={folder}", self.python_option]
+        options += TARGET_OPTIONS
         return self.run([*options, *self.source.pip_options, "--", *pins])
 
 
@@ -301,8 +323,10 @@ class Packages:
         stdlib_zip: Path,
         shipped_location: str,
         cache: WheelCache,
+        python_version: str,
     ):
         self.source = source
+        self.markers = guest_markers(python_version)
         self.cache = cache
         self._stdlib_zip, self._shipped_location = stdlib_zip, shipped_location
         self._shipped: dict[str, Distribution] | None = None
@@ -376,8 +400,7 @@ class Packages:
             )
         return "\n---\n".join(found)
 
-    @staticmethod
-    def _shown(dist: Distribution, everything: dict[str, Distribution]) -> str:
+    def _shown(self, dist: Distribution, everything: dict[str, Distribution]) -> str:
         """One distribution as ``pip show`` prints it."""
         meta = dist.metadata
         homepage = meta.get("Home-page", "")
@@ -392,7 +415,7 @@ class Packages:
             (
                 other.name
                 for other in everything.values()
-                if dist.key in {canonicalize_name(name) for name in other.requires}
+                if dist.key in {canonicalize_name(name) for name in other.requires(self.markers)}
             ),
             key=str.lower,
         )
@@ -406,7 +429,7 @@ class Packages:
                 f"Author-email: {meta.get('Author-email', '')}",
                 license_line,
                 f"Location: {dist.location}",
-                f"Requires: {', '.join(dist.requires)}",
+                f"Requires: {', '.join(dist.requires(self.markers))}",
                 f"Required-by: {', '.join(required_by)}",
             ]
         )
@@ -465,7 +488,7 @@ class Packages:
                 wanted.append(requirement_text(requirement))
         if wanted:
             with tempfile.TemporaryDirectory(prefix="pip-", dir=self.root) as work:
-                pip = Pip(self.source, Path(work), cancelled)
+                pip = Pip(self.source, Path(work), self.markers, cancelled)
                 pip.write_stubs(self._all().values())
                 plan = self._resolve(pip, wanted, upgrade)
                 wheels = self._fetch(pip, plan)

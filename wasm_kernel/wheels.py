@@ -44,18 +44,6 @@ RATIO_FREE = 1 << 20  # ...once it is past this size
 MAX_METADATA = 4 << 20  # bytes of METADATA, WHEEL or RECORD read
 CHUNK = 1 << 16
 REGULAR, FOLDER = 0o100000, 0o040000
-# environment markers as the guest would evaluate them (no extra asked for)
-GUEST_MARKERS = {
-    "extra": "",
-    "python_version": "3.15",
-    "python_full_version": "3.15.0",
-    "implementation_name": "cpython",
-    "platform_python_implementation": "CPython",
-    "sys_platform": "wasi",
-    "platform_system": "",
-    "platform_machine": "wasm32",
-    "os_name": "posix",
-}
 
 
 class PackageError(Exception):
@@ -81,19 +69,38 @@ class Distribution:
     def tops(self) -> set[str]:
         return {path.split("/", 1)[0] for path in self.files}
 
-    @property
-    def requires(self) -> list[str]:
-        """Names this distribution needs in the guest (extras' needs left out), as pip show
-        lists them."""
+    def requires(self, markers: dict[str, str]) -> list[str]:
+        """Names this distribution needs where ``markers`` hold (extras' needs left out), as
+        pip show lists them."""
         names = set()
         for text in self.metadata.get_all("Requires-Dist") or []:
             try:
                 requirement = Requirement(text)
-                if requirement.marker is None or requirement.marker.evaluate(GUEST_MARKERS):
+                if requirement.marker is None or requirement.marker.evaluate(
+                    {**markers, "extra": ""}
+                ):
                     names.add(requirement.name)
             except (InvalidRequirement, UndefinedComparison, UndefinedEnvironmentName):
                 continue
         return sorted(names, key=str.lower)
+
+
+def guest_markers(python_version: str) -> dict[str, str]:
+    """Environment markers as the guest evaluates them (``packaging.markers.
+    default_environment()`` inside the runtime), for its Python version."""
+    return {
+        "implementation_name": "cpython",
+        "implementation_version": python_version,
+        "os_name": "posix",
+        "platform_machine": "wasm32",
+        "platform_release": "0.0.0",
+        "platform_system": "wasi",
+        "platform_version": "0.0.0",
+        "python_full_version": python_version,
+        "platform_python_implementation": "CPython",
+        "python_version": ".".join(python_version.split(".")[:2]),
+        "sys_platform": "wasi",
+    }
 
 
 def parse_metadata(data: bytes, what: str) -> Message:

@@ -76,6 +76,9 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
         extra=(symlink_member("wkt_link_pw", "/etc/passwd"),),
     )
     make_wheel(house, "wkt-bomb", files={"wkt_bomb.py": "", "wkt_bomb.bin": bytes(64 << 20)})
+    make_wheel(
+        house, "wkt-needs-hostile", files={"wkt_needs_hostile.py": ""}, requires=("wkt-record",)
+    )
     make_wheel(house, "wkt-collide", files={"wkt_collide": "x", "wkt_collide/x.py": ""})
     make_wheel(house, "wkt-future", files={"wkt_future.py": ""}, wheel_version="2.0")
     make_wheel(house, "wkt-record", files={"wkt_record.py": "X = 1\n"}, lie_in_record=True)
@@ -186,6 +189,7 @@ def test_source_distributions_are_never_built(
         ("wkt-link", "link or special file"),
         ("wkt-bomb", "compressed more than"),
         ("wkt-record", "RECORD does not match"),
+        ("wkt-needs-hostile", "RECORD does not match"),  # nothing of it lands either
         ("wkt-collide", "cannot be unpacked"),
         ("wkt-future", "Wheel-Version"),
         ("wkt-badmeta", "wkt-badmeta"),  # refused by pip's own check or ours

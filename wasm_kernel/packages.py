@@ -492,10 +492,9 @@ class Packages:
                 pip.write_stubs(self._all().values())
                 plan = self._resolve(pip, wanted, upgrade)
                 wheels = self._fetch(pip, plan)
-                done = []
+                done = self.folder.install(wheels)
                 for wheel in wheels:
-                    done.append(self.folder.install(wheel, self.folder.installed.get(wheel.name)))
-                    if wheel.path.is_relative_to(pip.work):  # downloaded, and it installs
+                    if wheel.path.is_relative_to(pip.work):  # downloaded, and it installed
                         self.cache.put(wheel.path, wheel.sha256)
             if done:
                 names = " ".join(f"{dist.name}-{dist.version}" for dist in done)

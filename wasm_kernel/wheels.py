@@ -197,27 +197,50 @@ class WheelFolder:
                 return dist
         return None
 
-    def install(self, wheel: Wheel, replacing: Distribution | None) -> Distribution:
-        """Unpack ``wheel`` into a staging folder, check everything, then move it in."""
-        wheel.check_tags()
+    def install(self, wheels: list[Wheel]) -> list[Distribution]:
+        """Unpack each wheel into a staging folder and check it; only when all pass do they
+        move in (replacing their earlier versions), so a refused one leaves nothing installed."""
         staging = Path(tempfile.mkdtemp(prefix="staging-", dir=self.root))
         try:
-            dist = self._unpack(wheel, staging, freed=replacing.size if replacing else 0)
-            for top in sorted(dist.tops):
-                owner = self.owner(top)
-                if owner is not None and owner is not replacing:
-                    raise PackageError(
-                        f"{wheel.name} {wheel.version} would overwrite {top!r}, which belongs to"
-                        f" {owner.name} {owner.version}"
-                    )
-            if replacing is not None:
-                self.remove(replacing)
-            for top in sorted(dist.tops):
-                os.rename(staging / top, self.site / top)
+            staged: list[tuple[Distribution, Path]] = []
+            room = self.quota - self.used
+            for index, wheel in enumerate(wheels):
+                wheel.check_tags()
+                replacing = self.installed.get(wheel.name)
+                room += replacing.size if replacing else 0
+                folder = staging / str(index)
+                folder.mkdir()
+                dist = self._unpack(wheel, folder, room)
+                room -= dist.size
+                staged.append((dist, folder))
+            self._check_owners([dist for dist, _ in staged])
+            for dist, folder in staged:
+                replacing = self.installed.get(dist.key)
+                if replacing is not None:
+                    self.remove(replacing)
+                for top in sorted(dist.tops):
+                    os.rename(folder / top, self.site / top)
+                self.installed[dist.key] = dist
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        self.installed[dist.key] = dist
-        return dist
+        return [dist for dist, _ in staged]
+
+    def _check_owners(self, incoming: list[Distribution]) -> None:
+        """No file or folder may belong to two packages, installed or incoming."""
+        replaced = {dist.key for dist in incoming}
+        claimed: dict[str, Distribution] = {}
+        for dist in incoming:
+            for top in sorted(dist.tops):
+                owner = claimed.get(top)
+                installed = self.owner(top)
+                if owner is None and installed is not None and installed.key not in replaced:
+                    owner = installed
+                if owner is not None and owner is not dist:
+                    raise PackageError(
+                        f"{dist.name} {dist.version} would overwrite {top!r}, which belongs to"
+                        f" {owner.name} {owner.version}"
+                    )
+                claimed[top] = dist
 
     def remove(self, dist: Distribution) -> None:
         for top in dist.tops:
@@ -228,14 +251,14 @@ class WheelFolder:
                 target.unlink(missing_ok=True)
         self.installed.pop(dist.key, None)
 
-    def _unpack(self, wheel: Wheel, staging: Path, freed: int) -> Distribution:
+    def _unpack(self, wheel: Wheel, staging: Path, room: int) -> Distribution:
         stem = wheel.path.name
         try:
             archive = zipfile.ZipFile(wheel.path)
         except (zipfile.BadZipFile, OSError) as exc:
             raise PackageError(f"{stem} is not a valid wheel: {exc}") from None
         with archive:
-            members = self._checked_members(archive, wheel, self.quota - self.used + freed)
+            members = self._checked_members(archive, wheel, room)
             info_dir = self._info_dir(members, wheel)
             metadata = parse_metadata(self._read(archive, f"{info_dir}/METADATA"), "METADATA")
             self._check_metadata(metadata, wheel)

@@ -339,14 +339,6 @@ def test_capture_also_captures_last_expression(kernel: Kernel) -> None:
 # -- packages and processes -----------------------------------------------------------------------
 
 
-def test_pip_install_is_usage_error_listing_shipped_packages(kernel: Kernel) -> None:
-    """`%pip install` cannot work offline: UsageError naming what the runtime ships."""
-    err = error_of(kernel.execute("%pip install some-package"))
-    assert err["ename"] == "UsageError"
-    assert "cannot be installed" in err["evalue"]
-    assert "numpy" in err["evalue"] and "pandas" in err["evalue"]
-
-
 def test_pip_list_shows_shipped_versions(kernel: Kernel) -> None:
     """`%pip list` prints a Package/Version table whose versions are the importable ones."""
     text = ok(kernel.execute("%pip list")).stream_text()

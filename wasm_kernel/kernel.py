@@ -36,6 +36,7 @@ from .active_output import ActiveOutput
 from .cache import RuntimeCache
 from .history import History
 from .mounts import SCRATCH, Mount, MountError, guest_cwd, holds_home, parse_mounts
+from .packages import GUEST_FOLDER, INDEX, OFF, Cancelled, Packages, Source, WheelCache
 from .profiles import DEFAULT_PROFILE, PROFILES
 from .runtime import DEFAULT_RUNTIME, Runtime, RuntimeUnavailable, load_runtime
 from .sandbox import CellStopped, Interrupts, Limits, Sandbox, memory_limit_text
@@ -47,16 +48,19 @@ from .settings import (
     MIN_FUEL,
     MIN_MEMORY,
     MIN_OUTPUT,
+    MIN_PACKAGES_QUOTA,
     MIN_SCRATCH,
     MIN_SECONDS,
     CheckedBool,
     CheckedEnum,
     InvalidSettings,
     Limit,
+    PackageSource,
     Text,
     config_source,
     describe_refusal,
 )
+from .wheels import PackageError
 
 ENV_PREFIX = "WASM_KERNEL_"
 INPUT_POLL = 0.05  # seconds between checks for an input_reply or an interrupt
@@ -208,6 +212,20 @@ class WasmKernel(Kernel):
         " it, with a notice; 'allow' passes it on, so a cell can act in the user's browser with"
         " the server's credentials. Default: the profile's. Env: WASM_KERNEL_ACTIVE_OUTPUT.",
     ).tag(config=True)
+    packages = PackageSource(
+        help="Where %pip install takes packages from: 'index' (the package index the host's pip"
+        " is configured for), 'off', or the path of a folder of wheels (a wheelhouse). Only"
+        " pure-Python wheels are taken, never built; the runtime's own packages cannot be"
+        " replaced. Default: the profile's. Env: WASM_KERNEL_PACKAGES.",
+    ).tag(config=True)
+    packages_quota = Limit(
+        integer=True,
+        low=MIN_PACKAGES_QUOTA,
+        high=INT64_MAX,
+        unit="bytes",
+        help="Bytes of unpacked packages one kernel may install with %pip."
+        " Env: WASM_KERNEL_PACKAGES_QUOTA.",
+    ).tag(config=True)
     runtime_name = Text(DEFAULT_RUNTIME, help="Runtime manifest to load.").tag(config=True)
     cache_dir = Text(
         help="Folder of compiled runtimes. Env: WASM_KERNEL_CACHE_DIR; default: the per-user"
@@ -229,6 +247,8 @@ class WasmKernel(Kernel):
     _interrupt_grace_default = _env_default("interrupt_grace", 1.0)
     _rollback_default = _env_default("rollback", True)
     _active_output_default = _env_default("active_output", _from_profile("active_output"))
+    _packages_default = _env_default("packages", _from_profile("packages"))
+    _packages_quota_default = _env_default("packages_quota", _from_profile("packages_quota"))
     _history_file_default = _env_default("history_file", DEFAULT_HISTORY_FILE)
 
     def __init__(self, **kwargs: Any):
@@ -267,10 +287,12 @@ class WasmKernel(Kernel):
         self._withheld_told = False  # said once, on the first cell's stderr
         try:
             specs = [] if self.withheld else self.mounts
-            self.granted = parse_mounts(specs, here, reserved=(self.runtime.lib_guest_dir,))
+            reserved = (self.runtime.lib_guest_dir, GUEST_FOLDER)
+            self.granted = parse_mounts(specs, here, reserved=reserved)
             self.start_dir = guest_cwd(self.granted, here, self.working_dir)
         except MountError as exc:
             self._mount_error = exc  # reported by every cell; the kernel itself stays up
+        self.package_set = self._package_set()
         self._interrupt_relay = InterruptRelay(self._interrupt_sandbox)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wasm-kernel-guest")
         self._boot_stage = "starting"
@@ -326,6 +348,46 @@ class WasmKernel(Kernel):
             " folder, or mount one with --WasmKernel.mounts."
         )
 
+    def _package_set(self) -> Packages | None:
+        """This kernel's %pip packages (None with invalid settings: no sandbox starts)."""
+        if self._settings_error is not None:
+            return None
+        source = None
+        if self.packages != OFF:
+            source = Source(None if self.packages == INDEX else Path(self.packages))
+        wheels = Path(platformdirs.user_cache_dir("wasm-kernel")) / "wheels"  # per user
+        return Packages(
+            source,
+            self.packages_quota,
+            self.runtime.stdlib.path,
+            self.runtime.stdlib_guest_path,
+            WheelCache(wheels),
+            self.runtime.python_version,
+        )
+
+    def run_pip(self, message: dict, interrupts: Interrupts) -> dict:
+        """A %pip command from the guest, run while its cell waits (the cell's time limit is
+        paused, see Sandbox); an interrupt kills pip and the cell gets KeyboardInterrupt."""
+        if self.package_set is None:
+            return {"error": "packages are not available: the kernel has invalid settings"}
+
+        def cancelled(seconds: float) -> bool:
+            interrupts.wait(seconds)
+            return interrupts.take()
+
+        try:
+            text = self.package_set.run(
+                message["command"], message["args"], message["upgrade"], cancelled
+            )
+        except Cancelled:
+            return {"error": "interrupted"}
+        except PackageError as exc:
+            return {"error": str(exc)}
+        except OSError as exc:
+            self.log.exception("%pip failed")
+            return {"error": f"the host could not complete this: {exc.strerror or exc}"}
+        return {"text": text}
+
     # -- sandbox start-up ---------------------------------------------------------------------
 
     def _start_sandbox(self) -> Sandbox:
@@ -341,8 +403,17 @@ class WasmKernel(Kernel):
 
         compiled = cache.load(self.runtime, progress=stage)
         self._boot_stage = "starting the interpreter"
+        mounts, paths = list(self.granted), []
+        if self.package_set is not None and self.package_set.source is not None:
+            mounts.append(self.package_set.mount)
+            paths.append(GUEST_FOLDER)
         return Sandbox(
-            compiled, self.limits, rollback=self.rollback, mounts=self.granted, cwd=self.start_dir
+            compiled,
+            self.limits,
+            rollback=self.rollback,
+            mounts=mounts,
+            cwd=self.start_dir,
+            import_paths=paths,
         )
 
     async def _sandbox(self, notify: Any) -> Sandbox:
@@ -413,6 +484,7 @@ class WasmKernel(Kernel):
             f"Per cell: fuel {limits.fuel:,},"
             f" {f'time {limits.seconds:.10g} s' if limits.seconds else 'no time limit'},"
             f" memory {_size(limits.memory)}, output {_size(limits.output)}\n"
+            f"Packages: {self.package_set.describe() if self.package_set else 'off'}\n"
             "No host environment, network or processes."
         )
 
@@ -640,6 +712,8 @@ class WasmKernel(Kernel):
             sandbox.compiled.close()
         self._worker.shutdown(wait=False, cancel_futures=True)
         self.history.close()
+        if self.package_set is not None:
+            self.package_set.close()
         return {"status": "ok", "restart": restart}
 
 
@@ -806,6 +880,8 @@ class CellHost:
             return self._input(message["prompt"], message["password"], interrupts)
         elif op == "describe":
             return {"text": self.kernel.describe_sandbox()}
+        elif op == "pip":
+            return self.kernel.run_pip(message, interrupts)
         return {}
 
     def _record_error(

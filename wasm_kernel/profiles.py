@@ -21,6 +21,8 @@ class Profile:
     output_limit: int
     scratch_limit: int
     active_output: str  # "block" or "allow": see WasmKernel.active_output
+    packages: str  # "index", "off" or a wheelhouse folder: see WasmKernel.packages
+    packages_quota: int  # bytes of packages one kernel may install
     kernel_suffix: str  # appended to the kernelspec name and display name
 
 
@@ -30,7 +32,8 @@ PROFILES = {
         Profile(
             name="notebook",
             summary="the notebook's folder is readable at /notebook, where cells start"
-            " (unless it is the home folder); writes go to the private scratch folder /tmp",
+            " (unless it is the home folder); writes go to the private scratch folder /tmp;"
+            " %pip installs pure-Python wheels from the index the host's pip uses",
             mounts=(".:/notebook:ro",),
             fuel=5_000_000_000_000,
             time_limit=600.0,
@@ -38,12 +41,14 @@ PROFILES = {
             output_limit=10 << 20,
             scratch_limit=1 << 30,
             active_output="block",
+            packages="index",
+            packages_quota=1 << 30,
             kernel_suffix="",
         ),
         Profile(
             name="strict",
             summary="no host folder, only the private scratch folder /tmp, and small fuel,"
-            " time, memory and output budgets",
+            " time, memory and output budgets, no %pip install",
             mounts=(),
             fuel=300_000_000_000,
             time_limit=60.0,
@@ -51,6 +56,8 @@ PROFILES = {
             output_limit=1 << 20,
             scratch_limit=64 << 20,
             active_output="block",
+            packages="off",  # an operator may grant a wheelhouse folder
+            packages_quota=256 << 20,
             kernel_suffix="strict",
         ),
     )

@@ -146,6 +146,24 @@ def _describe(_message: dict) -> dict:
     return {"op": "describe"}
 
 
+PIP_COMMANDS = ("install", "uninstall", "list", "show")
+MAX_PIP_ARGS = 1000
+
+
+def _pip(message: dict) -> dict:
+    """A %pip command: the host checks each argument again (packages.parse_requests)."""
+    command, args, upgrade = message.get("command"), message.get("args"), message.get("upgrade")
+    _check(command in PIP_COMMANDS, "command must be install, uninstall, list or show")
+    _check(
+        isinstance(args, list)
+        and len(args) <= MAX_PIP_ARGS
+        and all(isinstance(arg, str) and len(arg) <= 1000 for arg in args),
+        "args must be a list of short strings",
+    )
+    _check(isinstance(upgrade, bool), "upgrade must be a boolean")
+    return {"op": "pip", "command": command, "args": args, "upgrade": upgrade}
+
+
 _VALIDATORS = {
     "display": _display,
     "result": _display,
@@ -155,4 +173,5 @@ _VALIDATORS = {
     "sleep": _sleep,
     "reply": _reply,
     "describe": _describe,
+    "pip": _pip,
 }

@@ -259,10 +259,12 @@ class Sandbox:
         rollback: bool = True,
         mounts: Sequence[Mount] = (),
         cwd: str = SCRATCH,
+        import_paths: Sequence[str] = (),
     ):
         self.compiled = compiled
         self.limits = limits
         self.mounts = tuple(mounts)
+        self.import_paths = tuple(import_paths)  # guest folders appended to sys.path at boot
         self.cwd = cwd
         self.rollback = rollback and compiled.runtime.restorable
         self.interrupts = Interrupts(compiled.engine)
@@ -382,11 +384,11 @@ class Sandbox:
             named = {export.name: exports[export.name] for export in self.compiled.module.exports}
             self._state = GuestState(self._memory, named)
 
-    @staticmethod
-    def _boot_source() -> str:
+    def _boot_source(self) -> str:
         """The turn that (re)installs the guest module: used at start and to repair it."""
         return (
             "import sys as _sys, types as _types\n"
+            f"_sys.path += [p for p in {list(self.import_paths)!r} if p not in _sys.path]\n"
             f"_module = _types.ModuleType({GUEST_MODULE!r})\n"
             f"exec(compile({bootstrap_source()!r}, {GUEST_FILE!r}, 'exec'), _module.__dict__)\n"
             f"_sys.modules[{GUEST_MODULE!r}] = _module\n"
@@ -785,7 +787,7 @@ class Sandbox:
         if host is None:
             return {}
         self._output.flush()  # keep printed text ahead of what the message shows
-        if op == "input":  # the time a person takes to answer is not the cell's
+        if op in ("input", "pip"):  # a person answering, or pip on the host: not the cell's time
             with self._watchdog.paused(self._deadline):
                 return host.message(message, self.interrupts)
         return host.message(message, self.interrupts)

@@ -14,6 +14,7 @@ file), which is how people write large budgets; the value must still be whole an
 from __future__ import annotations
 
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Any
 
 from traitlets import Bool, Enum, TraitError, TraitType, Unicode
@@ -28,6 +29,7 @@ MIN_MEMORY = 64 << 20
 MAX_MEMORY = 4 << 30
 MIN_OUTPUT = 1000  # bytes: a traceback line; smaller is a unit slip (MiB meant), not a budget
 MIN_SCRATCH = 1 << 20
+MIN_PACKAGES_QUOTA = 1 << 20  # smaller holds no real package: a unit slip (MiB meant)
 MIN_SECONDS = 0.1  # shorter is a unit slip (milliseconds meant), not a cell budget
 MAX_SECONDS = 30 * 24 * 3600.0  # 30 days; deadlines beyond are a mistake, use 0 for none
 MAX_GRACE = 3600.0
@@ -165,6 +167,35 @@ class CheckedEnum(LastWins, Enum):
             return value
         choices = ", ".join(repr(choice) for choice in choices)
         raise TraitError(f"{self.name} must be one of {choices}")
+
+
+class PackageSource(LastWins, TraitType[str, str]):
+    """Where %pip takes packages from: ``index`` (the index the host's pip is configured for),
+    ``off``, or an existing folder of wheels (a wheelhouse), read as an absolute path."""
+
+    info_text = "'index', 'off' or the path of an existing folder of wheels"
+
+    def from_string(self, s: str) -> str:
+        return s  # read by validate, so a bad argv value is reported, not fatal
+
+    def validate(self, obj: Any, value: Any) -> str:
+        if isinstance(value, str) and value.strip() in ("index", "off"):
+            return value.strip()
+        if isinstance(value, str) and value.strip():
+            folder = Path(value.strip()).expanduser()
+            try:
+                folder = folder.resolve(strict=True)
+            except (OSError, RuntimeError):
+                raise TraitError(
+                    f"{self.name} must be {self.info_text}; the folder {value!r} is missing"
+                ) from None
+            if folder.is_dir():
+                return str(folder)
+            raise TraitError(f"{self.name} must be {self.info_text}; {value!r} is not a folder")
+        raise TraitError(f"{self.name} must be {self.info_text}")
+
+    def default_value_repr(self) -> str:
+        return "the profile's"
 
 
 def describe_refusal(name: str, value: Any, source: str, reason: str) -> str:

@@ -36,6 +36,8 @@ BAD = {
     "rollback": ("maybe", "'maybe'", "true or false"),
     "profile": ("lax", "'lax'", "one of 'notebook', 'strict'"),
     "active_output": ("sometimes", "['block']", "one of 'block', 'allow'"),
+    "packages": ("/no/such/wheelhouse", "['index']", "'index', 'off' or the path of an existing"),
+    "packages_quota": ("10", "-1", "an integer (bytes) from 1,048,576 (1 MiB) to"),
 }
 SOURCE_TEXT = {
     "argv": "the kernel's command line",

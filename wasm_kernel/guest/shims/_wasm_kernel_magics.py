@@ -1,8 +1,7 @@
 """The IPython magics notebook users type most, implemented for the sandbox.
 
-Imported on the first magic of a session. Anything that would start a process or install
-packages (``%pip``, ``!cmd``, ``%%bash`` ...) ends in a clear error saying why and what the
-runtime already ships.
+Imported on the first magic of a session. Anything that would start a process (``!cmd``,
+``%%bash`` ...) ends in a clear error saying why; ``%pip`` asks the host for packages.
 """
 
 import os
@@ -43,13 +42,6 @@ def _run_body(shell, cell):
 # -- processes and packages: not in the sandbox ------------------------------------------------
 
 
-def _shipped_packages():
-    import importlib.metadata
-
-    found = {(dist.metadata["Name"], dist.version) for dist in importlib.metadata.distributions()}
-    return sorted(found, key=lambda item: item[0].lower())
-
-
 def no_processes(what):
     raise UsageError(
         f"{what}: this kernel runs Python in a WebAssembly sandbox, which cannot start"
@@ -59,26 +51,42 @@ def no_processes(what):
 
 
 def pip_magic(shell, line):
-    args = line.split()
-    if args[:1] == ["list"]:
-        packages = _shipped_packages()
-        width = max(len(name) for name, _ in packages)
-        print(f"{'Package':<{width}} Version")
-        print(f"{'-' * width} -------")
-        for name, version in packages:
-            print(f"{name:<{width}} {version}")
-        return
-    names = ", ".join(name for name, _ in _shipped_packages())
-    raise UsageError(
-        f"%pip {line}".rstrip() + ": packages cannot be installed in this sandbox (no network,"
-        " no processes). The runtime ships: " + names + ". `%pip list` shows versions."
-    )
+    """%pip install/uninstall/list/show: the host's pip does the work; this sends names only."""
+    import importlib
+    import shlex
+
+    import _wasm_kernel
+
+    words, args, upgrade = shlex.split(line), [], False
+    command = words.pop(0) if words else ""
+    if command not in ("install", "uninstall", "list", "show"):
+        raise UsageError(f"%pip {command}: the commands here are install, uninstall, list, show")
+    while words:
+        word = words.pop(0)
+        if word in ("-r", "--requirement") and words:
+            with open(words.pop(0)) as requirements:  # the guest's file; the host gets names
+                args += [
+                    text for text in (row.split("#")[0].strip() for row in requirements) if text
+                ]
+        elif word in ("-U", "--upgrade"):
+            upgrade = True
+        elif word not in ("-y", "--yes", "-q", "--quiet"):
+            args.append(word)
+    reply = _wasm_kernel.call_host("pip", command=command, args=args, upgrade=upgrade)
+    importlib.invalidate_caches()
+    if reply.get("error") == "interrupted":
+        raise KeyboardInterrupt
+    if reply.get("text"):
+        print(reply["text"])
+    if reply.get("error"):
+        raise UsageError(reply["error"])
 
 
 def conda_magic(shell, line):
     raise UsageError(
-        "%conda: packages cannot be installed in this sandbox (no network, no processes)."
-        " `%pip list` shows what the runtime ships."
+        "%conda: conda cannot run in this sandbox (no processes); %pip install takes"
+        " pure-Python packages where the kernel allows it. `%pip list` shows what the runtime"
+        " ships."
     )
 
 
@@ -289,6 +297,7 @@ def matplotlib_magic(shell, line):
             " sent to the notebook as images); there is no GUI to draw on."
         )
     import matplotlib
+
     from matplotlib_inline import sandbox_backend
 
     matplotlib.use(sandbox_backend.NAME)

@@ -42,7 +42,8 @@ def make_wheel(
         + "".join(f"Requires-Dist: {requirement}\n" for requirement in requires)
     ).encode()
     members[f"{info}/WHEEL"] = (
-        f"Wheel-Version: {wheel_version}\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n".encode()
+        f"Wheel-Version: {wheel_version}\nGenerator: test\nRoot-Is-Purelib: true\n"
+        f"Tag: {tag}\n".encode()
     )
     rows = [f"{path},{_record_hash(data)},{len(data)}" for path, data in members.items()]
     rows += [f"{item.filename},{_record_hash(data)},{len(data)}" for item, data in extra]

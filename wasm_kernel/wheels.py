@@ -108,7 +108,7 @@ def parse_metadata(data: bytes, what: str) -> Message:
         raise PackageError(f"{what} is larger than {MAX_METADATA >> 20} MiB")
     try:
         return BytesParser().parsebytes(data)
-    except Exception as exc:  # noqa: BLE001 - any parser failure is a malformed file
+    except Exception as exc:  # any parser failure is a malformed file
         raise PackageError(f"{what} cannot be read: {exc}") from None
 
 

@@ -275,9 +275,7 @@ class _Base:
         self.profile = profile
         self.kernel_name = kernel_name or kernelspec_name(PROFILES[profile], KERNEL_NAME)
         self.settings = dict(settings)
-        self._launch: dict[str, Any] = {
-            "extra_arguments": kernel_arguments(profile, self.settings)
-        }
+        self._launch: dict[str, Any] = {"extra_arguments": kernel_arguments(profile, self.settings)}
         if cwd is not None:
             self._launch["cwd"] = str(cwd)
         if env is not None:

@@ -166,9 +166,8 @@ def test_reset_gives_a_fresh_interpreter_and_scratch_folder(strict: Session) -> 
     ],
 )
 def test_refused_settings_fail_the_start_with_the_reason(settings: dict, reason: str) -> None:
-    with pytest.raises(SessionError, match=reason):
-        with Session(profile="strict", **settings):
-            pass
+    with pytest.raises(SessionError, match=reason), Session(profile="strict", **settings):
+        pass
 
 
 def test_settings_reach_the_kernel(tmp_path) -> None:

@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from jupyter_client.manager import AsyncKernelManager, KernelManager
 
@@ -139,8 +139,9 @@ class _Collector:
         if kind == "stream" and content.get("name") in ("stdout", "stderr"):
             name, text = content["name"], str(content.get("text", ""))
             setattr(execution, name, getattr(execution, name) + text)
-            if self.callbacks[name] is not None:
-                self.callbacks[name](text)
+            callback = self.callbacks[name]
+            if callback is not None:
+                callback(text)
         elif kind in ("display_data", "execute_result") and isinstance(content.get("data"), dict):
             execution.results.append(content["data"])
             if self.on_result is not None:
@@ -196,9 +197,9 @@ def _size_expression(guest_path: str) -> str:
 
 def _read_expression(guest_path: str, offset: int, length: int) -> str:
     return (
-        "(lambda f: (f.seek({offset}), __import__('base64').b64encode(f.read({length})).decode(),"
-        " f.close())[1])(__import__('io').open({path!r}, 'rb'))"
-    ).format(path=guest_path, offset=offset, length=length)
+        f"(lambda f: (f.seek({offset}), __import__('base64').b64encode(f.read({length})).decode(),"
+        f" f.close())[1])(__import__('io').open({guest_path!r}, 'rb'))"
+    )
 
 
 def _list_expression(guest_path: str) -> str:
@@ -295,7 +296,7 @@ class Session(_Base):
     their ranges, and the session then fails to start with the kernel's explanation.
     """
 
-    def __enter__(self) -> Session:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -451,7 +452,7 @@ class AsyncSession(_Base):
     """``Session`` on jupyter_client's asynchronous client: ``async with AsyncSession(...)``,
     ``await s.run(code)``, ``await s.upload(...)``; the same arguments and results."""
 
-    async def __aenter__(self) -> AsyncSession:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 

@@ -269,6 +269,7 @@ class _Base:
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         startup_timeout: float = START_TIMEOUT,
+        kernel_stdout: int | None = None,
         **settings: Any,
     ):
         if profile not in PROFILES:
@@ -281,6 +282,8 @@ class _Base:
             self._launch["cwd"] = str(cwd)
         if env is not None:
             self._launch["env"] = {**os.environ, **env}
+        if kernel_stdout is not None:  # e.g. DEVNULL when our own stdout carries a protocol
+            self._launch["stdout"] = kernel_stdout
         self.startup_timeout = startup_timeout
         self.grace = float(settings.get("interrupt_grace", 1.0))
 

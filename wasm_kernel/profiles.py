@@ -21,6 +21,7 @@ class Profile:
     output_limit: int
     scratch_limit: int
     active_output: str  # "block" or "allow": see WasmKernel.active_output
+    keeps_history: bool  # input history in the per-user file (else in memory only)
     kernel_suffix: str  # appended to the kernelspec name and display name
 
 
@@ -38,6 +39,7 @@ PROFILES = {
             output_limit=10 << 20,
             scratch_limit=1 << 30,
             active_output="block",
+            keeps_history=True,
             kernel_suffix="",
         ),
         Profile(
@@ -51,6 +53,7 @@ PROFILES = {
             output_limit=1 << 20,
             scratch_limit=64 << 20,
             active_output="block",
+            keeps_history=False,  # graded cells and hidden tests stay off the operator's disk
             kernel_suffix="strict",
         ),
     )

@@ -20,9 +20,7 @@ import itertools
 import json
 import logging
 import re
-import shutil
 import struct
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -35,7 +33,7 @@ from typing import Protocol
 
 import wasmtime
 
-from . import protocol
+from . import protocol, scratch_folders
 from .cache import CompiledRuntime
 from .descriptors import GuestFiles
 from .mounts import SCRATCH, Mount
@@ -281,7 +279,8 @@ class Sandbox:
         self._watchdog = Watchdog()
         self._output = OutputPump()
         self._turn_lock = threading.Lock()
-        self._tmp = Path(tempfile.mkdtemp(prefix="wasm-kernel-tmp-"))
+        scratch_folders.sweep()  # folders of killed kernels hold their guests' files
+        self._tmp = scratch_folders.create()
         self._scratch = ScratchWatch(
             self._tmp,
             limits.scratch,
@@ -428,7 +427,7 @@ class Sandbox:
             if self._store is not None:
                 self._store.close()
                 self._store = None
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            scratch_folders.remove(self._tmp)
 
     def checkpoint(self) -> None:
         """Keep the current state as the one a trapping cell rolls back to."""

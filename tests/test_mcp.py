@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -182,3 +184,57 @@ def test_list_files_result_is_json_serialisable() -> None:
         assert listing.structured_content == {"result": [{"name": "d", "is_dir": True, "size": 0}]}
 
     serve([], check)
+
+
+def kernels_under(pid: int) -> list[psutil.Process]:
+    return [
+        child
+        for child in psutil.Process(pid).children(recursive=True)
+        if "wasm_kernel" in " ".join(child.cmdline()) and "-f" in child.cmdline()
+    ]
+
+
+def test_streamable_http_gives_each_session_its_own_kernel() -> None:
+    from mcp.client.streamable_http import streamable_http_client
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "wasm_kernel", "mcp", "--transport", "streamable-http"]
+        + ["--port", str(port)],
+        stdin=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+
+    async def main() -> None:
+        async with streamable_http_client(url) as (r1, w1), ClientSession(r1, w1) as one:
+            await one.initialize()
+            assert text_of(await one.call_tool("run_python", {"code": "x = 1\nx"})) == "1"
+            async with streamable_http_client(url) as (r2, w2), ClientSession(r2, w2) as two:
+                await two.initialize()
+                assert "NameError" in text_of(await two.call_tool("run_python", {"code": "x"}))
+                assert len(kernels_under(server.pid)) == 2
+            # the second client ended its session: its kernel is gone, the first one's stays
+            deadline = time.monotonic() + 20
+            while len(kernels_under(server.pid)) != 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            assert len(kernels_under(server.pid)) == 1
+            assert text_of(await one.call_tool("run_python", {"code": "x + 1"})) == "2"
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the HTTP server did not start"
+                time.sleep(0.2)
+        asyncio.run(main())
+    finally:
+        kernels = kernels_under(server.pid)
+        server.terminate()
+        server.wait(timeout=30)
+        _, alive = psutil.wait_procs(kernels, timeout=20)
+        assert not alive, "kernels outlived the server"

@@ -27,6 +27,7 @@ IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 MAX_TEXT = 100_000  # characters of one run's text returned to the model; the rest is cut
 IDLE_TIMEOUT = 1800.0  # seconds an HTTP session's kernel is kept without requests
 SWEEP = 30.0  # seconds between idle checks
+MAX_SESSIONS = 8  # HTTP sessions at once: each runs a kernel process (~150 MB)
 INSTRUCTIONS = (
     "run_python runs code in a persistent, sandboxed CPython 3.15 (WebAssembly): names stay"
     " between calls, numpy, pandas and matplotlib are there, figures come back as images. There"
@@ -242,7 +243,14 @@ def add_arguments(command: argparse.ArgumentParser) -> None:
         "--idle-timeout",
         type=float,
         default=IDLE_TIMEOUT,
-        help=f"streamable HTTP: seconds before an idle session's kernel stops ({IDLE_TIMEOUT:g})",
+        help=f"streamable HTTP: seconds before an idle session and its kernel end"
+        f" (default {IDLE_TIMEOUT:g})",
+    )
+    command.add_argument(
+        "--max-sessions",
+        type=int,
+        default=MAX_SESSIONS,
+        help=f"streamable HTTP: sessions (so kernels) at once (default {MAX_SESSIONS})",
     )
 
 
@@ -259,6 +267,34 @@ def serve(args: argparse.Namespace) -> int:
     server = build_server(kernels, args.idle_timeout)
     if args.transport == "stdio":
         server.run("stdio")
-    else:
-        server.run("streamable-http", host=args.host, port=args.port)
+        return 0
+    import uvicorn
+
+    app = server.streamable_http_app(
+        host=args.host, session_idle_timeout=args.idle_timeout, max_sessions=args.max_sessions
+    )
+    uvicorn.run(closing_kernels(app, kernels), host=args.host, port=args.port, log_level="warning")
     return 0
+
+
+def closing_kernels(app: Any, kernels: Kernels) -> Any:
+    """The HTTP app, with a session's kernel stopped as soon as its client ends the session
+    (DELETE with its Mcp-Session-Id) rather than when it has been idle long enough."""
+
+    async def wrapped(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "DELETE":
+            await app(scope, receive, send)
+            return
+        statuses = []
+
+        async def noting_status(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                statuses.append(message["status"])
+            await send(message)
+
+        await app(scope, receive, noting_status)
+        key = dict(scope["headers"]).get(b"mcp-session-id")
+        if key is not None and statuses == [200]:  # the session manager ended that session
+            await kernels.close(key.decode("latin-1"))
+
+    return wrapped

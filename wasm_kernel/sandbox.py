@@ -552,19 +552,19 @@ class Sandbox:
                     "The interpreter was rolled back to its state before this cell and the"
                     " kernel's code inside it reinstalled: your names are intact."
                 )
-        elif self._fresh:  # no cell has finished yet: a fresh interpreter is the state before
-            self.restart()
-            return (
-                "The interpreter was rolled back to its fresh state: no earlier cell had"
-                " finished, so nothing was lost."
-            )
-        elif self._reinstall(store):  # no checkpoint (rollback off, or the first cell): an
+        elif not self._fresh and self._reinstall(store):  # no checkpoint (rollback off): an
             # interpreter that did not trap takes its code again (one that trapped refuses)
             return (
                 "The kernel's code inside the interpreter was reinstalled: names, imports and"
                 " objects from earlier cells are kept, with this cell's changes."
             )
+        was_fresh = self._fresh
         self.restart()
+        if was_fresh:  # no cell had finished: a fresh interpreter is the state before this one
+            return (
+                "The interpreter was rolled back to its fresh state: no earlier cell had"
+                " finished, so nothing was lost."
+            )
         return (
             "The interpreter was restarted: variables, imports and objects from"
             " earlier cells are gone."

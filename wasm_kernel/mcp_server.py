@@ -264,7 +264,16 @@ def serve(args: argparse.Namespace) -> int:
     except SessionError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    server = build_server(kernels, args.idle_timeout)
+    try:
+        server = build_server(kernels, args.idle_timeout)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != "mcp":
+            raise
+        print(
+            "error: the MCP server needs the mcp package: pip install 'wasm-kernel[agents]'",
+            file=sys.stderr,
+        )
+        return 2
     if args.transport == "stdio":
         server.run("stdio")
         return 0

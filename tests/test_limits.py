@@ -24,6 +24,18 @@ ROLLBACK_NOTICE = (
     " objects from earlier cells are intact."
 )
 RESTART_NOTICE = "interpreter was restarted"
+FRESH_NOTICE = (
+    "The interpreter was rolled back to its fresh state: no earlier cell had finished, so"
+    " nothing was lost."
+)
+SWALLOWING = (
+    "while True:\n"
+    "    try:\n"
+    "        while True:\n"
+    "            pass\n"
+    "    except BaseException:\n"
+    "        pass"
+)
 
 
 def assert_answers(kernel: Kernel) -> None:
@@ -82,14 +94,22 @@ def test_fuel_exhaustion_rolls_the_cell_back(small_fuel_kernel: Kernel) -> None:
     assert after.result_text() == "([1], False)"
 
 
-def test_trap_in_the_first_cell_restarts_the_fresh_interpreter(start_kernel) -> None:
-    """Before any cell has finished there is no checkpoint yet: a trap restarts the (still
-    fresh) interpreter and says so; from then on traps roll back."""
-    kernel = start_kernel([f"--WasmKernel.fuel={SMALL_FUEL}"])
-    first = kernel.execute("while True: pass").content
+@pytest.mark.parametrize("rollback", ["True", "False"])
+def test_trap_in_the_first_cell_rolls_back_to_the_fresh_interpreter(
+    start_kernel, rollback: str
+) -> None:
+    """Before any cell has finished there is nothing to lose: a trap leaves the fresh
+    interpreter and says so (not that names are gone); from then on traps roll back."""
+    kernel = start_kernel([f"--WasmKernel.fuel={SMALL_FUEL}", f"--WasmKernel.rollback={rollback}"])
+    first = kernel.execute("made_in_first_cell = 1\nwhile True: pass").content
     assert first["ename"] == "FuelExhausted"
-    assert RESTART_NOTICE in first["evalue"]
-    assert "rolled back" not in first["evalue"]
+    assert FRESH_NOTICE in first["evalue"]
+    assert RESTART_NOTICE not in first["evalue"] and "are gone" not in first["evalue"]
+    assert kernel.execute("made_in_first_cell").content["ename"] == "NameError"
+    if rollback == "False":  # without checkpoints, later traps still restart
+        assert kernel.execute("kept_after_restart = 1").content["status"] == "ok"
+        assert RESTART_NOTICE in kernel.execute("while True: pass").content["evalue"]
+        return
     assert kernel.execute("kept_after_restart = 1").content["status"] == "ok"
     second = kernel.execute("while True: pass").content
     assert second["ename"] == "FuelExhausted"
@@ -126,23 +146,59 @@ def test_fuel_exhaustion_restarts_the_interpreter_without_rollback(start_kernel,
     ["import time\nwhile True: time.sleep(0.1)", "while True: pass"],
     ids=["sleeping", "busy"],
 )
-def test_time_limit_stops_the_cell(timed_kernel: Kernel, code: str) -> None:
-    """The deadline traps, and the cell is rolled back: earlier names keep their values."""
+def test_time_limit_interrupts_the_cell_and_keeps_its_effects(
+    timed_kernel: Kernel, code: str
+) -> None:
+    """The deadline stops the cell as an interrupt does (nbgrader's timeout on the native
+    kernel): a KeyboardInterrupt inside it, reported as TimeLimitExceeded, and what the cell
+    did before it stays."""
     kept = timed_kernel.execute("timed_kept = {'n': 1}")
     assert kept.content["status"] == "ok"
     start = time.monotonic()
-    run = timed_kernel.execute(f"timed_kept['n'] = 2\ntimed_new = 1\n{code}", timeout=60)
+    run = timed_kernel.execute(
+        f"timed_kept['n'] = 2\ntimed_new = 1\nprint('started')\n{code}", timeout=60
+    )
     elapsed = time.monotonic() - start
     content = run.content
     assert content["status"] == "error"
     assert content["ename"] == "TimeLimitExceeded"
-    assert "time_limit" in content["evalue"]
-    assert ROLLBACK_NOTICE in content["evalue"]
-    assert RESTART_NOTICE not in content["evalue"]
+    assert "time_limit" in content["evalue"] and "interrupted" in content["evalue"]
+    assert "rolled back" not in content["evalue"]
+    assert [e["ename"] for e in run.of_type("error")] == ["TimeLimitExceeded"]
+    assert "TimeLimitExceeded" in content["traceback"][-1]
+    assert run.stream_text() == "started\n"
     assert 1.9 <= elapsed < 10, f"a 2 s limit stopped the cell after {elapsed:.1f} s"
     assert_answers(timed_kernel)
     state = timed_kernel.execute("timed_kept, 'timed_new' in dir()")
-    assert state.result_text() == "({'n': 1}, False)"
+    assert state.result_text() == "({'n': 2}, True)"
+
+
+def test_time_limit_runs_the_cell_s_own_cleanup(timed_kernel: Kernel) -> None:
+    """A cell that catches the interrupt finishes its cleanup and still fails the limit."""
+    run = timed_kernel.execute(
+        "import time\ntry:\n    while True: time.sleep(0.1)\n"
+        "except KeyboardInterrupt:\n    print('cleaned up')\n    cleaned = True",
+        timeout=60,
+    )
+    assert run.content["ename"] == "TimeLimitExceeded"
+    assert run.stream_text() == "cleaned up\n"
+    assert timed_kernel.execute("cleaned").result_text() == "True"
+
+
+def test_time_limit_stops_a_cell_that_ignores_it_hard_and_rolls_back(start_kernel) -> None:
+    """Only a cell that ignores the interrupt for interrupt_grace is stopped hard, and then
+    rolled back to its state before the cell."""
+    kernel = start_kernel(["--WasmKernel.time_limit=2", "--WasmKernel.interrupt_grace=1"])
+    assert kernel.execute("ignored = {'n': 1}").content["status"] == "ok"
+    start = time.monotonic()
+    run = kernel.execute(f"ignored['n'] = 2\n{SWALLOWING}", timeout=60)
+    elapsed = time.monotonic() - start
+    content = run.content
+    assert content["ename"] == "TimeLimitExceeded"
+    assert "did not stop within 1 s" in content["evalue"]
+    assert ROLLBACK_NOTICE in content["evalue"]
+    assert 2.9 <= elapsed < 12, f"2 s + 1 s grace stopped the cell after {elapsed:.1f} s"
+    assert kernel.execute("ignored").result_text() == "{'n': 1}"
 
 
 def test_time_limit_does_not_stop_a_short_cell(timed_kernel: Kernel) -> None:

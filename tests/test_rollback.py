@@ -239,7 +239,14 @@ TRAPS = {
         "sys.setrecursionlimit(10**7)\njson.loads('[' * 100000 + ']' * 100000)\n",
         "StackOverflow",
     ),
-    "wall-clock-deadline": ("while True:\n    time.sleep(0.05)\n", "TimeLimitExceeded"),
+    # the deadline interrupts first; only a cell that ignores that is stopped hard
+    "wall-clock-deadline": (
+        (
+            "while True:\n    try:\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n"
+            "        pass\n"
+        ),
+        "TimeLimitExceeded",
+    ),
 }
 
 

@@ -27,6 +27,8 @@ SUBCOMMANDS = {
     "install": "register the kernelspecs (one per sandbox profile) and precompile the runtime",
     "precompile": "compile the runtime to native code once, into the cache (1-4 minutes)",
     "run": "execute a notebook in the sandbox, from any folder, and print its outputs",
+    "mcp": "serve sandboxed Python to AI agents over MCP (stdio, or --transport streamable-http);"
+    " needs the [agents] extra",
     "kernel": "the kernel itself, as Jupyter starts it: kernel -f CONNECTION_FILE"
     " [--WasmKernel.SETTING=VALUE ...] (the word 'kernel' may be left out)",
 }
@@ -378,6 +380,16 @@ def parser() -> argparse.ArgumentParser:
     )
     cmd.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
 
+    cmd = commands.add_parser(
+        "mcp",
+        help=SUBCOMMANDS["mcp"],
+        description=SUBCOMMANDS["mcp"] + ". One kernel per MCP session; its profile and limits"
+        " are set here, never by the model.",
+    )
+    from .mcp_server import add_arguments
+
+    add_arguments(cmd)
+
     commands.add_parser("kernel", help=SUBCOMMANDS["kernel"], add_help=False)
     return top
 
@@ -394,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
             precompile(args.cache_dir)
         elif args.command == "run":
             return run_notebook(args)
+        elif args.command == "mcp":
+            from .mcp_server import serve
+
+            return serve(args)
         return 0
     from .app import WasmKernelApp
 

@@ -14,7 +14,7 @@ from traitlets.config import Application, Configurable
 from traitlets.utils.text import indent, wrap_paragraphs
 
 from .cache import default_cache_dir
-from .kernel import DEFAULT_HISTORY_FILE, ENV_PREFIX, WasmKernel
+from .kernel import ENV_PREFIX, WasmKernel, history_file
 from .profiles import PROFILES
 from .settings import Limit, _amount
 
@@ -68,7 +68,7 @@ def real_default(name: str, trait: Any) -> str:
     elif name == "cache_dir":
         shown = repr(str(default_cache_dir()))
     elif name == "history_file":
-        shown = repr(DEFAULT_HISTORY_FILE)
+        shown = _per_profile(lambda profile: repr(history_file(profile.name)))
     else:
         shown = trait.default_value_repr()
     variable = ENV_PREFIX + name.upper()

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import operator
 import os
+import re
 import signal
 import sys
 import threading
@@ -31,7 +32,7 @@ from traitlets import List, TraitError, Unicode, default
 from traitlets.config import Config
 from traitlets.config.loader import DeferredConfig, LazyConfigValue
 
-from . import __version__, messages
+from . import __version__, messages, scratch_folders
 from .active_output import ActiveOutput
 from .cache import RuntimeCache
 from .history import History
@@ -66,6 +67,12 @@ ENV_PREFIX = "WASM_KERNEL_"
 INPUT_POLL = 0.05  # seconds between checks for an input_reply or an interrupt
 BACKLOG_FLOOR = 64 << 20  # bytes of cell output that may wait for slow IOPub clients
 BRIEF_ERROR = 1024  # characters of an error's value shown when the output budget is spent
+MISSING_PATH_ERRORS = ("FileNotFoundError", "PermissionError", "NotADirectoryError")
+NOTHING_MOUNTED = (
+    " (no host folder is mounted in this kernel: it sees only its private /tmp and the Python"
+    " runtime. Files come in through the operator: a mount, or a client's upload.)"
+)
+_QUOTED_PATH = re.compile(r": '(/[^']*)'")
 DEFAULT_HISTORY_FILE = str(Path(platformdirs.user_data_dir("wasm-kernel")) / "history.sqlite")
 
 
@@ -92,6 +99,11 @@ def _env_default(trait: str, fallback: Any) -> Any:
             return value
 
     return default(trait)(read)
+
+
+def history_file(profile: str) -> str:
+    """Where a profile keeps input history by default: the per-user file, or only memory."""
+    return DEFAULT_HISTORY_FILE if PROFILES[profile].keeps_history else ":memory:"
 
 
 def _from_profile(setting: str) -> Callable[[WasmKernel], Any]:
@@ -232,8 +244,8 @@ class WasmKernel(Kernel):
         " cache folder."
     ).tag(config=True)
     history_file = Text(
-        help="SQLite file of input history (':memory:' to keep none). "
-        "Env: WASM_KERNEL_HISTORY_FILE."
+        help="SQLite file of input history (':memory:' to keep none on disk). Default: the"
+        " per-user file, or ':memory:' for the strict profile. Env: WASM_KERNEL_HISTORY_FILE."
     ).tag(config=True)
 
     _profile_default = _env_default("profile", DEFAULT_PROFILE)
@@ -249,7 +261,9 @@ class WasmKernel(Kernel):
     _active_output_default = _env_default("active_output", _from_profile("active_output"))
     _packages_default = _env_default("packages", _from_profile("packages"))
     _packages_quota_default = _env_default("packages_quota", _from_profile("packages_quota"))
-    _history_file_default = _env_default("history_file", DEFAULT_HISTORY_FILE)
+    _history_file_default = _env_default(
+        "history_file", lambda kernel: history_file(kernel.profile)
+    )
 
     def __init__(self, **kwargs: Any):
         self._refused: list[str] = []  # settings refused at start, reported by every cell
@@ -264,6 +278,8 @@ class WasmKernel(Kernel):
         )
         _keep_working_folder_off_sys_path()
         _log_to_process_stderr()
+        if threading.current_thread() is threading.main_thread():
+            scratch_folders.remove_on_sigterm()  # SIGTERM would leave the guest's files
         settings = self.class_own_traits(config=True)
         self._configured = {name for name in settings if self.trait_has_value(name)}
         for name in settings:
@@ -874,6 +890,9 @@ class CellHost:
             if ename == "MemoryError" and (message.get("memory_limit") or not evalue):
                 ename = "MemoryLimitExceeded"
                 evalue = memory_limit_text(self.kernel.limits.memory)
+            elif ename in MISSING_PATH_ERRORS and self._outside_the_sandbox(evalue):
+                evalue += NOTHING_MOUNTED
+                message["traceback"] = [*message["traceback"], NOTHING_MOUNTED.strip()]
             shown = message.get("shown", True)  # False: past the output budget
             self._record_error(ename, evalue, message["traceback"], shown=shown)
         elif op == "input":
@@ -883,6 +902,18 @@ class CellHost:
         elif op == "pip":
             return self.kernel.run_pip(message, interrupts)
         return {}
+
+    def _outside_the_sandbox(self, evalue: str) -> bool:
+        """Did a kernel without host folders fail on a path only the host could have?"""
+        kernel = self.kernel
+        if kernel.granted or kernel._mount_error is not None:
+            return False
+        quoted = _QUOTED_PATH.search(evalue)
+        if quoted is None:
+            return False
+        path = quoted.group(1)
+        inside = (SCRATCH, kernel.runtime.lib_guest_dir)
+        return not any(path == top or path.startswith(top.rstrip("/") + "/") for top in inside)
 
     def _record_error(
         self, ename: str, evalue: str, traceback: list[str], shown: bool = True

@@ -19,9 +19,8 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import shutil
+import re
 import struct
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -34,7 +33,7 @@ from typing import Protocol
 
 import wasmtime
 
-from . import protocol
+from . import protocol, scratch_folders
 from .cache import CompiledRuntime
 from .descriptors import GuestFiles
 from .mounts import SCRATCH, Mount
@@ -54,6 +53,8 @@ WASI_EINVAL = 28
 TURN_REFUSED = -1
 REPAIR_FUEL = 2_000_000_000  # budget of the short guest turn after a rollback
 REPAIR_SECONDS = 2.0
+TIME_LIMIT_HINT = "Raise it with --WasmKernel.time_limit=SECONDS (0 for none)."
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ class Interrupts:
         self._turn = 0
         self._active = False
         self.stop_reason: str | None = None
+        self.soft_reason: str | None = None  # "interrupt", or "time" (the cell's time limit)
 
     def begin(self, soft: bool = True) -> int:
         """A turn starts; returns its number. ``soft=False``: the kernel's own repair turns,
@@ -112,6 +114,7 @@ class Interrupts:
             self._turn += 1
             self._active = True
             self._soft, self._requested, self.stop_reason = False, not soft, None
+            self.soft_reason = None
             self._event.clear()
             return self._turn
 
@@ -119,18 +122,25 @@ class Interrupts:
         with self._lock:
             self._active = False
 
-    def request_soft(self, deliver: Callable[[], None] | None = None) -> int | None:
-        """Ask the running turn to raise KeyboardInterrupt; returns its number, or None if idle
-        or already asked (later requests merge into the first: its grace timer stops the turn
-        hard if the KeyboardInterrupt does not end it).
+    def request_soft(
+        self,
+        deliver: Callable[[], None] | None = None,
+        reason: str = "interrupt",
+        turn: int | None = None,
+    ) -> int | None:
+        """Ask the running turn (or turn ``turn``, if it still runs) to raise KeyboardInterrupt;
+        returns its number, or None if idle, not interruptible or already asked (later
+        requests merge into the first: its grace timer stops the turn hard if the
+        KeyboardInterrupt does not end it).
 
         ``deliver`` (which trips CPython's own signal flags) runs under the lock, so it can
         never land in the next turn.
         """
         with self._lock:
-            if not self._active or self._requested:
+            if not self._active or self._requested or turn not in (None, self._turn):
                 return None
             self._soft = self._requested = True
+            self.soft_reason = reason
             self._event.set()
             if deliver is not None:
                 deliver()
@@ -271,7 +281,8 @@ class Sandbox:
         self._watchdog = Watchdog()
         self._output = OutputPump()
         self._turn_lock = threading.Lock()
-        self._tmp = Path(tempfile.mkdtemp(prefix="wasm-kernel-tmp-"))
+        scratch_folders.sweep()  # folders of killed kernels hold their guests' files
+        self._tmp = scratch_folders.create()
         self._scratch = ScratchWatch(
             self._tmp,
             limits.scratch,
@@ -287,6 +298,9 @@ class Sandbox:
         self._changed = False  # turns ran since the last checkpoint
         self._deadline: int | None = None  # watchdog token of the running turn's time limit
         self._closing = False
+        self._fresh = True  # no cell has finished in this interpreter yet
+        self._turn_limits = limits
+        self._time_limit_reported = False
         self._memory_at_start = 0
         self._adapter: wasmtime.Module | None = None  # compiled once, reused by restarts
         try:
@@ -402,6 +416,7 @@ class Sandbox:
             self._store.close()
             self._store = None
         self._start_interpreter()
+        self._fresh = True
 
     def close(self) -> None:
         """Stop any running turn, then free the interpreter and its private /tmp."""
@@ -414,7 +429,7 @@ class Sandbox:
             if self._store is not None:
                 self._store.close()
                 self._store = None
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            scratch_folders.remove(self._tmp)
 
     def checkpoint(self) -> None:
         """Keep the current state as the one a trapping cell rolls back to."""
@@ -454,7 +469,7 @@ class Sandbox:
     def run_cell(self, source: str, execution_count: int, host: GuestHost) -> None:
         """Run a notebook cell; output and messages go to ``host``. Raises CellStopped."""
         call = f"__import__({GUEST_MODULE!r}).run_cell({source!r}, {int(execution_count)})"
-        self._turn(call, host, self.limits)
+        self._turn(call, host, self.limits, cell=True)
 
     def request(self, function: str, *args: object, host: GuestHost) -> dict:
         """Call a guest service function (completion, inspection...) and return its reply."""
@@ -471,13 +486,15 @@ class Sandbox:
         self._turn(call, host, service_limits)
         return self._reply or {}
 
-    def _turn(self, source: str, host: GuestHost, limits: Limits) -> None:
+    def _turn(self, source: str, host: GuestHost, limits: Limits, cell: bool = False) -> None:
         """One guest turn (a cell or a request: every one can write to /tmp, so every one is
         measured), and the recovery from a trap."""
         with self._turn_lock:
             store = self._store
             assert store is not None
             self._host = host
+            self._turn_limits = limits
+            self._time_limit_reported = False
             self._changed = True
             self._signals = self._signal_flags(store)
             memory_at_start = self._memory_at_start = self._memory.data_len(store)
@@ -506,6 +523,13 @@ class Sandbox:
                 stopped = CellStopped(
                     "ScratchLimitExceeded", self._scratch_text(grown, limits), recovered=True
                 )
+            timed_out = self.interrupts.soft_reason == "time" and not self._time_limit_reported
+            if stopped is None and timed_out:  # it caught the interrupt and finished: kept
+                stopped = CellStopped(
+                    "TimeLimitExceeded", self._time_limit_text(limits), recovered=True
+                )
+            if cell and (stopped is None or stopped.recovered):
+                self._fresh = False  # this cell's changes stand
             if stopped is not None:
                 if not (self._closing or stopped.recovered):
                     stopped.evalue += " " + self._recover(store, stopped.fresh)
@@ -530,13 +554,19 @@ class Sandbox:
                     "The interpreter was rolled back to its state before this cell and the"
                     " kernel's code inside it reinstalled: your names are intact."
                 )
-        elif self._reinstall(store):  # no checkpoint (rollback off, or the first cell): an
+        elif not self._fresh and self._reinstall(store):  # no checkpoint (rollback off): an
             # interpreter that did not trap takes its code again (one that trapped refuses)
             return (
                 "The kernel's code inside the interpreter was reinstalled: names, imports and"
                 " objects from earlier cells are kept, with this cell's changes."
             )
+        was_fresh = self._fresh
         self.restart()
+        if was_fresh:  # no cell had finished: a fresh interpreter is the state before this one
+            return (
+                "The interpreter was rolled back to its fresh state: no earlier cell had"
+                " finished, so nothing was lost."
+            )
         return (
             "The interpreter was restarted: variables, imports and objects from"
             " earlier cells are gone."
@@ -553,9 +583,7 @@ class Sandbox:
         store.set_epoch_deadline(1)
         deadline = self._deadline = None
         if seconds:
-            deadline = self._deadline = self._watchdog.arm(
-                seconds, partial(self.interrupts.request_stop, "time", turn)
-            )
+            deadline = self._deadline = self._watchdog.arm(seconds, partial(self._time_up, turn))
         try:
             yield turn
         finally:
@@ -631,6 +659,18 @@ class Sandbox:
             return None
         return flags
 
+    def _time_up(self, turn: int) -> None:
+        """The wall-clock limit, first as an interrupt (what the cell did so far stays, as
+        under nbgrader's timeout on the native kernel), then hard after the grace time. A turn
+        that takes no interrupts (the kernel's own repairs), or one already interrupted, is
+        stopped hard at once."""
+        if self.interrupts.request_soft(self._trip_signal_flags, "time", turn) is None:
+            self.interrupts.request_stop("time", turn)
+            return
+        self._watchdog.arm(
+            self.limits.interrupt_grace, partial(self.interrupts.request_stop, "time", turn)
+        )
+
     def interrupt(self) -> None:
         """Jupyter interrupt: KeyboardInterrupt in the cell, or a hard stop after the grace time."""
         turn = self.interrupts.request_soft(self._trip_signal_flags)
@@ -661,10 +701,16 @@ class Sandbox:
             )
         if code == wasmtime.TrapCode.INTERRUPT:
             if self.interrupts.stop_reason == "time":
+                ignored = (
+                    f" and did not stop within {limits.interrupt_grace:g} s of being interrupted,"
+                    " so it was stopped hard"
+                    if self.interrupts.soft_reason == "time"
+                    else ""
+                )
                 return CellStopped(
                     "TimeLimitExceeded",
-                    f"the cell ran longer than its wall-clock limit of {limits.seconds:g} s."
-                    " Raise it with --WasmKernel.time_limit=SECONDS (0 for none).",
+                    f"the cell ran longer than its wall-clock limit of {limits.seconds:g} s"
+                    f"{ignored}. {TIME_LIMIT_HINT}",
                 )
             if self.interrupts.stop_reason == "scratch":
                 return CellStopped(
@@ -769,6 +815,10 @@ class Sandbox:
 
     def _dispatch(self, message: dict, size: int, caller: wasmtime.Caller) -> dict:
         op = message["op"]
+        if op == "error" and self.interrupts.soft_reason == "time":
+            self._time_limit_reported = True
+            if message["ename"] == "KeyboardInterrupt":
+                self._as_time_limit(message)
         if op == "error" and message["ename"] == "MemoryError":
             # host-side verdict (the guest cannot set it): was it the sandbox's memory limit?
             message["memory_limit"] = self._hit_memory_limit(
@@ -791,6 +841,26 @@ class Sandbox:
             with self._watchdog.paused(self._deadline):
                 return host.message(message, self.interrupts)
         return host.message(message, self.interrupts)
+
+    def _as_time_limit(self, message: dict) -> None:
+        """The KeyboardInterrupt that the time limit raised, reported as the limit it is."""
+        message["ename"] = "TimeLimitExceeded"
+        message["evalue"] = self._time_limit_text(self._turn_limits)
+        lines = message["traceback"]
+        for index in range(len(lines) - 1, -1, -1):
+            if _ANSI.sub("", lines[index]).startswith("KeyboardInterrupt"):
+                lines[index] = f"TimeLimitExceeded: {message['evalue']}"
+                break
+        else:
+            lines.append(f"TimeLimitExceeded: {message['evalue']}")
+
+    @staticmethod
+    def _time_limit_text(limits: Limits) -> str:
+        return (
+            f"the cell ran longer than its wall-clock limit of {limits.seconds:g} s and was"
+            " interrupted (a KeyboardInterrupt inside it); what it did until then stays."
+            f" {TIME_LIMIT_HINT}"
+        )
 
     def _sleep(self, seconds: float) -> bool:
         end = time.monotonic() + seconds

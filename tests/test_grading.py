@@ -1,0 +1,112 @@
+"""What graders and agents need from the kernel beyond the limits (issue 12, point 4).
+
+The strict profile keeps no input history on disk, the private scratch folder does not
+outlive its kernel (SIGTERM removes it; after SIGKILL the next kernel sweeps it), and a
+strict kernel asked for a host file says that nothing is mounted. The time limit and the
+first cell's trap are in test_limits.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import Kernel, ok
+
+from wasm_kernel import scratch_folders
+
+STRICT = "wasm-python-strict"
+
+
+def scratch_folder_of(kernel: Kernel) -> Path:
+    """The host folder behind the kernel's /tmp, found by the file a cell leaves in it."""
+    pid = kernel.manager.provisioner.process.pid
+    marker = f"marker-{pid}-{time.monotonic_ns()}"
+    ok(kernel.execute(f"open('/tmp/{marker}', 'w').write('guest data')"))
+    found = [
+        folder
+        for folder in Path(tempfile.gettempdir()).glob(f"{scratch_folders.PREFIX}{pid}-*")
+        if (folder / marker).exists()
+    ]
+    assert len(found) == 1, f"no scratch folder named after kernel {pid}"
+    return found[0]
+
+
+@pytest.mark.parametrize("kernel_name, on_disk", [(STRICT, False), ("wasm-python", True)])
+def test_only_the_notebook_profile_keeps_history_on_disk(
+    start_kernel, tmp_path: Path, kernel_name: str, on_disk: bool
+) -> None:
+    kernel = start_kernel(env={"XDG_DATA_HOME": str(tmp_path)}, kernel_name=kernel_name)
+    ok(kernel.execute("hidden_test = 'assert answer == 42'"))
+    reply = kernel.client.history(hist_access_type="tail", n=5, reply=True, timeout=30)
+    assert any("hidden_test" in entry[2] for entry in reply["content"]["history"])
+    files = [path for path in tmp_path.rglob("*") if path.is_file()]
+    assert bool(files) == on_disk, files
+
+
+def test_sigterm_removes_the_scratch_folder(start_kernel) -> None:
+    kernel = start_kernel(kernel_name=STRICT)
+    folder = scratch_folder_of(kernel)
+    kernel.manager.signal_kernel(signal.SIGTERM)
+    kernel.manager.provisioner.process.wait(timeout=30)
+    assert not folder.exists(), f"{folder} outlived its kernel"
+
+
+def test_folders_of_killed_kernels_are_swept_at_the_next_start(start_kernel) -> None:
+    killed = start_kernel(kernel_name=STRICT)
+    folder = scratch_folder_of(killed)
+    killed.manager.signal_kernel(signal.SIGKILL)
+    killed.manager.provisioner.process.wait(timeout=30)
+    assert folder.exists()  # nothing can clean up after SIGKILL
+    alive = start_kernel(kernel_name=STRICT)
+    alive_folder = scratch_folder_of(alive)
+    assert not folder.exists(), f"{folder} was not swept"
+    # a live kernel's folder is never swept, by a sweep from any process
+    assert scratch_folders.sweep() == []
+    assert alive_folder.exists()
+
+
+def test_sweep_leaves_folders_it_did_not_make(tmp_path: Path) -> None:
+    me = os.getpid()
+    started = int(psutil.Process(me).create_time())
+    dead = psutil.Process(me).ppid() + 10**6  # beyond pid_max: no such process
+    mine_alive = tmp_path / f"{scratch_folders.PREFIX}{me}-{started}-x"
+    reused_pid = tmp_path / f"{scratch_folders.PREFIX}{me}-{started - 3600}-x"
+    orphan = tmp_path / f"{scratch_folders.PREFIX}{dead}-{started}-x"
+    old_style = tmp_path / f"{scratch_folders.PREFIX}abc123"
+    for folder in (mine_alive, reused_pid, orphan, old_style):
+        folder.mkdir()
+        (folder / "data").write_text("x")
+    link = tmp_path / f"{scratch_folders.PREFIX}{dead}-{started}-link"
+    link.symlink_to(old_style)
+    removed = scratch_folders.sweep(str(tmp_path))
+    assert sorted(removed) == sorted([reused_pid, orphan])
+    assert mine_alive.exists() and old_style.exists() and (old_style / "data").exists()
+    assert link.is_symlink()
+
+
+def test_a_strict_kernel_says_nothing_is_mounted(start_kernel) -> None:
+    secret = Path(__file__).resolve().parent / "conftest.py"  # a host file outside /tmp
+    assert secret.is_file() and not str(secret).startswith("/tmp/")
+    kernel = start_kernel(kernel_name=STRICT)
+    run = kernel.execute(f"open({str(secret)!r}).read()")
+    content = run.content
+    assert content["ename"] == "FileNotFoundError"
+    assert "no host folder is mounted" in content["evalue"]
+    assert "no host folder is mounted" in "\n".join(content["traceback"])
+    inside = kernel.execute("open('/tmp/missing.txt').read()").content
+    assert inside["ename"] == "FileNotFoundError"
+    assert "mounted" not in inside["evalue"]  # a missing scratch file is just missing
+
+
+def test_a_notebook_kernel_does_not_say_so(start_kernel, tmp_path: Path) -> None:
+    (tmp_path / "data.csv").write_text("x\n")
+    kernel = start_kernel(cwd=tmp_path)
+    content = kernel.execute("open('/elsewhere/data.csv').read()").content
+    assert content["ename"] == "FileNotFoundError"
+    assert "no host folder is mounted" not in content["evalue"]

@@ -1,0 +1,240 @@
+"""``python -m wasm_kernel mcp`` driven by the MCP SDK's own client over stdio.
+
+The server is started as an agent host would start it (a subprocess speaking JSON-RPC on
+its stdin and stdout), with its limits on the command line; the checks are what the model
+gets back: text, images, files, errors, and that it cannot change a limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psutil
+import pytest
+
+mcp = pytest.importorskip("mcp")
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+PNG = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()"  # an inline figure
+
+
+def serve(arguments: list[str], check: Callable[[ClientSession], Awaitable[None]]) -> None:
+    """Start the server with ``arguments``, connect the SDK's client, run ``check``."""
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "wasm_kernel", "mcp", *arguments]
+    )
+
+    async def main() -> None:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            await check(session)
+
+    asyncio.run(main())
+
+
+def text_of(result: Any) -> str:
+    return "\n".join(block.text for block in result.content if block.type == "text")
+
+
+def test_tools_are_listed_without_any_setting_a_model_could_change() -> None:
+    async def check(session: ClientSession) -> None:
+        tools = {tool.name: tool for tool in (await session.list_tools()).tools}
+        assert set(tools) == {"run_python", "list_files", "upload_file", "download_file", "reset"}
+        parameters = {
+            name for tool in tools.values() for name in tool.input_schema.get("properties", {})
+        }
+        assert parameters <= {"code", "path", "content", "encoding"}
+
+    serve([], check)
+
+
+def test_run_python_keeps_state_and_returns_text_and_images() -> None:
+    async def check(session: ClientSession) -> None:
+        first = await session.call_tool("run_python", {"code": "x = 20\nprint('hi')\nx * 2"})
+        assert not first.is_error
+        assert text_of(first) == "hi\n\n40"
+        figure = await session.call_tool("run_python", {"code": PNG})
+        images = [block for block in figure.content if block.type == "image"]
+        assert len(images) == 1 and images[0].mime_type == "image/png"
+        assert base64.b64decode(images[0].data).startswith(b"\x89PNG")
+        table = await session.call_tool(
+            "run_python",
+            {"code": "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})"},
+        )
+        assert text_of(table).split() == ["a", "b", "0", "1", "x", "1", "2", "y"]
+        error = await session.call_tool("run_python", {"code": "1 / 0"})
+        assert "ZeroDivisionError" in text_of(error) and "\x1b[" not in text_of(error)
+        assert text_of(await session.call_tool("run_python", {"code": "x"})) == "20"
+
+    serve([], check)
+
+
+def test_limits_come_from_the_command_line() -> None:
+    async def check(session: ClientSession) -> None:
+        result = await session.call_tool("run_python", {"code": "while True: pass"})
+        assert "TimeLimitExceeded" in text_of(result)
+        after = await session.call_tool("run_python", {"code": "'still here'"})
+        assert text_of(after) == "'still here'"
+        banner = await session.call_tool("run_python", {"code": "%sandbox"})
+        assert "time 1.5 s" in text_of(banner) and "Profile: strict" in text_of(banner)
+
+    serve(["--set", "time_limit=1.5", "--set", "interrupt_grace=0.5"], check)
+
+
+def test_files_go_in_and_out() -> None:
+    async def check(session: ClientSession) -> None:
+        wrote = await session.call_tool(
+            "upload_file", {"path": "/tmp/notes.txt", "content": "héllo\n"}
+        )
+        assert not wrote.is_error, text_of(wrote)
+        binary = bytes(range(256))
+        await session.call_tool(
+            "upload_file",
+            {
+                "path": "/tmp/b.bin",
+                "content": base64.b64encode(binary).decode(),
+                "encoding": "base64",
+            },
+        )
+        read = await session.call_tool("run_python", {"code": "open('/tmp/notes.txt').read()"})
+        assert text_of(read) == "'héllo\\n'"
+        listing = (await session.call_tool("list_files", {"path": "/tmp"})).structured_content
+        entries = {entry["name"]: entry["size"] for entry in listing["result"]}
+        assert entries == {"notes.txt": len("héllo\n".encode()), "b.bin": 256}
+        text = await session.call_tool("download_file", {"path": "/tmp/notes.txt"})
+        assert text.structured_content == {
+            "path": "/tmp/notes.txt",
+            "encoding": "utf-8",
+            "content": "héllo\n",
+        }
+        raw = (await session.call_tool("download_file", {"path": "/tmp/b.bin"})).structured_content
+        assert raw["encoding"] == "base64" and base64.b64decode(raw["content"]) == binary
+        outside = await session.call_tool("download_file", {"path": "/etc/passwd"})
+        assert outside.is_error and "FileNotFoundError" in text_of(outside)
+        readonly = await session.call_tool(
+            "upload_file", {"path": "/usr/local/lib/x.py", "content": ""}
+        )
+        assert readonly.is_error
+        await session.call_tool("run_python", {"code": "kept = 1"})
+        await session.call_tool("reset", {})
+        gone = await session.call_tool("run_python", {"code": "kept"})
+        assert "NameError" in text_of(gone)
+        assert (await session.call_tool("list_files", {})).structured_content == {"result": []}
+
+    serve([], check)
+
+
+def test_the_kernel_ends_with_the_session() -> None:
+    """The server's kernel is its child; when the client closes stdio, both are gone."""
+    kernels: list[psutil.Process] = []
+
+    async def check(session: ClientSession) -> None:
+        await session.call_tool("run_python", {"code": "1"})
+        me = psutil.Process()
+        kernels.extend(
+            child
+            for child in me.children(recursive=True)
+            if "wasm_kernel" in " ".join(child.cmdline()) and "-f" in child.cmdline()
+        )
+        assert len(kernels) == 1
+
+    serve([], check)
+    _, alive = psutil.wait_procs(kernels, timeout=20)
+    assert not alive, "the kernel outlived its MCP session"
+
+
+def test_an_unknown_setting_stops_the_server_with_a_reason() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "wasm_kernel", "mcp", "--set", "fule=1"],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 2
+    assert "unknown setting 'fule'" in result.stderr
+
+
+def test_a_refused_value_is_the_tool_s_error() -> None:
+    async def check(session: ClientSession) -> None:
+        result = await session.call_tool("run_python", {"code": "1"})
+        assert result.is_error
+        assert "InvalidSetting" in text_of(result) and "memory_limit" in text_of(result)
+
+    serve(["--set", "memory_limit=1"], check)
+
+
+def test_list_files_result_is_json_serialisable() -> None:
+    """Structured content is what a host forwards to the model as JSON."""
+
+    async def check(session: ClientSession) -> None:
+        await session.call_tool("run_python", {"code": "import os; os.mkdir('/tmp/d')"})
+        listing = await session.call_tool("list_files", {})
+        json.dumps(listing.structured_content)
+        assert listing.structured_content == {"result": [{"name": "d", "is_dir": True, "size": 0}]}
+
+    serve([], check)
+
+
+def kernels_under(pid: int) -> list[psutil.Process]:
+    return [
+        child
+        for child in psutil.Process(pid).children(recursive=True)
+        if "wasm_kernel" in " ".join(child.cmdline()) and "-f" in child.cmdline()
+    ]
+
+
+def test_streamable_http_gives_each_session_its_own_kernel() -> None:
+    from mcp.client.streamable_http import streamable_http_client
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "wasm_kernel", "mcp", "--transport", "streamable-http"]
+        + ["--port", str(port)],
+        stdin=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+
+    async def main() -> None:
+        async with streamable_http_client(url) as (r1, w1), ClientSession(r1, w1) as one:
+            await one.initialize()
+            assert text_of(await one.call_tool("run_python", {"code": "x = 1\nx"})) == "1"
+            async with streamable_http_client(url) as (r2, w2), ClientSession(r2, w2) as two:
+                await two.initialize()
+                assert "NameError" in text_of(await two.call_tool("run_python", {"code": "x"}))
+                assert len(kernels_under(server.pid)) == 2
+            # the second client ended its session: its kernel is gone, the first one's stays
+            deadline = time.monotonic() + 20
+            while len(kernels_under(server.pid)) != 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            assert len(kernels_under(server.pid)) == 1
+            assert text_of(await one.call_tool("run_python", {"code": "x + 1"})) == "2"
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the HTTP server did not start"
+                time.sleep(0.2)
+        asyncio.run(main())
+    finally:
+        kernels = kernels_under(server.pid)
+        server.terminate()
+        server.wait(timeout=30)
+        _, alive = psutil.wait_procs(kernels, timeout=20)
+        assert not alive, "kernels outlived the server"

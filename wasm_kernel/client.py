@@ -1,0 +1,626 @@
+"""Run Python in the sandbox from a program: the interface agents and graders call.
+
+A ``Session`` is one wasm-kernel in its own process, started by jupyter_client from the
+installed kernelspec of a profile (``wasm-python`` or ``wasm-python-strict``), with settings
+passed as ``--WasmKernel.NAME=VALUE`` arguments that the kernel validates itself. ``run``
+returns an ``Execution`` instead of a stream of Jupyter messages; a timeout interrupts the
+cell and the session goes on. Files move in and out through the kernel (silent cells and
+``user_expressions``, base64 in bounded chunks), so the client never guesses host paths.
+``AsyncSession`` has the same shape on jupyter_client's asynchronous client.
+
+Everything the kernel sends back is the guest's: it is parsed as data (``ast.literal_eval``
+of strings only, sizes checked), never trusted.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import json
+import os
+import queue
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from jupyter_client.manager import AsyncKernelManager, KernelManager
+
+from .__main__ import KERNEL_NAME, kernelspec_name
+from .profiles import DEFAULT_PROFILE, PROFILES
+
+UPLOAD_CHUNK = 512 << 10  # raw bytes per upload cell (~0.7 MB of source)
+DOWNLOAD_CHUNK = 1 << 20  # raw bytes per download request
+DOWNLOAD_LIMIT = 256 << 20  # default largest file ``download`` accepts
+START_TIMEOUT = 120.0  # seconds for a kernel to start (a first compile is reported, not awaited)
+STOP_MARGIN = 10.0  # seconds past interrupt_grace that an interrupted cell may take to end
+POLL = 1.0  # seconds between liveness checks while waiting for a cell
+FILE_OP_TIMEOUT = 60.0  # seconds for one chunk of a file transfer
+ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+Callback = Callable[[Any], None]
+
+
+class SessionError(Exception):
+    """The session cannot do what was asked: the kernel refused its settings, died, or a file
+    operation failed inside the sandbox."""
+
+
+@dataclass(frozen=True)
+class ExecutionError:
+    """An uncaught exception of a cell (or the kernel's own verdict, e.g. FuelExhausted)."""
+
+    name: str
+    value: str
+    traceback: str  # plain text, no terminal colours
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.value}"
+
+
+@dataclass
+class Execution:
+    """What one ``run`` produced."""
+
+    results: list[dict[str, Any]] = field(default_factory=list)  # mime bundles, in order
+    stdout: str = ""
+    stderr: str = ""
+    error: ExecutionError | None = None
+    execution_count: int | None = None
+    duration: float = 0.0  # seconds from the request to the reply
+    timed_out: bool = False  # the client's timeout interrupted the cell
+
+    @property
+    def text(self) -> str | None:
+        """The text/plain of the last result, if any (the value of the cell's last line)."""
+        for bundle in reversed(self.results):
+            if isinstance(bundle.get("text/plain"), str):
+                return bundle["text/plain"]
+        return None
+
+
+def plain_text(text: str) -> str:
+    return ANSI.sub("", text)
+
+
+def kernel_arguments(profile: str, settings: dict[str, Any]) -> list[str]:
+    """``--WasmKernel.NAME=VALUE`` for each setting. Names are checked here (a misspelt limit
+    would otherwise leave the profile's default in force unnoticed); values by the kernel."""
+    from .kernel import WasmKernel
+
+    known = {name for name in WasmKernel.class_own_traits(config=True) if not name.startswith("_")}
+    arguments = []
+    for name, value in settings.items():
+        if name not in known or name == "profile":
+            raise SessionError(
+                f"unknown setting {name!r}; the settings are: {', '.join(sorted(known - {'profile'}))}"
+            )
+        if name == "mounts":
+            if not PROFILES[profile].mounts:
+                raise SessionError(
+                    f"the {profile} profile grants no host folder (its kernelspec pins"
+                    " an empty mount list); use profile='notebook' to mount folders"
+                )
+            if isinstance(value, str):
+                value = [value]
+            value = json.dumps([str(spec) for spec in value])
+        arguments.append(f"--WasmKernel.{name}={value}")
+    return arguments
+
+
+class _Collector:
+    """Builds an Execution from the IOPub messages of one request."""
+
+    def __init__(
+        self,
+        msg_id: str,
+        on_stdout: Callback | None,
+        on_stderr: Callback | None,
+        on_result: Callback | None,
+    ):
+        self.msg_id = msg_id
+        self.execution = Execution()
+        self.callbacks = {"stdout": on_stdout, "stderr": on_stderr}
+        self.on_result = on_result
+        self.started = time.monotonic()
+        self._clear_pending = False
+
+    def feed(self, message: dict) -> bool:
+        """Take one IOPub message; True once the request is done (the kernel went idle)."""
+        if message.get("parent_header", {}).get("msg_id") != self.msg_id:
+            return False
+        kind, content = message.get("msg_type"), message.get("content") or {}
+        if kind == "status":
+            return content.get("execution_state") == "idle"
+        execution = self.execution
+        if kind in ("stream", "display_data", "execute_result", "error") and self._clear_pending:
+            self._clear()
+        if kind == "stream" and content.get("name") in ("stdout", "stderr"):
+            name, text = content["name"], str(content.get("text", ""))
+            setattr(execution, name, getattr(execution, name) + text)
+            callback = self.callbacks[name]
+            if callback is not None:
+                callback(text)
+        elif kind in ("display_data", "execute_result") and isinstance(content.get("data"), dict):
+            execution.results.append(content["data"])
+            if self.on_result is not None:
+                self.on_result(content["data"])
+        elif kind == "error":
+            execution.error = _error(content)
+        elif kind == "clear_output":
+            if content.get("wait"):
+                self._clear_pending = True
+            else:
+                self._clear()
+        return False
+
+    def _clear(self) -> None:
+        self._clear_pending = False
+        self.execution.results, self.execution.stdout, self.execution.stderr = [], "", ""
+
+    def finish(self, reply: dict | None) -> Execution:
+        execution = self.execution
+        execution.duration = time.monotonic() - self.started
+        content = (reply or {}).get("content") or {}
+        count = content.get("execution_count")
+        execution.execution_count = count if isinstance(count, int) else None
+        if content.get("status") == "error" and execution.error is None:
+            execution.error = _error(content)
+        return execution
+
+
+def _error(content: dict) -> ExecutionError:
+    lines = content.get("traceback") or []
+    return ExecutionError(
+        name=str(content.get("ename", "")),
+        value=str(content.get("evalue", "")),
+        traceback=plain_text("\n".join(str(line) for line in lines)),
+    )
+
+
+# -- code sent for file operations: expressions only, so no name lands in the user's namespace --
+
+
+def _write_code(guest_path: str, chunk: bytes, append: bool) -> str:
+    encoded = base64.b64encode(chunk).decode("ascii")
+    mode = "ab" if append else "wb"
+    return (
+        f"(lambda f: (f.write(__import__('base64').b64decode({encoded!r})), f.close()))"
+        f"(__import__('io').open({guest_path!r}, {mode!r}));"
+    )
+
+
+def _size_expression(guest_path: str) -> str:
+    return f"__import__('os').stat({guest_path!r}).st_size"
+
+
+def _read_expression(guest_path: str, offset: int, length: int) -> str:
+    return (
+        f"(lambda f: (f.seek({offset}), __import__('base64').b64encode(f.read({length})).decode(),"
+        f" f.close())[1])(__import__('io').open({guest_path!r}, 'rb'))"
+    )
+
+
+def _list_expression(guest_path: str) -> str:
+    return (
+        "__import__('json').dumps([[e.name, e.is_dir(), 0 if e.is_dir() else e.stat().st_size]"
+        f" for e in sorted(__import__('os').scandir({guest_path!r}), key=lambda e: e.name)])"
+    )
+
+
+def _check_path(guest_path: Any) -> str:
+    if not isinstance(guest_path, str) or not guest_path or "\0" in guest_path:
+        raise SessionError(f"a guest path must be a non-empty string, not {guest_path!r}")
+    return guest_path
+
+
+def _literal_string(reply: dict, name: str, limit: int) -> str:
+    """The string a user expression evaluated to, read from its text/plain (guest data)."""
+    content = reply.get("content") or {}
+    if content.get("status") != "ok":
+        raise SessionError(f"{content.get('ename', 'Error')}: {content.get('evalue', '')}")
+    result = (content.get("user_expressions") or {}).get(name)
+    if not isinstance(result, dict):
+        raise SessionError("the kernel did not answer the file request")
+    if result.get("status") != "ok":
+        raise SessionError(f"{result.get('ename', 'Error')}: {result.get('evalue', '')}")
+    text = (result.get("data") or {}).get("text/plain")
+    if not isinstance(text, str) or len(text) > limit:
+        raise SessionError("the kernel's answer to the file request is not what was asked for")
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
+        raise SessionError("the kernel's answer to the file request is malformed") from exc
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise SessionError("the kernel's answer to the file request is not what was asked for")
+    return str(value)
+
+
+def _entries(text: str) -> list[dict[str, Any]]:
+    try:
+        rows = json.loads(text)
+        return [
+            {"name": str(name), "is_dir": bool(is_dir), "size": int(size)}
+            for name, is_dir, size in rows
+        ]
+    except (ValueError, TypeError) as exc:
+        raise SessionError("the kernel's folder listing is malformed") from exc
+
+
+def _decoded(text: str, limit: int) -> bytes:
+    try:
+        data = base64.b64decode(text, validate=True)
+    except ValueError as exc:
+        raise SessionError("the kernel's file data is not base64") from exc
+    if len(data) > limit:
+        raise SessionError("the kernel sent more file data than was asked for")
+    return data
+
+
+class _Base:
+    """What both sessions share: settings, the kernel manager's arguments, the grace time."""
+
+    def __init__(
+        self,
+        profile: str = DEFAULT_PROFILE,
+        *,
+        kernel_name: str | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        startup_timeout: float = START_TIMEOUT,
+        kernel_stdout: int | None = None,
+        **settings: Any,
+    ):
+        if profile not in PROFILES:
+            raise SessionError(f"unknown profile {profile!r}; choose {' or '.join(PROFILES)}")
+        self.profile = profile
+        self.kernel_name = kernel_name or kernelspec_name(PROFILES[profile], KERNEL_NAME)
+        self.settings = dict(settings)
+        self._launch: dict[str, Any] = {"extra_arguments": kernel_arguments(profile, self.settings)}
+        if cwd is not None:
+            self._launch["cwd"] = str(cwd)
+        if env is not None:
+            self._launch["env"] = {**os.environ, **env}
+        if kernel_stdout is not None:  # e.g. DEVNULL when our own stdout carries a protocol
+            self._launch["stdout"] = kernel_stdout
+        self.startup_timeout = startup_timeout
+        self.grace = float(settings.get("interrupt_grace", 1.0))
+
+    def _file_reply_limit(self, length: int) -> int:
+        return 4 * length // 3 + 64
+
+
+class Session(_Base):
+    """One sandboxed kernel in its own process; use it as a context manager.
+
+    ``Session(profile="strict", time_limit=10, memory_limit=256 << 20)`` starts the installed
+    ``wasm-python-strict`` kernelspec with those settings; the kernel refuses values outside
+    their ranges, and the session then fails to start with the kernel's explanation.
+    """
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        self.manager = KernelManager(kernel_name=self.kernel_name)
+        self.manager.start_kernel(**self._launch)
+        self._connect()
+
+    def _connect(self) -> None:
+        self.client = self.manager.client()
+        self.client.start_channels()
+        try:
+            self.client.wait_for_ready(timeout=self.startup_timeout)
+            self._check_sandbox()
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_sandbox(self) -> None:
+        """A silent empty cell: waits for the sandbox, and fails on refused settings."""
+        reply = self._request("", timeout=self.startup_timeout)
+        content = reply.get("content") or {}
+        if content.get("status") != "ok":
+            raise SessionError(f"{content.get('ename')}: {content.get('evalue')}")
+
+    def close(self) -> None:
+        client = getattr(self, "client", None)
+        if client is not None:
+            client.stop_channels()
+        manager = getattr(self, "manager", None)
+        if manager is not None and manager.has_kernel:
+            manager.shutdown_kernel(now=False)
+
+    def run(
+        self,
+        code: str,
+        timeout: float | None = None,
+        on_stdout: Callback | None = None,
+        on_stderr: Callback | None = None,
+        on_result: Callback | None = None,
+    ) -> Execution:
+        """Run ``code`` as a notebook cell. After ``timeout`` seconds the cell is interrupted
+        (KeyboardInterrupt inside it; stopped hard and rolled back if it ignores that) and
+        the Execution says ``timed_out``; the session stays usable."""
+        msg_id = self.client.execute(code, allow_stdin=False)
+        collector = _Collector(msg_id, on_stdout, on_stderr, on_result)
+        deadline = None if timeout is None else collector.started + timeout
+        while True:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                if collector.execution.timed_out:
+                    return self._restart_after_stuck(collector)
+                collector.execution.timed_out = True
+                self.manager.interrupt_kernel()
+                deadline = now + self.grace + STOP_MARGIN
+            wait = POLL if deadline is None else max(min(POLL, deadline - now), 0.01)
+            try:
+                message = self.client.get_iopub_msg(timeout=wait)
+            except queue.Empty:
+                if not self.manager.is_alive():
+                    raise SessionError("the kernel process ended") from None
+                continue
+            if collector.feed(message):
+                break
+        return collector.finish(self._reply(msg_id, STOP_MARGIN))
+
+    def _restart_after_stuck(self, collector: _Collector) -> Execution:
+        """The kernel did not end an interrupted cell (it cannot happen unless the kernel is
+        broken): start it again so that the session stays usable, and say what was lost."""
+        self.manager.restart_kernel(now=True)
+        self.client.stop_channels()
+        self._connect()
+        execution = collector.finish(None)
+        execution.error = ExecutionError(
+            "KernelRestarted",
+            "the cell did not stop after its timeout and the kernel was restarted: names from"
+            " earlier cells are gone.",
+            "",
+        )
+        return execution
+
+    def _reply(self, msg_id: str, timeout: float) -> dict:
+        end = time.monotonic() + timeout
+        while True:
+            message = _within(self.client.get_shell_msg, end)
+            if message.get("parent_header", {}).get("msg_id") == msg_id:
+                return message
+
+    def _request(
+        self,
+        code: str,
+        user_expressions: dict[str, str] | None = None,
+        timeout: float = FILE_OP_TIMEOUT,
+    ) -> dict:
+        """A silent request (no history, no execution count, no output); its shell reply."""
+        msg_id = self.client.execute(
+            code,
+            silent=True,
+            store_history=False,
+            user_expressions=user_expressions or {},
+            allow_stdin=False,
+        )
+        collector = _Collector(msg_id, None, None, None)
+        end = time.monotonic() + timeout
+        while not collector.feed(_within(self.client.get_iopub_msg, end)):
+            pass
+        return self._reply(msg_id, _left(end))
+
+    def upload(self, guest_path: str, data: bytes) -> None:
+        """Write ``data`` to ``guest_path`` in the guest (in /tmp or a writable mount)."""
+        guest_path = _check_path(guest_path)
+        data = bytes(data)
+        for offset in range(0, max(len(data), 1), UPLOAD_CHUNK):
+            chunk = data[offset : offset + UPLOAD_CHUNK]
+            reply = self._request(_write_code(guest_path, chunk, append=offset > 0))
+            _raise_for(reply, f"cannot write {guest_path}")
+
+    def download(self, guest_path: str, limit: int = DOWNLOAD_LIMIT) -> bytes:
+        """The contents of ``guest_path`` in the guest; refuses files larger than ``limit``."""
+        guest_path = _check_path(guest_path)
+        size = int(self._expression(_size_expression(guest_path), 32))
+        if size > limit:
+            raise SessionError(f"{guest_path} has {size:,} bytes, more than the limit {limit:,}")
+        parts = []
+        for offset in range(0, size, DOWNLOAD_CHUNK):
+            length = min(DOWNLOAD_CHUNK, size - offset)
+            expression = _read_expression(guest_path, offset, length)
+            parts.append(
+                _decoded(self._expression(expression, self._file_reply_limit(length)), length)
+            )
+        return b"".join(parts)
+
+    def files(self, guest_path: str = "/tmp") -> list[dict[str, Any]]:
+        """The entries of a guest folder: name, is_dir, size (bytes; 0 for folders)."""
+        guest_path = _check_path(guest_path)
+        return _entries(self._expression(_list_expression(guest_path), 16 << 20))
+
+    def _expression(self, expression: str, limit: int) -> str:
+        reply = self._request("", user_expressions={"value": expression})
+        return _literal_string(reply, "value", limit)
+
+    def reset(self) -> None:
+        """A fresh interpreter and an empty /tmp: the kernel is restarted with its settings."""
+        self.client.stop_channels()
+        self.manager.restart_kernel(now=False)
+        self._connect()
+
+
+class AsyncSession(_Base):
+    """``Session`` on jupyter_client's asynchronous client: ``async with AsyncSession(...)``,
+    ``await s.run(code)``, ``await s.upload(...)``; the same arguments and results."""
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        self.manager = AsyncKernelManager(kernel_name=self.kernel_name)
+        await self.manager.start_kernel(**self._launch)
+        await self._connect()
+
+    async def _connect(self) -> None:
+        self.client = self.manager.client()
+        self.client.start_channels()
+        try:
+            await self.client.wait_for_ready(timeout=self.startup_timeout)
+            reply = await self._request("", timeout=self.startup_timeout)
+            content = reply.get("content") or {}
+            if content.get("status") != "ok":
+                raise SessionError(f"{content.get('ename')}: {content.get('evalue')}")
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        client = getattr(self, "client", None)
+        if client is not None:
+            client.stop_channels()
+        manager = getattr(self, "manager", None)
+        if manager is not None and manager.has_kernel:
+            await manager.shutdown_kernel(now=False)
+
+    async def run(
+        self,
+        code: str,
+        timeout: float | None = None,
+        on_stdout: Callback | None = None,
+        on_stderr: Callback | None = None,
+        on_result: Callback | None = None,
+    ) -> Execution:
+        """As ``Session.run``."""
+        msg_id = self.client.execute(code, allow_stdin=False)
+        collector = _Collector(msg_id, on_stdout, on_stderr, on_result)
+        deadline = None if timeout is None else collector.started + timeout
+        while True:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                if collector.execution.timed_out:
+                    return await self._restart_after_stuck(collector)
+                collector.execution.timed_out = True
+                await self.manager.interrupt_kernel()
+                deadline = now + self.grace + STOP_MARGIN
+            wait = POLL if deadline is None else max(min(POLL, deadline - now), 0.01)
+            try:
+                message = await self.client.get_iopub_msg(timeout=wait)
+            except queue.Empty:
+                if not await self.manager.is_alive():
+                    raise SessionError("the kernel process ended") from None
+                continue
+            if collector.feed(message):
+                break
+        return collector.finish(await self._reply(msg_id, STOP_MARGIN))
+
+    async def _restart_after_stuck(self, collector: _Collector) -> Execution:
+        await self.manager.restart_kernel(now=True)
+        self.client.stop_channels()
+        await self._connect()
+        execution = collector.finish(None)
+        execution.error = ExecutionError(
+            "KernelRestarted",
+            "the cell did not stop after its timeout and the kernel was restarted: names from"
+            " earlier cells are gone.",
+            "",
+        )
+        return execution
+
+    async def _reply(self, msg_id: str, timeout: float) -> dict:
+        end = time.monotonic() + timeout
+        while True:
+            message = await _within_async(self.client.get_shell_msg, end)
+            if message.get("parent_header", {}).get("msg_id") == msg_id:
+                return message
+
+    async def _request(
+        self,
+        code: str,
+        user_expressions: dict[str, str] | None = None,
+        timeout: float = FILE_OP_TIMEOUT,
+    ) -> dict:
+        msg_id = self.client.execute(
+            code,
+            silent=True,
+            store_history=False,
+            user_expressions=user_expressions or {},
+            allow_stdin=False,
+        )
+        collector = _Collector(msg_id, None, None, None)
+        end = time.monotonic() + timeout
+        while not collector.feed(await _within_async(self.client.get_iopub_msg, end)):
+            pass
+        return await self._reply(msg_id, _left(end))
+
+    async def upload(self, guest_path: str, data: bytes) -> None:
+        """As ``Session.upload``."""
+        guest_path = _check_path(guest_path)
+        data = bytes(data)
+        for offset in range(0, max(len(data), 1), UPLOAD_CHUNK):
+            chunk = data[offset : offset + UPLOAD_CHUNK]
+            reply = await self._request(_write_code(guest_path, chunk, append=offset > 0))
+            _raise_for(reply, f"cannot write {guest_path}")
+
+    async def download(self, guest_path: str, limit: int = DOWNLOAD_LIMIT) -> bytes:
+        """As ``Session.download``."""
+        guest_path = _check_path(guest_path)
+        size = int(await self._expression(_size_expression(guest_path), 32))
+        if size > limit:
+            raise SessionError(f"{guest_path} has {size:,} bytes, more than the limit {limit:,}")
+        parts = []
+        for offset in range(0, size, DOWNLOAD_CHUNK):
+            length = min(DOWNLOAD_CHUNK, size - offset)
+            text = await self._expression(
+                _read_expression(guest_path, offset, length), self._file_reply_limit(length)
+            )
+            parts.append(_decoded(text, length))
+        return b"".join(parts)
+
+    async def files(self, guest_path: str = "/tmp") -> list[dict[str, Any]]:
+        """As ``Session.files``."""
+        guest_path = _check_path(guest_path)
+        return _entries(await self._expression(_list_expression(guest_path), 16 << 20))
+
+    async def _expression(self, expression: str, limit: int) -> str:
+        reply = await self._request("", user_expressions={"value": expression})
+        return _literal_string(reply, "value", limit)
+
+    async def reset(self) -> None:
+        """As ``Session.reset``."""
+        self.client.stop_channels()
+        await self.manager.restart_kernel(now=False)
+        await self._connect()
+
+
+def _left(end: float) -> float:
+    left = end - time.monotonic()
+    if left <= 0:
+        raise SessionError("the kernel did not answer in time")
+    return left
+
+
+def _within(receive: Callable[..., dict], end: float) -> dict:
+    """One message from a channel before ``end``, or SessionError."""
+    try:
+        return receive(timeout=_left(end))
+    except queue.Empty:
+        raise SessionError("the kernel did not answer in time") from None
+
+
+async def _within_async(receive: Callable[..., Any], end: float) -> dict:
+    try:
+        return await receive(timeout=_left(end))
+    except queue.Empty:
+        raise SessionError("the kernel did not answer in time") from None
+
+
+def _raise_for(reply: dict, what: str) -> None:
+    content = reply.get("content") or {}
+    if content.get("status") != "ok":
+        raise SessionError(f"{what}: {content.get('ename')}: {content.get('evalue')}")

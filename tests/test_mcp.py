@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 mcp = pytest.importorskip("mcp")
-from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.session import ClientSession  # noqa: E402 (after the skip)
+from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
 
 PNG = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()"  # an inline figure
 

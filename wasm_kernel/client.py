@@ -93,9 +93,8 @@ def kernel_arguments(profile: str, settings: dict[str, Any]) -> list[str]:
     arguments = []
     for name, value in settings.items():
         if name not in known or name == "profile":
-            raise SessionError(
-                f"unknown setting {name!r}; the settings are: {', '.join(sorted(known - {'profile'}))}"
-            )
+            settings = ", ".join(sorted(known - {"profile"}))
+            raise SessionError(f"unknown setting {name!r}; the settings are: {settings}")
         if name == "mounts":
             if not PROFILES[profile].mounts:
                 raise SessionError(

@@ -23,6 +23,7 @@ class Profile:
     active_output: str  # "block" or "allow": see WasmKernel.active_output
     packages: str  # "index", "off" or a wheelhouse folder: see WasmKernel.packages
     packages_quota: int  # bytes of packages one kernel may install
+    hibernate: bool  # save the session's image at shutdown, resume it at the next start
     kernel_suffix: str  # appended to the kernelspec name and display name
 
 
@@ -43,6 +44,7 @@ PROFILES = {
             active_output="block",
             packages="index",
             packages_quota=1 << 30,
+            hibernate=True,
             kernel_suffix="",
         ),
         Profile(
@@ -58,6 +60,7 @@ PROFILES = {
             active_output="block",
             packages="off",  # an operator may grant a wheelhouse folder
             packages_quota=256 << 20,
+            hibernate=False,
             kernel_suffix="strict",
         ),
     )

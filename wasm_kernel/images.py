@@ -80,11 +80,11 @@ def identity(runtime_sha256: str) -> dict[str, object]:
 
 
 _IDENTITY_WORDS = {
-    "runtime_sha256": "the runtime (sha256)",
-    "rewrite": "the runtime rewrite version",
-    "guest_code": "the kernel's guest code (sha256)",
-    "wasmtime": "the wasmtime version",
-    "machine": "the machine type",
+    "runtime_sha256": "runtime (sha256)",
+    "rewrite": "version of the runtime rewrite",
+    "guest_code": "version of the kernel's guest code (sha256)",
+    "wasmtime": "wasmtime version",
+    "machine": "machine type",
 }
 
 
@@ -229,6 +229,15 @@ def read_image(
 def parse_image(
     data: bytes, *, needs: dict[str, object], memory_limit: int, scratch_limit: int
 ) -> Image:
+    header, body, offset = verified_header(data)
+    try:
+        return _checked(header, body, offset, needs, memory_limit, scratch_limit)
+    except (ValueError, TypeError, KeyError, zlib.error, tarfile.TarError) as exc:
+        raise ImageError(f"the image is malformed: {exc}") from None
+
+
+def verified_header(data: bytes) -> tuple[dict, memoryview, int]:
+    """The header of a sound image file, its body and where the blobs start."""
     prefix = len(MAGIC) + 8
     if not data.startswith(MAGIC):
         raise ImageError("this is not a wasm-kernel image (it does not start with one's mark)")
@@ -246,9 +255,35 @@ def parse_image(
         raise ImageError("the image's header is larger than allowed")
     try:
         header = json.loads(bytes(body[prefix : prefix + header_size]))
-        return _checked(header, body, prefix + header_size, needs, memory_limit, scratch_limit)
-    except (ValueError, TypeError, KeyError, zlib.error, tarfile.TarError) as exc:
-        raise ImageError(f"the image is malformed: {exc}") from None
+    except ValueError as exc:
+        raise ImageError(f"the image's header is malformed: {exc}") from None
+    if not isinstance(header, dict):
+        raise ImageError("the image's header is not an object")
+    return header, body, prefix + header_size
+
+
+def describe_file(path: Path, needs: dict[str, object]) -> str:
+    """What ``python -m wasm_kernel snapshot info`` shows: the header, and whether this
+    installation can resume the image."""
+    try:
+        header, _, _ = verified_header(path.read_bytes())
+    except OSError as exc:
+        raise ImageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    found = header.get("needs") if isinstance(header.get("needs"), dict) else {}
+    memory = header.get("memory") if isinstance(header.get("memory"), dict) else {}
+    host = header.get("host") if isinstance(header.get("host"), dict) else {}
+    lines = [
+        f"image:           {path} ({path.stat().st_size / (1 << 20):.1f} MiB on disk)",
+        f"taken:           {str(header.get('taken'))[:64]}",
+        f"guest memory:    {int(memory.get('size', 0)) / (1 << 20):.1f} MiB",
+        f"execution count: {str(host.get('execution_count'))[:24]}",
+        f"taken with mounts (not carried): {str(header.get('mounts'))[:400]}",
+    ]
+    for key, wanted in needs.items():
+        have = found.get(key)
+        verdict = "ok" if have == wanted else f"differs: this installation has {wanted}"
+        lines.append(f"needs {_IDENTITY_WORDS[key]}: {str(have)[:80]} ({verdict})")
+    return "\n".join(lines)
 
 
 def _require(condition: bool, what: str) -> None:
@@ -261,22 +296,20 @@ def _is_int(value: object, low: int, high: int) -> bool:
 
 
 def _checked(
-    header: object,
+    header: dict,
     body: memoryview,
     offset: int,
     needs: dict[str, object],
     memory_limit: int,
     scratch_limit: int,
 ) -> Image:
-    _require(isinstance(header, dict), "the header is not an object")
-    assert isinstance(header, dict)
     found = header["needs"]
     _require(isinstance(found, dict), "'needs' is not an object")
     for key, wanted in needs.items():
         if found.get(key) != wanted:
             raise ImageError(
-                f"the image needs another {_IDENTITY_WORDS.get(key, key)}: it was taken with"
-                f" {str(found.get(key))[:80]!r}, this kernel has {str(wanted)[:80]!r}"
+                f"the image was taken with another {_IDENTITY_WORDS.get(key, key)},"
+                f" {str(found.get(key))[:80]!r}; this kernel has {str(wanted)[:80]!r}"
             )
     mounts = header["mounts"]
     _require(
@@ -416,6 +449,12 @@ def unpack_archive(archive: bytes, folder: Path) -> None:
                 while chunk := source.read(1 << 20):
                     out.write(chunk)
             target.chmod(0o600)
+
+
+def boot_image_path(entry: Path) -> Path:
+    """Where the boot image of a compiled-runtime cache entry lives: named by the guest code's
+    version, so that a change of guest code needs (and finds) a new one."""
+    return entry / f"boot-{guest_code_version()[:24]}{SUFFIX}"
 
 
 # -- the images folder ---------------------------------------------------------------------------

@@ -457,7 +457,7 @@ class WasmKernel(Kernel):
         )
         source = self._image_to_resume()
         if source is None:
-            return start()
+            return self._boot_from_image(cache.entry_dir(self.runtime), start)
         try:
             image = self._read_image(source)
             sandbox = start(image=image)
@@ -470,7 +470,22 @@ class WasmKernel(Kernel):
         if source.name.startswith(images.ImageFolder.HIBERNATED):
             source.unlink(missing_ok=True)  # used up: a restart afterwards starts afresh
         self._resumed = image.host
+        sandbox.checkpoint()  # so that a trap in the first cell rolls back to the image
         return sandbox
+
+    def _boot_from_image(self, entry: Path, start: Callable[..., Sandbox]) -> Sandbox:
+        """A fresh guest from the cache's boot image (built by install/precompile), where
+        there is one for this guest code; else booted the ordinary way."""
+        path = images.boot_image_path(entry)
+        if not path.exists():
+            return start()
+        try:
+            image = self._read_image(path)
+            image.host.cwd = self.start_dir  # a boot image has no folder of its own
+            return start(image=image)
+        except images.ImageError as exc:
+            self.log.warning("booting without the boot image %s: %s", path, exc)
+            return start()
 
     def _image_to_resume(self) -> Path | None:
         """``resume_from`` (a snapshot's name or a path), else this notebook's hibernated image."""

@@ -293,7 +293,7 @@ class Sandbox:
         self._memory_at_start = 0
         self._adapter: wasmtime.Module | None = None  # compiled once, reused by restarts
         # added to the host's clocks so that a resumed guest's never run backwards
-        self._clock_offsets = {clock: 0 for clock in _CLOCKS}
+        self._clock_offsets = dict.fromkeys(_CLOCKS, 0)
         try:
             self._start_interpreter(image)
         except BaseException:
@@ -384,6 +384,7 @@ class Sandbox:
         named = {export.name: exports[export.name] for export in self.compiled.module.exports}
         if image is not None:
             self._resume(store, named, image)
+            self._changed = True  # a checkpoint now keeps the resumed state
         else:
             if not self.compiled.runtime.preinitialized:
                 exports["_initialize"](store)
@@ -474,6 +475,7 @@ class Sandbox:
                     raise images.ImageError(f"the interpreter could not be asked: {exc}") from None
                 finally:
                     self._output.end()
+            self._changed = True  # that turn ran: the next checkpoint keeps what it did
             cwd = (self._reply or {}).get("cwd")
             host.cwd = cwd if isinstance(cwd, str) and cwd else self.cwd
             host.clocks = {clock: self._now(clock) for clock in _CLOCKS if clock}
@@ -522,7 +524,8 @@ class Sandbox:
             self._tmp.mkdir(mode=0o700)
             try:
                 self._start_interpreter(image)
-                self._take_checkpoint(self._store)  # type: ignore[arg-type]
+                if self._state is not None:
+                    self._take_checkpoint(self._store)  # type: ignore[arg-type]
             except BaseException:
                 if self._store is not kept["_store"] and self._store is not None:
                     self._store.close()
@@ -1009,6 +1012,22 @@ class Sandbox:
         self._write(caller, out_ptr, events)
         self._write(caller, nevents_ptr, struct.pack("<I", len(ready)))
         return 0
+
+
+def build_boot_image(compiled: CompiledRuntime, limits: Limits, path: Path) -> int:
+    """Boot a guest and save it as the image kernels start from; returns its size in bytes.
+
+    The image holds nothing of any session: no mounts, an empty /tmp, no history."""
+    sandbox = Sandbox(compiled, limits, rollback=False)
+    try:
+        data = sandbox.save_image(images.HostState(), [])
+    finally:
+        sandbox.close()
+    staging = path.with_name(f".{path.name}.partial")
+    staging.write_bytes(data)
+    staging.chmod(0o644)  # shared by every user of the cache, as the compiled module is
+    staging.replace(path)
+    return len(data)
 
 
 _CLOCKS = {0: time.time_ns, 1: time.monotonic_ns, 2: time.process_time_ns, 3: time.thread_time_ns}

@@ -119,9 +119,10 @@ class Image:
 # -- writing ------------------------------------------------------------------------------------
 
 
-def changed_extents(memory: bytes | memoryview, base: bytes | memoryview) -> list[tuple[int, int]]:
-    """(first page, page count) runs of ``memory`` that differ from ``base`` (zero past its end)."""
-    memory, base = memoryview(memory), memoryview(base)
+def changed_extents(memory: bytes, base: bytes) -> list[tuple[int, int]]:
+    """(first page, page count) runs of ``memory`` that differ from ``base`` (zero past its end).
+
+    Slices of bytes compare with memcmp; memoryviews would compare byte by byte."""
     zero = bytes(PAGE)
     runs: list[tuple[int, int]] = []
     for page in range(len(memory) // PAGE):
@@ -166,8 +167,8 @@ def write_image(
     *,
     needs: dict[str, object],
     mounts: list[str],
-    memory: bytes | memoryview,
-    base: bytes | memoryview,
+    memory: bytes,
+    base: bytes,
     globals_: dict[str, int],
     host: HostState,
     scratch: bytes,

@@ -13,6 +13,8 @@ import io
 import json
 import signal
 import struct
+import subprocess
+import sys
 import tarfile
 import zlib
 from pathlib import Path
@@ -303,3 +305,35 @@ def test_bad_image_at_start_gives_a_fresh_kernel_that_says_why(start_kernel, pre
     assert "could not resume from" in first.stream_text("stderr")
     assert "damaged or truncated" in first.stream_text("stderr")
     assert plain(kernel.execute("1 + 1")) == 2
+
+
+def test_snapshot_command_lists_inspects_and_deletes(prepared, tmp_path):
+    folder = copy_folder(prepared, tmp_path / "snapshots")
+
+    def command(*words: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "wasm_kernel",
+                "snapshot",
+                *words,
+                "--snapshot-dir",
+                str(folder),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    listed = command("list")
+    assert listed.returncode == 0 and "base" in listed.stdout and "MiB used" in listed.stdout
+    info = command("info", "base")
+    assert info.returncode == 0, info.stderr
+    assert "execution count: 3" in info.stdout and "(ok)" in info.stdout
+    assert "differs" not in info.stdout
+    refused = command("delete", "../base")
+    assert refused.returncode == 1 and "is not a snapshot name" in refused.stderr
+    assert command("delete", "base").returncode == 0
+    assert "No snapshots" in command("list").stdout

@@ -119,16 +119,16 @@ class Image:
 # -- writing ------------------------------------------------------------------------------------
 
 
-def changed_extents(memory: bytes, base: bytes) -> list[tuple[int, int]]:
+def changed_extents(memory: bytes | memoryview, base: bytes) -> list[tuple[int, int]]:
     """(first page, page count) runs of ``memory`` that differ from ``base`` (zero past its end).
 
-    Slices of bytes compare with memcmp; memoryviews would compare byte by byte."""
+    Pages are compared as bytes (memcmp); memoryviews would compare byte by byte."""
     zero = bytes(PAGE)
     runs: list[tuple[int, int]] = []
     for page in range(len(memory) // PAGE):
         start = page * PAGE
         reference = base[start : start + PAGE] if start < len(base) else zero
-        if memory[start : start + PAGE] == reference:
+        if bytes(memory[start : start + PAGE]) == reference:
             continue
         if runs and runs[-1][0] + runs[-1][1] == page:
             runs[-1] = (runs[-1][0], runs[-1][1] + 1)
@@ -167,7 +167,7 @@ def write_image(
     *,
     needs: dict[str, object],
     mounts: list[str],
-    memory: bytes,
+    memory: bytes | memoryview,
     base: bytes,
     globals_: dict[str, int],
     host: HostState,

@@ -487,11 +487,12 @@ class Sandbox:
             size = self._memory.data_len(store)
             if globals_[BRK_EXPORT].value(store) == 0:
                 globals_[BRK_EXPORT].set_value(store, size)  # as GuestState.take does
-            memory = ctypes.string_at(memory_address(self._memory, store), size)
+            # read in place, page by page: no copy of the whole guest on the host
+            memory = (ctypes.c_char * size).from_address(memory_address(self._memory, store))
             return images.write_image(
                 needs=images.identity(self.compiled.runtime.module.sha256),
                 mounts=mounts,
-                memory=memory,
+                memory=memoryview(memory).cast("B"),
                 base=self._fresh_memory(),
                 globals_={name: value.value(store) for name, value in globals_.items()},
                 host=host,

@@ -270,13 +270,16 @@ def describe_file(path: Path, needs: dict[str, object]) -> str:
         header, _, _ = verified_header(path.read_bytes())
     except OSError as exc:
         raise ImageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    found = header.get("needs") if isinstance(header.get("needs"), dict) else {}
-    memory = header.get("memory") if isinstance(header.get("memory"), dict) else {}
-    host = header.get("host") if isinstance(header.get("host"), dict) else {}
+
+    def part(key: str) -> dict:
+        value = header.get(key)
+        return value if isinstance(value, dict) else {}
+
+    found, memory, host = part("needs"), part("memory"), part("host")
     lines = [
         f"image:           {path} ({path.stat().st_size / (1 << 20):.1f} MiB on disk)",
         f"taken:           {str(header.get('taken'))[:64]}",
-        f"guest memory:    {int(memory.get('size', 0)) / (1 << 20):.1f} MiB",
+        f"guest memory:    {str(memory.get('size'))[:24]} bytes",
         f"execution count: {str(host.get('execution_count'))[:24]}",
         f"taken with mounts (not carried): {str(header.get('mounts'))[:400]}",
     ]

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import partial
 from importlib import resources
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import wasmtime
 
@@ -381,7 +381,9 @@ class Sandbox:
         self._files = files
         self._turn_func: wasmtime.Func = exports["turn"]
         self._alloc: wasmtime.Func = exports["host_alloc"]
-        named = {export.name: exports[export.name] for export in self.compiled.module.exports}
+        named: dict[str, Any] = {
+            export.name: exports[export.name] for export in self.compiled.module.exports
+        }
         if image is not None:
             self._resume(store, named, image)
             self._changed = True  # a checkpoint now keeps the resumed state
@@ -476,7 +478,7 @@ class Sandbox:
                 finally:
                     self._output.end()
             self._changed = True  # that turn ran: the next checkpoint keeps what it did
-            cwd = (self._reply or {}).get("cwd")
+            cwd = self._reply.get("cwd") if self._reply else None
             host.cwd = cwd if isinstance(cwd, str) and cwd else self.cwd
             host.clocks = {clock: self._now(clock) for clock in _CLOCKS if clock}
             exports = {
@@ -510,6 +512,7 @@ class Sandbox:
             i32 = wasmtime.ValType.i32()
             linker.define_func("host", "call", wasmtime.FuncType([i32] * 4, [i32]), lambda *_: -1)
             memory = linker.instantiate(store, self.compiled.module).exports(store)["memory"]
+            assert isinstance(memory, wasmtime.Memory)
             return ctypes.string_at(memory_address(memory, store), memory.data_len(store))
         finally:
             store.close()

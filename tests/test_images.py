@@ -337,3 +337,60 @@ def test_snapshot_command_lists_inspects_and_deletes(prepared, tmp_path):
     assert refused.returncode == 1 and "is not a snapshot name" in refused.stderr
     assert command("delete", "base").returncode == 0
     assert "No snapshots" in command("list").stdout
+
+
+# -- the boot image ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_cache(tmp_path) -> Path:
+    """A copy of the compiled-runtime cache, as hard links (no second 400 MB), whose boot
+    image a test may remove without touching the one other tests use."""
+    from wasm_kernel.cache import RuntimeCache
+    from wasm_kernel.runtime import load_runtime
+
+    cache = RuntimeCache()
+    entry = cache.entry_dir(load_runtime())
+    assert images.boot_image_path(entry).exists(), "run `python -m wasm_kernel precompile`"
+    copy = tmp_path / "cache"
+    subprocess.run(["cp", "-al", str(cache.directory), str(copy)], check=True)
+    return copy
+
+
+def test_kernels_start_from_the_boot_image(own_cache, tmp_path):
+    env = environment(tmp_path, WASM_KERNEL_CACHE_DIR=str(own_cache))
+    argv = [f"--WasmKernel.cache_dir={own_cache}"]
+    kernels = [Kernel(argv, env=env) for _ in range(2)]
+    try:
+        for kernel in kernels:
+            described = ok(kernel.execute("%sandbox")).stream_text()
+            assert "Interpreter: from the boot image" in described
+        # each start reseeds: kernels from one boot image do not share their random numbers
+        ok(kernels[0].execute("import random, os"))
+        ok(kernels[1].execute("import random, os"))
+        draws = [plain(kernel.execute("random.random()")) for kernel in kernels]
+        assert draws[0] != draws[1]
+        # the notebook profile's mount of the working folder, which the boot image was built
+        # without, is where the kernel starts
+        listing = "os.getcwd(), sorted(os.listdir())"
+        from_image = plain(kernels[0].execute(listing))
+    finally:
+        for kernel in kernels:
+            kernel.shutdown()
+    for boot in own_cache.rglob("boot-*" + images.SUFFIX):
+        boot.unlink()
+    plain_boot = Kernel(argv, env=env)
+    try:
+        assert "Interpreter: from a fresh boot" in plain_boot.execute("%sandbox").stream_text()
+        assert plain(plain_boot.execute(f"import os; {listing}")) == from_image
+    finally:
+        plain_boot.shutdown()
+    built = subprocess.run(
+        [sys.executable, "-m", "wasm_kernel", "precompile", "--cache-dir", str(own_cache)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    assert len(list(own_cache.rglob("boot-*" + images.SUFFIX))) == 1

@@ -332,6 +332,7 @@ class WasmKernel(Kernel):
         )
         self._resumed: images.HostState | None = None  # host state to apply before cell 1
         self._resume_note = ""  # why an image could not be resumed, told on the first cell
+        self._started_from = "a fresh boot"  # or the boot image, or a saved image
         self._interrupt_relay = InterruptRelay(self._interrupt_sandbox)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wasm-kernel-guest")
         self._boot_stage = "starting"
@@ -467,6 +468,7 @@ class WasmKernel(Kernel):
                 " interpreter instead.\n"
             )
             return start()
+        self._started_from = f"image {source}"
         if source.name.startswith(images.ImageFolder.HIBERNATED):
             source.unlink(missing_ok=True)  # used up: a restart afterwards starts afresh
         self._resumed = image.host
@@ -482,7 +484,9 @@ class WasmKernel(Kernel):
         try:
             image = self._read_image(path)
             image.host.cwd = self.start_dir  # a boot image has no folder of its own
-            return start(image=image)
+            sandbox = start(image=image)
+            self._started_from = "the boot image"
+            return sandbox
         except images.ImageError as exc:
             self.log.warning("booting without the boot image %s: %s", path, exc)
             return start()
@@ -577,6 +581,7 @@ class WasmKernel(Kernel):
             f"Host folders:\n{folders}\n"
             f"  {SCRATCH}: private scratch, deleted when the kernel stops, {scratch_size}\n"
             f"Starting folder: {self.start_dir}\n"
+            f"Interpreter: from {self._started_from}\n"
             f"Per cell: fuel {limits.fuel:,},"
             f" {f'time {limits.seconds:.10g} s' if limits.seconds else 'no time limit'},"
             f" memory {_size(limits.memory)}, output {_size(limits.output)}\n"

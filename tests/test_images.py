@@ -16,10 +16,10 @@ import struct
 import subprocess
 import sys
 import tarfile
-import zlib
 from pathlib import Path
 
 import pytest
+import zstandard
 from conftest import Kernel, ok, plain
 from test_interrupts import MARKER, run_and_interrupt
 
@@ -236,7 +236,7 @@ def _rebuilt(data: bytes, change) -> bytes:
 def _with_archive(data: bytes, archive: bytes) -> bytes:
     """The image with another /tmp archive (and a valid checksum)."""
     header, body, offset = images.verified_header(data)
-    packed = zlib.compress(archive)
+    packed = zstandard.ZstdCompressor().compress(archive)
     blobs = bytes(body[offset : len(body) - header["scratch"]])
     header["scratch"] = len(packed)
     encoded = json.dumps(header).encode()

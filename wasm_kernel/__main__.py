@@ -75,11 +75,15 @@ def precompile(cache_dir: str | None) -> Path:
 def make_boot_image(compiled: Any, entry: Path) -> None:
     """The image of a freshly booted guest, which kernels start from (see images.py)."""
     from . import images
+    from .cache import writable
     from .profiles import PROFILES
     from .sandbox import Limits, build_boot_image
 
     path = images.boot_image_path(entry)
     if path.exists():
+        return
+    if not writable(entry):
+        print(f"{entry} is read-only: no boot image; kernels boot without one", file=sys.stderr)
         return
     for stale in entry.glob("boot-*" + images.SUFFIX):
         stale.unlink()  # made for other guest code
@@ -91,8 +95,12 @@ def make_boot_image(compiled: Any, entry: Path) -> None:
         output=profile.output_limit,
         scratch=profile.scratch_limit,
     )
-    with progress("building the boot image"):
-        size = build_boot_image(compiled, limits, path)
+    try:
+        with progress("building the boot image"):
+            size = build_boot_image(compiled, limits, path)
+    except (OSError, images.ImageError, RuntimeError) as exc:
+        print(f"could not build the boot image ({exc}); kernels boot without one", file=sys.stderr)
+        return
     print(f"boot image {path.name} ({size / (1 << 20):.1f} MiB) ready", file=sys.stderr)
 
 

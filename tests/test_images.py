@@ -37,6 +37,7 @@ frame = pd.DataFrame({"a": [1, 2, 3], "b": ["x", "y", "z"]})
 point = Point(3, 4)
 open("/tmp/kept.txt", "w").write("scratch survives")
 spent = time.process_time()
+held = open("/tmp/kept.txt")
 """
 CHECK = (
     "(int(array.sum()), frame.to_dict('list'), point.norm2(), type(point).__name__,"
@@ -110,7 +111,25 @@ def test_bad_names_and_actions_are_refused(start_kernel, tmp_path):
         ename, evalue = error_of(kernel.execute(f"%snapshot {line}"))
         assert ename == "UsageError", (line, evalue)
     assert not any(tmp_path.iterdir()) and not (tmp_path.parent / "escape.wkimg").exists()
+    # another notebook's hibernated session is not for this one to take or destroy
+    for action in ("save", "restore", "delete"):
+        ename, evalue = error_of(kernel.execute(f"%snapshot {action} hibernated-0123abcd"))
+        assert ename == "UsageError" and "belong to their own notebooks" in evalue
     assert plain(kernel.execute("1 + 1")) == 2
+
+
+def test_strict_profile_has_no_snapshots(start_kernel, prepared):
+    kernel = start_kernel(kernel_name="wasm-python-strict", env=environment(prepared))
+    for line in ("list", "restore base", "save mine"):
+        ename, evalue = error_of(kernel.execute(f"%snapshot {line}"))
+        assert ename == "UsageError" and "%snapshot is off" in evalue
+    assert [path.name for path in prepared.iterdir()] == ["base" + images.SUFFIX]
+
+
+def test_a_quota_below_any_image_is_a_refused_setting(start_kernel, tmp_path):
+    kernel = start_kernel(["--WasmKernel.snapshot_quota=5"], env=environment(tmp_path))
+    ename, evalue = error_of(kernel.execute("1"))
+    assert ename == "InvalidSetting" and "WasmKernel.snapshot_quota = '5'" in evalue
 
 
 def test_quota_exceeded_is_a_clear_error(start_kernel, tmp_path):
@@ -137,6 +156,8 @@ def test_resume_in_a_new_process(start_kernel, prepared):
     assert "marker = 'third cell'" in sources and "%snapshot save base" in sources
     # the guest's clocks do not run backwards in the new process
     assert plain(kernel.execute("time.process_time() >= spent")) is True
+    # a file open when the image was taken is closed now (its descriptor did not come along)
+    assert plain(kernel.execute("held.closed")) is True
 
 
 def test_resume_by_path_with_other_mounts(start_kernel, prepared, tmp_path):

@@ -260,6 +260,12 @@ class WasmKernel(Kernel):
         " %snapshot list) or an image file's path. The kernel's own mounts and limits apply."
         " Env: WASM_KERNEL_RESUME_FROM.",
     ).tag(config=True)
+    snapshots = CheckedBool(
+        help="Let cells save, restore, list and delete images with %snapshot. Images are the"
+        " user's, shared by their notebooks (restoring one brings its variables into this"
+        " session), so the strict profile, for untrusted code, has it off. Default: the"
+        " profile's. Env: WASM_KERNEL_SNAPSHOTS.",
+    ).tag(config=True)
     hibernate = CheckedBool(
         help="At shutdown (not restart) save the session's image, keyed by the notebook"
         f" ({SESSION_ENV}, set by Jupyter Server), and resume it in the next kernel started for"
@@ -284,6 +290,7 @@ class WasmKernel(Kernel):
     _snapshot_quota_default = _env_default("snapshot_quota", 2 << 30)
     _resume_from_default = _env_default("resume_from", "")
     _hibernate_default = _env_default("hibernate", _from_profile("hibernate"))
+    _snapshots_default = _env_default("snapshots", _from_profile("snapshots"))
 
     def __init__(self, **kwargs: Any):
         self._refused: list[str] = []  # settings refused at start, reported by every cell
@@ -654,12 +661,22 @@ class WasmKernel(Kernel):
         """``%snapshot`` from the guest, during its turn: list and delete at once; save and
         restore are noted on the cell and done when its turn has ended."""
         try:
+            if not self.snapshots:
+                raise images.ImageError(
+                    "%snapshot is off in this kernel (--WasmKernel.snapshots, off in the"
+                    " strict profile)"
+                )
             if action not in ("save", "restore", "list", "delete"):
                 raise images.ImageError(
                     "usage: %snapshot save NAME | restore NAME | list | delete NAME"
                 )
             if action == "list":
                 return {"text": self.image_folder.describe()}
+            if name.startswith(images.ImageFolder.HIBERNATED):
+                raise images.ImageError(
+                    "hibernated sessions belong to their own notebooks; they cannot be saved,"
+                    " restored or deleted from a cell"
+                )
             if action == "delete":
                 self.image_folder.delete(name)
                 return {"text": f"Deleted snapshot {name!r}."}

@@ -24,6 +24,7 @@ class Profile:
     packages: str  # "index", "off" or a wheelhouse folder: see WasmKernel.packages
     packages_quota: int  # bytes of packages one kernel may install
     hibernate: bool  # save the session's image at shutdown, resume it at the next start
+    snapshots: bool  # cells may save and restore images with %snapshot
     kernel_suffix: str  # appended to the kernelspec name and display name
 
 
@@ -45,6 +46,7 @@ PROFILES = {
             packages="index",
             packages_quota=1 << 30,
             hibernate=True,
+            snapshots=True,
             kernel_suffix="",
         ),
         Profile(
@@ -61,6 +63,7 @@ PROFILES = {
             packages="off",  # an operator may grant a wheelhouse folder
             packages_quota=256 << 20,
             hibernate=False,
+            snapshots=False,
             kernel_suffix="strict",
         ),
     )

@@ -14,7 +14,7 @@ from traitlets.config import Application, Configurable
 from traitlets.utils.text import indent, wrap_paragraphs
 
 from .cache import default_cache_dir
-from .kernel import DEFAULT_HISTORY_FILE, ENV_PREFIX, WasmKernel
+from .kernel import DEFAULT_HISTORY_FILE, DEFAULT_SNAPSHOT_DIR, ENV_PREFIX, WasmKernel
 from .profiles import PROFILES
 from .settings import Limit, _amount
 
@@ -69,6 +69,10 @@ def real_default(name: str, trait: Any) -> str:
         shown = repr(str(default_cache_dir()))
     elif name == "history_file":
         shown = repr(DEFAULT_HISTORY_FILE)
+    elif name == "snapshot_dir":
+        shown = repr(DEFAULT_SNAPSHOT_DIR)
+    elif name == "resume_from":
+        shown = "none: a fresh interpreter (or, with hibernate, the notebook's hibernated one)"
     else:
         shown = trait.default_value_repr()
     variable = ENV_PREFIX + name.upper()

@@ -142,6 +142,13 @@ def changed_extents(memory: bytes | memoryview, base: bytes) -> list[tuple[int, 
 def archive_folder(folder: Path, limit: int) -> bytes:
     """A tar of ``folder``'s files and folders (links and special files are left out); refuses
     to grow past ``limit`` bytes of content."""
+    try:
+        return _archive(folder, limit)
+    except OSError as exc:
+        raise ImageError(f"cannot archive the private /tmp: {exc.strerror or exc}") from None
+
+
+def _archive(folder: Path, limit: int) -> bytes:
     out = io.BytesIO()
     total = 0
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -443,6 +450,13 @@ def check_archive(archive: bytes, limit: int) -> None:
 
 def unpack_archive(archive: bytes, folder: Path) -> None:
     """Extract a checked archive into ``folder`` (files private to this user)."""
+    try:
+        _unpack(archive, folder)
+    except OSError as exc:
+        raise ImageError(f"cannot unpack the image's /tmp: {exc.strerror or exc}") from None
+
+
+def _unpack(archive: bytes, folder: Path) -> None:
     with _archive_members(archive) as tar:
         for member in tar:
             target = folder.joinpath(*PurePosixPath(member.name).parts)

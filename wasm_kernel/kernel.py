@@ -475,7 +475,7 @@ class WasmKernel(Kernel):
                 " interpreter instead.\n"
             )
             return start()
-        self._started_from = f"image {source}"
+        self._started_from = f"image {source.name}"
         if source.name.startswith(images.ImageFolder.HIBERNATED):
             source.unlink(missing_ok=True)  # used up: a restart afterwards starts afresh
         self._resumed = image.host

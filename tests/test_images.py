@@ -227,6 +227,11 @@ def test_hibernated_session_comes_back(start_kernel, tmp_path):
     assert plain(second.execute("kept")) == {"answer": 42}
     # the image was used up: a kernel started after this one starts afresh unless it hibernates
     assert not list(tmp_path.glob("hibernated-*"))
+    # a restart is not a hibernation: the user asked for a fresh interpreter
+    second.manager.restart_kernel(now=False)
+    second.client.wait_for_ready(timeout=120)
+    assert plain(second.execute("'kept' in dir()")) is False
+    assert not list(tmp_path.glob("hibernated-*"))
     other = start_kernel(env=environment(tmp_path, JPY_SESSION_NAME=str(tmp_path / "other.ipynb")))
     assert plain(other.execute("'kept' in dir()")) is False
 

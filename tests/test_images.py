@@ -270,6 +270,23 @@ def _with_archive(data: bytes, archive: bytes) -> bytes:
     return new + hashlib.sha256(new).digest()
 
 
+def _garbled_memory(data: bytes) -> bytes:
+    """The image with every stored page overwritten (a sound file, an interpreter that cannot
+    run): what a hostile image with a correct checksum could hold."""
+    header, body, offset = images.verified_header(data)
+    packer = zstandard.ZstdCompressor()
+    blobs = []
+    for extent in header["memory"]["extents"]:
+        blob = packer.compress(b"\xff" * (extent[1] * images.PAGE))
+        offset += extent[2]
+        extent[2] = len(blob)
+        blobs.append(blob)
+    encoded = json.dumps(header).encode()
+    rest = b"".join(blobs) + bytes(body[offset:])
+    new = images.MAGIC + struct.pack("<II", images.FORMAT, len(encoded)) + encoded + rest
+    return new + hashlib.sha256(new).digest()
+
+
 def _escaping_archive() -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as tar:
@@ -304,6 +321,7 @@ BAD_IMAGES = {
     "not-an-image": (lambda data: b"PK\x03\x04" + data[4:], "not a wasm-kernel image"),
     "too-much-memory": (lambda data: _rebuilt(data, _huge), "more than this kernel's memory"),
     "escaping-archive": (lambda data: _with_archive(data, _escaping_archive()), "escapes /tmp"),
+    "garbled-memory": (_garbled_memory, "the resumed interpreter"),
 }
 
 

@@ -642,6 +642,9 @@ class WasmKernel(Kernel):
                 )
             except images.ImageError as exc:
                 return cell.fail("SnapshotError", str(exc))
+            except Exception as exc:  # a bug, not a refusal: the session must still go on
+                self.log.exception("the snapshot %s failed", cell.snapshot[0])
+                return cell.fail("SnapshotError", f"{type(exc).__name__}: {exc}")
             cell.stream("stdout", told + "\n")
         # Checkpoint while the user reads the output; the next cell queues behind it.
         self._worker.submit(sandbox.checkpoint)

@@ -431,7 +431,10 @@ class Sandbox:
                 targets[name].set_value(store, value)
         except (ValueError, TypeError, OverflowError, wasmtime.WasmtimeError) as exc:
             raise images.ImageError(f"the image's globals do not fit this runtime: {exc}") from None
-        reset_preopens(store)
+        try:  # runs wasi-libc's code on the image's memory: it may trap like any guest code
+            reset_preopens(store)
+        except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
+            raise images.ImageError(f"the resumed interpreter trapped: {exc}") from None
         now = {clock: read() for clock, read in _CLOCKS.items()}
         for clock, reading in image.host.clocks.items():
             self._clock_offsets[clock] = max(0, reading - now[clock])

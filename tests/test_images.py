@@ -270,6 +270,13 @@ def _with_archive(data: bytes, archive: bytes) -> bytes:
     return new + hashlib.sha256(new).digest()
 
 
+def _nested_header(_: bytes) -> bytes:
+    """A sound file whose header is JSON nested deeper than Python recurses."""
+    header = b"[" * 100_000
+    new = images.MAGIC + struct.pack("<II", images.FORMAT, len(header)) + header
+    return new + hashlib.sha256(new).digest()
+
+
 def _garbled_memory(data: bytes) -> bytes:
     """The image with every stored page overwritten (a sound file, an interpreter that cannot
     run): what a hostile image with a correct checksum could hold."""
@@ -322,6 +329,7 @@ BAD_IMAGES = {
     "too-much-memory": (lambda data: _rebuilt(data, _huge), "more than this kernel's memory"),
     "escaping-archive": (lambda data: _with_archive(data, _escaping_archive()), "escapes /tmp"),
     "garbled-memory": (_garbled_memory, "the resumed interpreter"),
+    "nested-header": (_nested_header, "header is malformed"),
 }
 
 

@@ -242,7 +242,14 @@ def parse_image(
     header, body, offset = verified_header(data)
     try:
         return _checked(header, body, offset, needs, memory_limit, scratch_limit)
-    except (ValueError, TypeError, KeyError, zstandard.ZstdError, tarfile.TarError) as exc:
+    except (
+        ValueError,
+        TypeError,
+        KeyError,
+        RecursionError,  # JSON nested deeper than Python recurses
+        zstandard.ZstdError,
+        tarfile.TarError,
+    ) as exc:
         raise ImageError(f"the image is malformed: {exc}") from None
 
 
@@ -265,7 +272,7 @@ def verified_header(data: bytes) -> tuple[dict, memoryview, int]:
         raise ImageError("the image's header is larger than allowed")
     try:
         header = json.loads(bytes(body[prefix : prefix + header_size]))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ImageError(f"the image's header is malformed: {exc}") from None
     if not isinstance(header, dict):
         raise ImageError("the image's header is not an object")

@@ -446,7 +446,7 @@ class Sandbox:
             "        try:\n"
             "            os.chdir(folder)\n"
             "            break\n"
-            "        except OSError:\n"
+            "        except (OSError, ValueError):\n"
             "            pass\n"
             "    os.environ['PWD'] = os.getcwd()\n"
             "    random.seed()\n"

@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,6 @@ CHECK = (
     "(int(array.sum()), frame.to_dict('list'), point.norm2(), type(point).__name__,"
     " open('/tmp/kept.txt').read())"
 )
-EXPECTED = (462, {"a": [1, 2, 3], "b": ["x", "y", "z"]}, 25, "Point", "scratch survives")
 
 
 def environment(folder: Path, **more: str) -> dict[str, str]:
@@ -56,20 +56,25 @@ def error_of(run) -> tuple[str, str]:
     return content["ename"], content["evalue"]
 
 
+@dataclass
+class Prepared:
+    folder: Path  # holds 'base': the state SETUP makes, saved by the third cell
+    check: object  # what CHECK gave in the kernel that saved it
+
+
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> Path:
-    """A snapshot folder holding 'base': the state SETUP makes, after three cells."""
+def prepared(tmp_path_factory) -> Prepared:
     folder = tmp_path_factory.mktemp("snapshots")
     kernel = Kernel(env=environment(folder))
     try:
         ok(kernel.execute(SETUP))
-        ok(kernel.execute("marker = 'third cell'"))
+        check = plain(kernel.execute("marker = 'second cell'\n" + CHECK))
         saved = ok(kernel.execute("%snapshot save base"))
         assert "Saved snapshot 'base'" in saved.stream_text()
         assert saved.content["execution_count"] == 3
     finally:
         kernel.shutdown()
-    return folder
+    return Prepared(folder, check)
 
 
 def copy_folder(source: Path, target: Path) -> Path:
@@ -119,11 +124,11 @@ def test_bad_names_and_actions_are_refused(start_kernel, tmp_path):
 
 
 def test_strict_profile_has_no_snapshots(start_kernel, prepared):
-    kernel = start_kernel(kernel_name="wasm-python-strict", env=environment(prepared))
+    kernel = start_kernel(kernel_name="wasm-python-strict", env=environment(prepared.folder))
     for line in ("list", "restore base", "save mine"):
         ename, evalue = error_of(kernel.execute(f"%snapshot {line}"))
         assert ename == "UsageError" and "%snapshot is off" in evalue
-    assert [path.name for path in prepared.iterdir()] == ["base" + images.SUFFIX]
+    assert [path.name for path in prepared.folder.iterdir()] == ["base" + images.SUFFIX]
 
 
 def test_a_quota_below_any_image_is_a_refused_setting(start_kernel, tmp_path):
@@ -146,14 +151,21 @@ def test_quota_exceeded_is_a_clear_error(start_kernel, tmp_path):
 
 
 def test_resume_in_a_new_process(start_kernel, prepared):
-    kernel = start_kernel(["--WasmKernel.resume_from=base"], env=environment(prepared))
+    kernel = start_kernel(["--WasmKernel.resume_from=base"], env=environment(prepared.folder))
     first = ok(kernel.execute(CHECK))
-    assert plain(first) == EXPECTED
+    assert plain(first) == prepared.check
     assert first.content["execution_count"] == 4  # numbered after the image's three cells
-    assert plain(kernel.execute("marker")) == "third cell"
-    history = kernel.client.history(hist_access_type="tail", n=10, reply=True)["content"]
-    sources = [source for _, _, source in history["history"]]
-    assert "marker = 'third cell'" in sources and "%snapshot save base" in sources
+    assert plain(kernel.execute("marker")) == "second cell"
+    history = kernel.client.history(
+        hist_access_type="range", session=0, start=1, stop=100, reply=True
+    )["content"]["history"]
+    assert [(line, source) for _, line, source in history] == [
+        (1, SETUP),
+        (2, "marker = 'second cell'\n" + CHECK),
+        (3, "%snapshot save base"),
+        (4, CHECK),
+        (5, "marker"),
+    ]
     # the guest's clocks do not run backwards in the new process
     assert plain(kernel.execute("time.process_time() >= spent")) is True
     # a file open when the image was taken is closed now (its descriptor did not come along)
@@ -166,7 +178,7 @@ def test_resume_by_path_with_other_mounts(start_kernel, prepared, tmp_path):
     (data / "fresh.csv").write_text("a,b\n1,2\n")
     kernel = start_kernel(
         [
-            f"--WasmKernel.resume_from={prepared / ('base' + images.SUFFIX)}",
+            f"--WasmKernel.resume_from={prepared.folder / ('base' + images.SUFFIX)}",
             f"--WasmKernel.mounts=['{data}:/granted-now:ro']",
         ],
         env=environment(tmp_path / "empty"),
@@ -180,7 +192,8 @@ def test_resume_by_path_with_other_mounts(start_kernel, prepared, tmp_path):
 
 def test_fork_two_kernels_from_one_image(start_kernel, prepared):
     forks = [
-        start_kernel(["--WasmKernel.resume_from=base"], env=environment(prepared)) for _ in range(2)
+        start_kernel(["--WasmKernel.resume_from=base"], env=environment(prepared.folder))
+        for _ in range(2)
     ]
     for index, kernel in enumerate(forks):
         ok(kernel.execute(f"array += {index + 1}; frame['c'] = {index}"))
@@ -200,7 +213,7 @@ def test_fork_two_kernels_from_one_image(start_kernel, prepared):
 
 def test_rollback_and_interrupts_hold_after_resume(start_kernel, prepared):
     kernel = start_kernel(
-        ["--WasmKernel.resume_from=base", "--WasmKernel.fuel=5e9"], env=environment(prepared)
+        ["--WasmKernel.resume_from=base", "--WasmKernel.fuel=5e9"], env=environment(prepared.folder)
     )
     ok(kernel.execute("kept = 'before traps'"))
     ename, evalue = error_of(kernel.execute("array[0, 0] = -1; kept = 'lost'\nwhile True: pass"))
@@ -212,7 +225,7 @@ def test_rollback_and_interrupts_hold_after_resume(start_kernel, prepared):
         lambda: kernel.manager.signal_kernel(signal.SIGINT),
     )
     assert interrupted.reply["content"]["ename"] == "KeyboardInterrupt"
-    assert plain(kernel.execute(CHECK)) == EXPECTED
+    assert plain(kernel.execute(CHECK)) == prepared.check
 
 
 def test_hibernated_session_comes_back(start_kernel, tmp_path):
@@ -334,7 +347,7 @@ BAD_IMAGES = {
 
 
 def test_bad_images_are_refused_and_the_kernel_goes_on(start_kernel, prepared, tmp_path):
-    folder = copy_folder(prepared, tmp_path / "snapshots")
+    folder = copy_folder(prepared.folder, tmp_path / "snapshots")
     good = (folder / ("base" + images.SUFFIX)).read_bytes()
     for name, (spoil, _) in BAD_IMAGES.items():
         (folder / (name + images.SUFFIX)).write_bytes(spoil(good))
@@ -350,7 +363,7 @@ def test_bad_images_are_refused_and_the_kernel_goes_on(start_kernel, prepared, t
 
 def test_bad_image_at_start_gives_a_fresh_kernel_that_says_why(start_kernel, prepared, tmp_path):
     image = tmp_path / "cut.wkimg"
-    image.write_bytes((prepared / ("base" + images.SUFFIX)).read_bytes()[:-100])
+    image.write_bytes((prepared.folder / ("base" + images.SUFFIX)).read_bytes()[:-100])
     kernel = start_kernel([f"--WasmKernel.resume_from={image}"], env=environment(tmp_path))
     first = ok(kernel.execute("'array' in dir()"))
     assert plain(first) is False
@@ -360,7 +373,7 @@ def test_bad_image_at_start_gives_a_fresh_kernel_that_says_why(start_kernel, pre
 
 
 def test_snapshot_command_lists_inspects_and_deletes(prepared, tmp_path):
-    folder = copy_folder(prepared, tmp_path / "snapshots")
+    folder = copy_folder(prepared.folder, tmp_path / "snapshots")
 
     def command(*words: str) -> subprocess.CompletedProcess:
         return subprocess.run(

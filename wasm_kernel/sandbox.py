@@ -409,7 +409,8 @@ class Sandbox:
 
     def _resume(self, store: wasmtime.Store, named: dict, image: images.Image) -> None:
         """Put an image's memory and globals into the fresh instance, point wasi-libc at this
-        kernel's folders, and let the guest settle (working folder, random seed, stale files)."""
+        kernel's folders, and let the guest settle (working folder, import paths, random seed,
+        stale files)."""
         reset_preopens = named.get(RESET_PREOPENS_EXPORT)
         targets = self._mutable_globals(named)
         if reset_preopens is None or not targets:
@@ -440,8 +441,9 @@ class Sandbox:
             self._clock_offsets[clock] = max(0, reading - now[clock])
         images.unpack_archive(image.scratch, self._tmp)
         settle = (
-            "def _settle(cwd, start):\n"
+            "def _settle(cwd, start, paths):\n"
             "    import os, random, sys\n"
+            "    sys.path += [path for path in paths if path not in sys.path]\n"
             "    for folder in (cwd, start):\n"
             "        try:\n"
             "            os.chdir(folder)\n"
@@ -453,7 +455,7 @@ class Sandbox:
             "    if 'numpy.random' in sys.modules:\n"
             "        sys.modules['numpy.random'].seed()\n"
             f"    __import__({GUEST_MODULE!r}).close_stale_files()\n"
-            f"_settle({image.host.cwd!r}, {self.cwd!r})\n"
+            f"_settle({image.host.cwd!r}, {self.cwd!r}, {list(self.import_paths)!r})\n"
         )
         with self._metered(store, REPAIR_FUEL, REPAIR_SECONDS, interruptible=False):
             try:

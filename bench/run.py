@@ -20,6 +20,10 @@ minimums and of the medians; a ratio above 1 means wasm-kernel is slower or larg
 5. memory: RSS and PSS (``/proc/<pid>/smaps_rollup``) of one idle kernel and of ten.
 6. checkpoint: wasm-kernel's checkpoint per cell (``bench/checkpoint.py``), and the
    ``x + 1`` round trip with ~500 MiB of state, native against rollback off and on.
+7. images: ``%snapshot save`` and ``%snapshot restore`` (cell round trips) and the image's
+   size on disk, for an idle session and one with numpy and pandas loaded and a 64 MiB
+   array and DataFrame; and a kernel's start from such an image (``resume_from``) to the first
+   execute_reply, against the native kernel's plain start.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from nbclient import NotebookClient
 BENCH = Path(__file__).resolve().parent
 PROGRAMS = BENCH / "programs"
 NATIVE, WASM = startup_roundtrip.KERNELS["native"], startup_roundtrip.KERNELS["wasm"]
-SECTIONS = ("start", "roundtrip", "cpu", "numeric", "memory", "checkpoint")
+SECTIONS = ("start", "roundtrip", "cpu", "numeric", "memory", "checkpoint", "images")
 MARKER = "BENCH-RESULT "
 
 # Repetitions: (full run, --quick).
@@ -63,6 +67,15 @@ SETTINGS = {
     "idle_ten_reps": (2, 1),
     "checkpoint_reps": (7, 3),
     "checkpoint_trips": (40, 12),
+    "image_reps": (5, 2),
+}
+IMAGE_STATES = {
+    "idle": "_bench_x = 1",
+    "numpy+pandas, 64 MiB of data": (
+        "import numpy as np, pandas as pd\n"
+        "_bench_array = np.random.default_rng(1).random(4 << 20)\n"  # 32 MiB of float64
+        "_bench_frame = pd.DataFrame({'a': np.arange(2 << 20), 'b': np.arange(2 << 20) * 0.5})"
+    ),
 }
 
 # A program runs once to warm up (and check itself), then ``reps`` timed runs, in one cell.
@@ -491,6 +504,47 @@ def bench_checkpoint(cfg: dict, quick: bool) -> list[dict]:
     return rows
 
 
+def timed_cell(kernel: Kernel, code: str) -> float:
+    began = time.perf_counter()
+    kernel.run(code)
+    return time.perf_counter() - began
+
+
+def bench_images(cfg: dict, quick: bool) -> list[dict]:
+    rows = []
+    native_starts = [startup_roundtrip.time_start(NATIVE) for _ in range(cfg["image_reps"])]
+    for label, setup in IMAGE_STATES.items():
+        with tempfile.TemporaryDirectory(prefix="bench-images-") as folder:
+            kernel = Kernel(WASM, (f"--WasmKernel.snapshot_dir={folder}",)).ready()
+            try:
+                kernel.run(setup)
+                saves, restores = [], []
+                for _ in range(cfg["image_reps"]):
+                    saves.append(timed_cell(kernel, "%snapshot save bench"))
+                    restores.append(timed_cell(kernel, "%snapshot restore bench"))
+            finally:
+                kernel.stop()
+            size = (Path(folder) / "bench.wkimg").stat().st_size / (1 << 20)
+            env = {**os.environ, "WASM_KERNEL_SNAPSHOT_DIR": folder}
+            env["WASM_KERNEL_RESUME_FROM"] = "bench"
+            resumes = [startup_roundtrip.time_start(WASM, env) for _ in range(cfg["image_reps"])]
+        note = f"image {size:.1f} MiB on disk"
+        rows += [
+            row("images", f"`%snapshot save`, {label}", "ms", None, [s * 1e3 for s in saves], note),
+            row("images", f"`%snapshot restore`, {label}", "ms", None, [s * 1e3 for s in restores]),
+            row(
+                "images",
+                f"start from the image to first execute_reply, {label}",
+                "ms",
+                [s * 1e3 for s in native_starts],
+                [s * 1e3 for s in resumes],
+                "native: a plain start",
+            ),
+        ]
+        log(f"images: {label} done ({note})")
+    return rows
+
+
 # -- table and main ----------------------------------------------------------------------------
 
 
@@ -611,6 +665,7 @@ def main() -> None:
         "numeric": lambda: bench_numeric(cfg, args.quick, versions),
         "memory": lambda: bench_memory(cfg, args.quick),
         "checkpoint": lambda: bench_checkpoint(cfg, args.quick),
+        "images": lambda: bench_images(cfg, args.quick),
     }
     rows: list[dict] = []
     began = time.perf_counter()

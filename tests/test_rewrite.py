@@ -147,3 +147,24 @@ def _engine_config() -> wasmtime.Config:
     config = wasmtime.Config()
     config.wasm_exceptions = True
     return config
+
+
+def test_wasilibc_reset_preopens_is_exported_where_the_module_has_it() -> None:
+    """A resumed image must forget the preopen table it was saved with (wasi-libc keeps it in
+    linear memory), so the rewrite exports the function that does."""
+    with_reset = SMALL_MODULE.replace(
+        '(func (export "bump")',
+        "(func $__wasilibc_reset_preopens (global.set $counter (i32.const 0)))\n"
+        '  (func (export "bump")',
+    )
+    store, exports = instantiate(rewrite.make_restorable(wasmtime.wat2wasm(with_reset)))
+    exports["bump"](store)
+    counter = next(
+        value
+        for name, value in exports.items()
+        if name.startswith(rewrite.GLOBAL_EXPORT_PREFIX) and value.value(store) == 12
+    )
+    exports[rewrite.RESET_PREOPENS_EXPORT](store)
+    assert counter.value(store) == 0
+    _, without = instantiate(rewrite.make_restorable(wasmtime.wat2wasm(SMALL_MODULE)))
+    assert rewrite.RESET_PREOPENS_EXPORT not in without

@@ -29,6 +29,7 @@ SUBCOMMANDS = {
     "run": "execute a notebook in the sandbox, from any folder, and print its outputs",
     "mcp": "serve sandboxed Python to AI agents over MCP (stdio, or --transport streamable-http);"
     " needs the [agents] extra",
+    "snapshot": "list, inspect or delete saved interpreter images (%snapshot, hibernation)",
     "kernel": "the kernel itself, as Jupyter starts it: kernel -f CONNECTION_FILE"
     " [--WasmKernel.SETTING=VALUE ...] (the word 'kernel' may be left out)",
 }
@@ -67,8 +68,42 @@ def precompile(cache_dir: str | None) -> Path:
     compiled = cache.load(runtime, progress=progress)
     entry = cache.entry_dir(runtime)
     print(f"compiled runtime {runtime.name} ready in {entry}", file=sys.stderr)
-    del compiled
+    if runtime.restorable:
+        make_boot_image(compiled, entry)
+    compiled.close()
     return entry
+
+
+def make_boot_image(compiled: Any, entry: Path) -> None:
+    """The image of a freshly booted guest, which kernels start from (see images.py)."""
+    from . import images
+    from .cache import writable
+    from .profiles import PROFILES
+    from .sandbox import Limits, build_boot_image
+
+    path = images.boot_image_path(entry)
+    if path.exists():
+        return
+    if not writable(entry):
+        print(f"{entry} is read-only: no boot image; kernels boot without one", file=sys.stderr)
+        return
+    for stale in entry.glob("boot-*" + images.SUFFIX):
+        stale.unlink()  # made for other guest code
+    profile = PROFILES[DEFAULT_PROFILE]
+    limits = Limits(
+        fuel=profile.fuel,
+        seconds=0,
+        memory=profile.memory_limit,
+        output=profile.output_limit,
+        scratch=profile.scratch_limit,
+    )
+    try:
+        with progress("building the boot image"):
+            size = build_boot_image(compiled, limits, path)
+    except (OSError, images.ImageError, RuntimeError) as exc:
+        print(f"could not build the boot image ({exc}); kernels boot without one", file=sys.stderr)
+        return
+    print(f"boot image {path.name} ({size / (1 << 20):.1f} MiB) ready", file=sys.stderr)
 
 
 def kernelspec_name(profile: Profile, base: str = KERNEL_NAME) -> str:
@@ -390,8 +425,51 @@ def parser() -> argparse.ArgumentParser:
 
     add_arguments(cmd)
 
+    cmd = commands.add_parser(
+        "snapshot",
+        help=SUBCOMMANDS["snapshot"],
+        description=SUBCOMMANDS["snapshot"] + ". The folder is WasmKernel.snapshot_dir's"
+        " default unless --snapshot-dir (or WASM_KERNEL_SNAPSHOT_DIR) names another.",
+    )
+    cmd.add_argument("action", choices=["list", "info", "delete"])
+    cmd.add_argument("name", nargs="?", help="snapshot name (info also takes an image's path)")
+    cmd.add_argument("--snapshot-dir", metavar="DIR", help="folder of the images")
+
     commands.add_parser("kernel", help=SUBCOMMANDS["kernel"], add_help=False)
     return top
+
+
+def snapshot_command(args: argparse.Namespace) -> int:
+    """Manage the images folder without a kernel; info also says whether this installation
+    can resume an image."""
+    import os
+
+    from . import images
+    from .kernel import DEFAULT_SNAPSHOT_DIR
+    from .runtime import load_runtime
+
+    directory = args.snapshot_dir or os.environ.get("WASM_KERNEL_SNAPSHOT_DIR")
+    folder = images.ImageFolder(Path(directory or DEFAULT_SNAPSHOT_DIR).expanduser(), 0)
+    try:
+        if args.action == "list":
+            print(folder.describe())
+            return 0
+        if not args.name:
+            print(f"error: snapshot {args.action} needs a NAME", file=sys.stderr)
+            return 2
+        if args.action == "delete":
+            folder.delete(args.name)
+            print(f"Deleted snapshot {args.name!r}.")
+            return 0
+        path = Path(args.name).expanduser()
+        if not path.exists():
+            path = folder.path(args.name)
+        needs = images.identity(load_runtime().module.sha256)
+        print(images.describe_file(path, needs))
+    except images.ImageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -410,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
             from .mcp_server import serve
 
             return serve(args)
+        elif args.command == "snapshot":
+            return snapshot_command(args)
         return 0
     from .app import WasmKernelApp
 

@@ -14,7 +14,7 @@ from traitlets.config import Application, Configurable
 from traitlets.utils.text import indent, wrap_paragraphs
 
 from .cache import default_cache_dir
-from .kernel import ENV_PREFIX, WasmKernel, history_file
+from .kernel import DEFAULT_SNAPSHOT_DIR, ENV_PREFIX, WasmKernel, history_file
 from .profiles import PROFILES
 from .settings import Limit, _amount
 
@@ -69,6 +69,10 @@ def real_default(name: str, trait: Any) -> str:
         shown = repr(str(default_cache_dir()))
     elif name == "history_file":
         shown = _per_profile(lambda profile: repr(history_file(profile.name)))
+    elif name == "snapshot_dir":
+        shown = repr(DEFAULT_SNAPSHOT_DIR)
+    elif name == "resume_from":
+        shown = "none: a fresh interpreter (or, with hibernate, the notebook's hibernated one)"
     else:
         shown = trait.default_value_repr()
     variable = ENV_PREFIX + name.upper()

@@ -17,10 +17,12 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from copy import deepcopy
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,7 @@ from traitlets import List, TraitError, Unicode, default
 from traitlets.config import Config
 from traitlets.config.loader import DeferredConfig, LazyConfigValue
 
-from . import __version__, messages, scratch_folders
+from . import __version__, images, messages, scratch_folders
 from .active_output import ActiveOutput
 from .cache import RuntimeCache
 from .history import History
@@ -74,6 +76,10 @@ NOTHING_MOUNTED = (
 )
 _QUOTED_PATH = re.compile(r": '(/[^']*)'")
 DEFAULT_HISTORY_FILE = str(Path(platformdirs.user_data_dir("wasm-kernel")) / "history.sqlite")
+DEFAULT_SNAPSHOT_DIR = str(Path(platformdirs.user_data_dir("wasm-kernel")) / "snapshots")
+MIN_SNAPSHOT_QUOTA = 16 << 20  # smaller holds no image at all: a unit slip
+SESSION_ENV = "JPY_SESSION_NAME"  # the notebook's path, set by Jupyter Server
+HIBERNATE_SECONDS = 60.0  # longest a shutdown waits for a running cell before it hibernates
 
 
 def _env_default(trait: str, fallback: Any) -> Any:
@@ -247,6 +253,36 @@ class WasmKernel(Kernel):
         help="SQLite file of input history (':memory:' to keep none on disk). Default: the"
         " per-user file, or ':memory:' for the strict profile. Env: WASM_KERNEL_HISTORY_FILE."
     ).tag(config=True)
+    snapshot_dir = Text(
+        help="Folder of saved interpreter images (%snapshot, hibernation)."
+        " Env: WASM_KERNEL_SNAPSHOT_DIR; default: the per-user data folder.",
+    ).tag(config=True)
+    snapshot_quota = Limit(
+        integer=True,
+        low=MIN_SNAPSHOT_QUOTA,
+        high=INT64_MAX,
+        unit="bytes",
+        zero="no quota",
+        default_text="2 GiB",
+        help="Bytes all images in snapshot_dir may take together; a save past it is refused."
+        " Env: WASM_KERNEL_SNAPSHOT_QUOTA.",
+    ).tag(config=True)
+    resume_from = Text(
+        help="Start from a saved image instead of a fresh interpreter: a snapshot name (see"
+        " %snapshot list) or an image file's path. The kernel's own mounts and limits apply."
+        " Env: WASM_KERNEL_RESUME_FROM.",
+    ).tag(config=True)
+    snapshots = CheckedBool(
+        help="Let cells save, restore, list and delete images with %snapshot. Images are the"
+        " user's, shared by their notebooks (restoring one brings its variables into this"
+        " session), so the strict profile, for untrusted code, has it off. Default: the"
+        " profile's. Env: WASM_KERNEL_SNAPSHOTS.",
+    ).tag(config=True)
+    hibernate = CheckedBool(
+        help="At shutdown (not restart) save the session's image, keyed by the notebook"
+        f" ({SESSION_ENV}, set by Jupyter Server), and resume it in the next kernel started for"
+        " that notebook. Default: the profile's. Env: WASM_KERNEL_HIBERNATE.",
+    ).tag(config=True)
 
     _profile_default = _env_default("profile", DEFAULT_PROFILE)
     _mounts_default = _env_default("mounts", _from_profile("mounts"))
@@ -264,6 +300,11 @@ class WasmKernel(Kernel):
     _history_file_default = _env_default(
         "history_file", lambda kernel: history_file(kernel.profile)
     )
+    _snapshot_dir_default = _env_default("snapshot_dir", DEFAULT_SNAPSHOT_DIR)
+    _snapshot_quota_default = _env_default("snapshot_quota", 2 << 30)
+    _resume_from_default = _env_default("resume_from", "")
+    _hibernate_default = _env_default("hibernate", _from_profile("hibernate"))
+    _snapshots_default = _env_default("snapshots", _from_profile("snapshots"))
 
     def __init__(self, **kwargs: Any):
         self._refused: list[str] = []  # settings refused at start, reported by every cell
@@ -309,6 +350,12 @@ class WasmKernel(Kernel):
         except MountError as exc:
             self._mount_error = exc  # reported by every cell; the kernel itself stays up
         self.package_set = self._package_set()
+        self.image_folder = images.ImageFolder(
+            Path(self.snapshot_dir).expanduser(), self.snapshot_quota
+        )
+        self._resumed: images.HostState | None = None  # host state to apply before cell 1
+        self._resume_note = ""  # why an image could not be resumed, told on the first cell
+        self._started_from = "a fresh boot"  # or the boot image, or a saved image
         self._interrupt_relay = InterruptRelay(self._interrupt_sandbox)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wasm-kernel-guest")
         self._boot_stage = "starting"
@@ -423,13 +470,73 @@ class WasmKernel(Kernel):
         if self.package_set is not None and self.package_set.source is not None:
             mounts.append(self.package_set.mount)
             paths.append(GUEST_FOLDER)
-        return Sandbox(
+        start = partial(
+            Sandbox,
             compiled,
             self.limits,
             rollback=self.rollback,
             mounts=mounts,
             cwd=self.start_dir,
             import_paths=paths,
+        )
+        source = self._image_to_resume()
+        if source is None:
+            return self._boot_from_image(cache.entry_dir(self.runtime), start)
+        try:
+            image = self._read_image(source)
+            sandbox = start(image=image)
+        except images.ImageError as exc:
+            self._resume_note = (
+                f"wasm-kernel: could not resume from {source}: {exc}. Started a fresh"
+                " interpreter instead.\n"
+            )
+            return start()
+        self._started_from = f"image {source.name}"
+        if source.name.startswith(images.ImageFolder.HIBERNATED):
+            source.unlink(missing_ok=True)  # used up: a restart afterwards starts afresh
+        self._resumed = image.host
+        sandbox.checkpoint()  # so that a trap in the first cell rolls back to the image
+        return sandbox
+
+    def _boot_from_image(self, entry: Path, start: Callable[..., Sandbox]) -> Sandbox:
+        """A fresh guest from the cache's boot image (built by install/precompile), where
+        there is one for this guest code; else booted the ordinary way."""
+        path = images.boot_image_path(entry)
+        if not path.exists():
+            return start()
+        try:
+            image = self._read_image(path)
+            image.host.cwd = self.start_dir  # a boot image has no folder of its own
+            sandbox = start(image=image)
+            self._started_from = "the boot image"
+            return sandbox
+        except images.ImageError as exc:
+            self.log.warning("booting without the boot image %s: %s", path, exc)
+            return start()
+
+    def _image_to_resume(self) -> Path | None:
+        """``resume_from`` (a snapshot's name or a path), else this notebook's hibernated image."""
+        if self.resume_from:
+            try:
+                named = self.image_folder.path(self.resume_from)
+            except images.ImageError:
+                named = None
+            if named is not None and named.exists():
+                return named
+            return Path(self.resume_from).expanduser()
+        session = os.environ.get(SESSION_ENV)
+        if self.hibernate and session:
+            hibernated = self.image_folder.path(self.image_folder.hibernation_name(session))
+            if hibernated.exists():
+                return hibernated
+        return None
+
+    def _read_image(self, path: Path) -> images.Image:
+        return images.read_image(
+            path,
+            needs=images.identity(self.runtime.module.sha256),
+            memory_limit=self.limits.memory,
+            scratch_limit=self.limits.scratch,
         )
 
     async def _sandbox(self, notify: Any) -> Sandbox:
@@ -497,6 +604,7 @@ class WasmKernel(Kernel):
             f"Host folders:\n{folders}\n"
             f"  {SCRATCH}: private scratch, deleted when the kernel stops, {scratch_size}\n"
             f"Starting folder: {self.start_dir}\n"
+            f"Interpreter: from {self._started_from}\n"
             f"Per cell: fuel {limits.fuel:,},"
             f" {f'time {limits.seconds:.10g} s' if limits.seconds else 'no time limit'},"
             f" memory {_size(limits.memory)}, output {_size(limits.output)}\n"
@@ -529,6 +637,9 @@ class WasmKernel(Kernel):
         if self.withheld and not self._withheld_told:
             cell.stream("stderr", f"wasm-kernel: {self.withheld}\n")
             self._withheld_told = True
+        if self._resume_note:
+            cell.stream("stderr", self._resume_note)
+            self._resume_note = ""
         if store_history and not silent:
             self.history.store(self.execution_count, code)
         loop = asyncio.get_running_loop()
@@ -540,6 +651,17 @@ class WasmKernel(Kernel):
             if stop.recovered:  # the cell's changes stand: keep them
                 self._worker.submit(sandbox.checkpoint)
             return cell.fail(stop.ename, stop.evalue)
+        if cell.snapshot is not None:  # %snapshot save/restore: now that the turn is over
+            try:
+                told = await loop.run_in_executor(
+                    self._worker, self._act_on_snapshot, sandbox, *cell.snapshot
+                )
+            except images.ImageError as exc:
+                return cell.fail("SnapshotError", str(exc))
+            except Exception as exc:  # a bug, not a refusal: the session must still go on
+                self.log.exception("the snapshot %s failed", cell.snapshot[0])
+                return cell.fail("SnapshotError", f"{type(exc).__name__}: {exc}")
+            cell.stream("stdout", told + "\n")
         # Checkpoint while the user reads the output; the next cell queues behind it.
         self._worker.submit(sandbox.checkpoint)
         if cell.error:
@@ -551,6 +673,76 @@ class WasmKernel(Kernel):
             )
             expressions = cell.active_output.expressions(expressions)  # active-output policy
         return cell.reply(expressions)
+
+    # -- images ---------------------------------------------------------------------------------
+
+    def snapshot_message(self, cell: CellHost, action: str, name: str) -> dict:
+        """``%snapshot`` from the guest, during its turn: list and delete at once; save and
+        restore are noted on the cell and done when its turn has ended."""
+        try:
+            if not self.snapshots:
+                raise images.ImageError(
+                    "%snapshot is off in this kernel (--WasmKernel.snapshots, off in the"
+                    " strict profile)"
+                )
+            if action not in ("save", "restore", "list", "delete"):
+                raise images.ImageError(
+                    "usage: %snapshot save NAME | restore NAME | list | delete NAME"
+                )
+            if action == "list":
+                return {"text": self.image_folder.describe()}
+            if name.startswith(images.ImageFolder.HIBERNATED):
+                raise images.ImageError(
+                    "hibernated sessions belong to their own notebooks; they cannot be saved,"
+                    " restored or deleted from a cell"
+                )
+            if action == "delete":
+                self.image_folder.delete(name)
+                return {"text": f"Deleted snapshot {name!r}."}
+            path = self.image_folder.path(name)
+            if action == "restore" and not path.exists():
+                raise images.ImageError(f"there is no snapshot named {name!r}")
+            cell.snapshot = (action, name)
+            return {}
+        except images.ImageError as exc:
+            return {"error": str(exc)}
+
+    def _act_on_snapshot(self, sandbox: Sandbox, action: str, name: str) -> str:
+        """Save or restore between turns (on the worker); returns what to tell the user."""
+        began = time.perf_counter()
+        if action == "save":
+            path = self.image_folder.store(name, self._image_bytes(sandbox))
+            size = path.stat().st_size
+            return (
+                f"Saved snapshot {name!r} ({size / (1 << 20):.1f} MiB,"
+                f" {time.perf_counter() - began:.2f} s)."
+            )
+        image = self._read_image(self.image_folder.path(name))
+        sandbox.restore_image(image)
+        return (
+            f"Restored snapshot {name!r} (taken {image.taken or 'at an unknown time'}) in"
+            f" {time.perf_counter() - began:.2f} s: the interpreter's state and the private"
+            f" {SCRATCH} were replaced in place; what later cells did is gone."
+        )
+
+    def _image_bytes(self, sandbox: Sandbox) -> bytes:
+        entries = self.history.range(0, 0, None)
+        host = images.HostState(
+            execution_count=self.execution_count,
+            history=[(line, source) for _, line, source in entries],
+        )
+        return sandbox.save_image(host, [str(mount) for mount in self.granted])
+
+    def _hibernate(self, sandbox: Sandbox) -> None:
+        session = os.environ.get(SESSION_ENV)
+        if not (self.hibernate and session):
+            return
+        try:
+            self.image_folder.store(
+                self.image_folder.hibernation_name(session), self._image_bytes(sandbox)
+            )
+        except images.ImageError as exc:
+            self.log.warning("could not hibernate this session: %s", exc)
 
     async def _service(self, function: str, *args: Any) -> dict:
         """Run a guest service function (completion, inspection...) and return its reply."""
@@ -599,7 +791,20 @@ class WasmKernel(Kernel):
 
     async def execute_request(self, stream: Any, ident: Any, parent: dict) -> None:
         if not self._refuse_malformed(stream, ident, parent, "execute_reply", {"code": str}):
+            if not self._boot.done() and self._image_to_resume() is not None:
+                # a resumed session numbers this cell after its own
+                await asyncio.wait([asyncio.wrap_future(self._boot)])
+            self._take_resumed_state()
             await super().execute_request(stream, ident, parent)
+
+    def _take_resumed_state(self) -> None:
+        """Once, on the event loop: a resumed image's execution count and input history."""
+        resumed, self._resumed = self._resumed, None
+        if resumed is None:
+            return
+        self.execution_count = resumed.execution_count
+        for line, source in resumed.history:
+            self.history.store(line, source)
 
     async def complete_request(self, stream: Any, ident: Any, parent: dict) -> None:
         fields = {"code": str, "cursor_pos": int}
@@ -724,6 +929,11 @@ class WasmKernel(Kernel):
     async def do_shutdown(self, restart: bool) -> dict:  # type: ignore[override]
         if self._boot.done() and not self._boot.exception():
             sandbox = self._boot.result()
+            if not restart:
+                hibernation = asyncio.wrap_future(self._worker.submit(self._hibernate, sandbox))
+                done, _ = await asyncio.wait([hibernation], timeout=HIBERNATE_SECONDS)
+                if not done:
+                    self.log.warning("a cell was still running: this session did not hibernate")
             sandbox.close()
             sandbox.compiled.close()
         self._worker.shutdown(wait=False, cancel_futures=True)
@@ -835,6 +1045,7 @@ class CellHost:
         self.allow_stdin = allow_stdin
         self.execution_count = kernel.execution_count
         self.error: dict | None = None
+        self.snapshot: tuple[str, str] | None = None  # %snapshot save/restore, for the turn's end
         self._error_published = True
         self._told_backlog = False
         # active-output policy: passive bundles; one notice on stderr when the cell ends
@@ -901,6 +1112,8 @@ class CellHost:
             return {"text": self.kernel.describe_sandbox()}
         elif op == "pip":
             return self.kernel.run_pip(message, interrupts)
+        elif op == "snapshot":
+            return self.kernel.snapshot_message(self, message["action"], message["name"])
         return {}
 
     def _outside_the_sandbox(self, evalue: str) -> bool:

@@ -24,6 +24,8 @@ class Profile:
     packages: str  # "index", "off" or a wheelhouse folder: see WasmKernel.packages
     packages_quota: int  # bytes of packages one kernel may install
     keeps_history: bool  # input history in the per-user file (else in memory only)
+    hibernate: bool  # save the session's image at shutdown, resume it at the next start
+    snapshots: bool  # cells may save and restore images with %snapshot
     kernel_suffix: str  # appended to the kernelspec name and display name
 
 
@@ -45,6 +47,8 @@ PROFILES = {
             packages="index",
             packages_quota=1 << 30,
             keeps_history=True,
+            hibernate=True,
+            snapshots=True,
             kernel_suffix="",
         ),
         Profile(
@@ -61,6 +65,8 @@ PROFILES = {
             packages="off",  # an operator may grant a wheelhouse folder
             packages_quota=256 << 20,
             keeps_history=False,  # graded cells and hidden tests stay off the operator's disk
+            hibernate=False,
+            snapshots=False,
             kernel_suffix="strict",
         ),
     )

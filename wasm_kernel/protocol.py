@@ -164,6 +164,13 @@ def _pip(message: dict) -> dict:
     return {"op": "pip", "command": command, "args": args, "upgrade": upgrade}
 
 
+def _snapshot(message: dict) -> dict:
+    action, name = message.get("action"), message.get("name", "")
+    _check(isinstance(action, str) and len(action) <= 64, "action must be a short string")
+    _check(isinstance(name, str) and len(name) <= 1024, "name must be a short string")
+    return {"op": "snapshot", "action": action, "name": name}
+
+
 _VALIDATORS = {
     "display": _display,
     "result": _display,
@@ -174,4 +181,5 @@ _VALIDATORS = {
     "reply": _reply,
     "describe": _describe,
     "pip": _pip,
+    "snapshot": _snapshot,
 }

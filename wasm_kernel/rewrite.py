@@ -10,7 +10,11 @@ global. The runtime module keeps its globals private and derives the program bre
   end. Memory grown by a rolled-back cell is then reused instead of leaked (memory never
   shrinks, so otherwise each trap could strand hundreds of MiB);
 - adds ``wasm_kernel.grow_failed``, which that ``sbrk`` sets when memory cannot grow (the
-  memory limit), so the host can tell a trap that followed an allocation failure.
+  memory limit), so the host can tell a trap that followed an allocation failure;
+- exports wasi-libc's ``__wasilibc_reset_preopens`` as ``wasm_kernel.reset_preopens`` where
+  the module has it: wasi-libc keeps its table of preopened folders in linear memory, so a
+  guest resumed from an image must forget the table it was saved with and read the folders
+  the resuming kernel grants.
 
 It reads and writes only the sections it needs and refuses, with a clear error, any module
 whose shape it does not recognise (no name for ``sbrk``, an unexpected signature, imported
@@ -22,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAGIC = b"\x00asm\x01\x00\x00\x00"
-VERSION = 3  # bump when the rewrite changes: it is part of the compiled-cache key
+VERSION = 4  # bump when the rewrite changes: it is part of the compiled-cache key
 
 SECTION_TYPE, SECTION_IMPORT, SECTION_FUNCTION = 1, 2, 3
 SECTION_GLOBAL, SECTION_EXPORT, SECTION_CODE = 6, 7, 10
@@ -31,6 +35,8 @@ EXPORT_GLOBAL = 0x03
 BRK_EXPORT = "wasm_kernel.brk"
 GROW_FAILED_EXPORT = "wasm_kernel.grow_failed"  # set to 1 when sbrk could not grow memory
 GLOBAL_EXPORT_PREFIX = "wasm_kernel.global."
+RESET_PREOPENS_EXPORT = "wasm_kernel.reset_preopens"
+EXPORT_FUNCTION = 0x00
 PAGE = 65536
 
 
@@ -299,7 +305,8 @@ def make_restorable(wasm: bytes) -> bytes:
     imported_functions, imported_globals = imported_counts(layout)
     if imported_globals:
         raise UnsupportedModule("modules that import globals are not supported")
-    sbrk = function_names(layout).get("sbrk")
+    names = function_names(layout)
+    sbrk = names.get("sbrk")
     if sbrk is None or sbrk < imported_functions:
         raise UnsupportedModule("the module has no defined function named sbrk")
     globals_ = defined_globals(layout)
@@ -316,14 +323,18 @@ def make_restorable(wasm: bytes) -> bytes:
         if mutable
     ]
     exports += [(BRK_EXPORT, brk), (GROW_FAILED_EXPORT, grow_failed)]
+    entries = [
+        write_name(name) + bytes([EXPORT_GLOBAL]) + write_u32(index) for name, index in exports
+    ]
+    reset_preopens = names.get("__wasilibc_reset_preopens")
+    if reset_preopens is not None:
+        entries.append(
+            write_name(RESET_PREOPENS_EXPORT) + bytes([EXPORT_FUNCTION]) + write_u32(reset_preopens)
+        )
     export_section = layout.find(SECTION_EXPORT)
     count, pos = read_u32(export_section.body, 0)
     export_section.body = (
-        write_u32(count + len(exports))
-        + export_section.body[pos:]
-        + b"".join(
-            write_name(name) + bytes([EXPORT_GLOBAL]) + write_u32(index) for name, index in exports
-        )
+        write_u32(count + len(entries)) + export_section.body[pos:] + b"".join(entries)
     )
 
     bodies = code_bodies(layout)

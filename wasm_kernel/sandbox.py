@@ -16,6 +16,7 @@ KeyboardInterrupt; a cell that ignores it is stopped with an epoch trap after a 
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
 import logging
@@ -29,15 +30,16 @@ from dataclasses import dataclass
 from functools import partial
 from importlib import resources
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import wasmtime
 
-from . import protocol, scratch_folders
+from . import images, protocol, scratch_folders
 from .cache import CompiledRuntime
 from .descriptors import GuestFiles
 from .mounts import SCRATCH, Mount
 from .output import OutputPump
+from .rewrite import BRK_EXPORT, GLOBAL_EXPORT_PREFIX, RESET_PREOPENS_EXPORT
 from .scratch import ScratchWatch, Usage, usage
 from .snapshot import CheckpointStats, GuestState, SignalFlags, memory_address
 
@@ -270,6 +272,7 @@ class Sandbox:
         mounts: Sequence[Mount] = (),
         cwd: str = SCRATCH,
         import_paths: Sequence[str] = (),
+        image: images.Image | None = None,
     ):
         self.compiled = compiled
         self.limits = limits
@@ -303,8 +306,10 @@ class Sandbox:
         self._time_limit_reported = False
         self._memory_at_start = 0
         self._adapter: wasmtime.Module | None = None  # compiled once, reused by restarts
+        # added to the host's clocks so that a resumed guest's never run backwards
+        self._clock_offsets = dict.fromkeys(_CLOCKS, 0)
         try:
-            self._start_interpreter()
+            self._start_interpreter(image)
         except BaseException:
             self.close()  # no interpreter: remove the private /tmp and stop the helper threads
             raise
@@ -335,7 +340,8 @@ class Sandbox:
         wasi.stderr_custom = lambda data: self._guest_output("stderr", data)
         return wasi
 
-    def _start_interpreter(self) -> None:
+    def _start_interpreter(self, image: images.Image | None = None) -> None:
+        """Instantiate the runtime and boot the guest, or resume it from ``image``."""
         engine = self.compiled.engine
         store = wasmtime.Store(engine)
         store.set_wasi(self._wasi())
@@ -382,21 +388,180 @@ class Sandbox:
         )
         instance = linker.instantiate(store, self.compiled.module)
         exports = instance.exports(store)
+        self._instance_exports = exports
         self._store = store
         self._memory: wasmtime.Memory = exports["memory"]
         self._adapter = files.bind(engine, store, self._memory, self._adapter)
         self._files = files
         self._turn_func: wasmtime.Func = exports["turn"]
         self._alloc: wasmtime.Func = exports["host_alloc"]
-        if not self.compiled.runtime.preinitialized:
-            exports["_initialize"](store)
-        if self._call_turn(self._boot_source()) != 0:
-            raise RuntimeError("the guest bootstrap failed to load")
+        named: dict[str, Any] = {
+            export.name: exports[export.name] for export in self.compiled.module.exports
+        }
+        if image is not None:
+            self._resume(store, named, image)
+            self._changed = True  # a checkpoint now keeps the resumed state
+            # a boot image (no cell ever ran in it) is as fresh as a boot
+            self._fresh = image.host.execution_count == 0
+        else:
+            if not self.compiled.runtime.preinitialized:
+                exports["_initialize"](store)
+            if self._call_turn(self._boot_source()) != 0:
+                raise RuntimeError("the guest bootstrap failed to load")
+        self._state = None
         if self.rollback:
             # No checkpoint yet: it is taken after the first cell, off the start-up path. A trap
             # before then restarts the interpreter, which loses nothing but a fresh state.
-            named = {export.name: exports[export.name] for export in self.compiled.module.exports}
             self._state = GuestState(self._memory, named)
+
+    # -- images ---------------------------------------------------------------------------------
+
+    def _mutable_globals(self, named: dict) -> dict[str, wasmtime.Global]:
+        return {
+            name: value
+            for name, value in named.items()
+            if name.startswith(GLOBAL_EXPORT_PREFIX) or name == BRK_EXPORT
+        }
+
+    def _resume(self, store: wasmtime.Store, named: dict, image: images.Image) -> None:
+        """Put an image's memory and globals into the fresh instance, point wasi-libc at this
+        kernel's folders, and let the guest settle (working folder, import paths, random seed,
+        stale files)."""
+        reset_preopens = named.get(RESET_PREOPENS_EXPORT)
+        targets = self._mutable_globals(named)
+        if reset_preopens is None or not targets:
+            raise images.ImageError("this runtime build cannot resume images")
+        if set(image.globals) != set(targets):
+            raise images.ImageError("the image's globals do not match this runtime's")
+        current = self._memory.data_len(store)
+        if image.memory_size < current:
+            raise images.ImageError("the image's memory is smaller than a fresh interpreter's")
+        try:
+            self._memory.grow(store, (image.memory_size - current) // images.PAGE)
+        except wasmtime.WasmtimeError:
+            raise images.ImageError(memory_limit_text(self.limits.memory)) from None
+        base = memory_address(self._memory, store)
+        for first, data in image.extents:
+            ctypes.memmove(base + first * images.PAGE, data, len(data))
+        try:
+            for name, value in image.globals.items():
+                targets[name].set_value(store, value)
+        except (ValueError, TypeError, OverflowError, wasmtime.WasmtimeError) as exc:
+            raise images.ImageError(f"the image's globals do not fit this runtime: {exc}") from None
+        try:  # runs wasi-libc's code on the image's memory: it may trap like any guest code
+            reset_preopens(store)
+        except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
+            raise images.ImageError(f"the resumed interpreter trapped: {exc}") from None
+        now = {clock: read() for clock, read in _CLOCKS.items()}
+        for clock, reading in image.host.clocks.items():
+            self._clock_offsets[clock] = max(0, reading - now[clock])
+        images.unpack_archive(image.scratch, self._tmp)
+        settle = (
+            "def _settle(cwd, start, paths):\n"
+            "    import os, random, sys\n"
+            "    sys.path += [path for path in paths if path not in sys.path]\n"
+            "    for folder in (cwd, start):\n"
+            "        try:\n"
+            "            os.chdir(folder)\n"
+            "            break\n"
+            "        except (OSError, ValueError):\n"
+            "            pass\n"
+            "    os.environ['PWD'] = os.getcwd()\n"
+            "    random.seed()\n"
+            "    if 'numpy.random' in sys.modules:\n"
+            "        sys.modules['numpy.random'].seed()\n"
+            f"    __import__({GUEST_MODULE!r}).close_stale_files()\n"
+            f"_settle({image.host.cwd!r}, {self.cwd!r}, {list(self.import_paths)!r})\n"
+        )
+        with self._metered(store, REPAIR_FUEL, REPAIR_SECONDS, interruptible=False):
+            try:
+                status = self._call_turn(f"exec({settle!r}, {{}})")
+            except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
+                raise images.ImageError(f"the resumed interpreter trapped: {exc}") from None
+        if status != 0:
+            raise images.ImageError("the resumed interpreter could not run the kernel's code")
+
+    def save_image(self, host: images.HostState, mounts: list[str]) -> bytes:
+        """This interpreter as an image file's bytes, taken between turns."""
+        with self._turn_lock:
+            store = self._store
+            assert store is not None
+            self._reply = None
+            self._output.begin(lambda *_: None, MAX_MESSAGE, "")
+            with self._metered(store, REPAIR_FUEL, REPAIR_SECONDS, interruptible=False):
+                try:
+                    self._call_turn(
+                        f"__import__({GUEST_MODULE!r}).call_host('reply',"
+                        " content={'cwd': __import__('os').getcwd()})"
+                    )
+                except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
+                    raise images.ImageError(f"the interpreter could not be asked: {exc}") from None
+                finally:
+                    self._output.end()
+            self._changed = True  # that turn ran: the next checkpoint keeps what it did
+            cwd = self._reply.get("cwd") if self._reply else None
+            host.cwd = cwd if isinstance(cwd, str) and cwd else self.cwd
+            host.clocks = {clock: self._now(clock) for clock in _CLOCKS if clock}
+            exports = {
+                export.name: self._instance_exports[export.name]
+                for export in self.compiled.module.exports
+            }
+            globals_ = self._mutable_globals(exports)
+            size = self._memory.data_len(store)
+            if globals_[BRK_EXPORT].value(store) == 0:
+                globals_[BRK_EXPORT].set_value(store, size)  # as GuestState.take does
+            # read in place, page by page: no copy of the whole guest on the host
+            memory = (ctypes.c_char * size).from_address(memory_address(self._memory, store))
+            return images.write_image(
+                needs=images.identity(self.compiled.runtime.module.sha256),
+                mounts=mounts,
+                memory=memoryview(memory).cast("B"),
+                base=self._fresh_memory(),
+                globals_={name: value.value(store) for name, value in globals_.items()},
+                host=host,
+                scratch=images.archive_folder(self._tmp, self.limits.scratch),
+                taken=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            )
+
+    def _fresh_memory(self) -> bytes:
+        """Linear memory of a just-instantiated module: what an image leaves out."""
+        store = wasmtime.Store(self.compiled.engine)
+        try:
+            store.set_wasi(wasmtime.WasiConfig())
+            linker = wasmtime.Linker(self.compiled.engine)
+            linker.define_wasi()
+            i32 = wasmtime.ValType.i32()
+            linker.define_func("host", "call", wasmtime.FuncType([i32] * 4, [i32]), lambda *_: -1)
+            memory = linker.instantiate(store, self.compiled.module).exports(store)["memory"]
+            assert isinstance(memory, wasmtime.Memory)
+            return ctypes.string_at(memory_address(memory, store), memory.data_len(store))
+        finally:
+            store.close()
+
+    def restore_image(self, image: images.Image) -> None:
+        """Replace this interpreter by the image's, in place (like a rollback); on failure the
+        current one stays as it was."""
+        with self._turn_lock:
+            kept = {name: getattr(self, name) for name in _INTERPRETER_ATTRIBUTES}
+            offsets = dict(self._clock_offsets)
+            backup = self._tmp.with_name(self._tmp.name + "-before-restore")
+            self._tmp.rename(backup)  # the current store keeps its handle on the folder
+            self._tmp.mkdir(mode=0o700)
+            try:
+                self._start_interpreter(image)
+                if self._state is not None:
+                    self._take_checkpoint(self._store)  # type: ignore[arg-type]
+            except BaseException:
+                if self._store is not kept["_store"] and self._store is not None:
+                    self._store.close()
+                for name, value in kept.items():
+                    setattr(self, name, value)
+                self._clock_offsets = offsets
+                shutil.rmtree(self._tmp, ignore_errors=True)
+                backup.rename(self._tmp)
+                raise
+            kept["_store"].close()
+            shutil.rmtree(backup, ignore_errors=True)
 
     def _boot_source(self) -> str:
         """The turn that (re)installs the guest module: used at start and to repair it."""
@@ -872,15 +1037,18 @@ class Sandbox:
                 return False
             self.interrupts.wait(remaining)
 
+    def _now(self, clock_id: int) -> int:
+        """The guest's reading of a clock: the host's, moved on past what a resumed guest saw."""
+        return _CLOCKS[clock_id]() + self._clock_offsets[clock_id]
+
     def _clock_time_get(
         self, caller: wasmtime.Caller, clock_id: int, _precision: int, out_ptr: int
     ) -> int:
         """The guest's clocks, from the host's, so that poll deadlines agree with them."""
-        now = _CLOCKS.get(clock_id)
-        if now is None:
+        if clock_id not in _CLOCKS:
             return WASI_EINVAL
         try:
-            self._write(caller, out_ptr, struct.pack("<Q", now()))
+            self._write(caller, out_ptr, struct.pack("<Q", self._now(clock_id)))
         except (IndexError, ValueError, wasmtime.WasmtimeError):
             return WASI_EFAULT
         return 0
@@ -908,10 +1076,9 @@ class Sandbox:
                 clock_id, timeout, _precision, flags = struct.unpack_from(
                     "<I4xQQH", raw, 48 * index + 16
                 )
-                now = _CLOCKS.get(clock_id)
-                if now is None:
+                if clock_id not in _CLOCKS:
                     return WASI_EINVAL
-                delay_ns = timeout - now() if flags & 1 else timeout
+                delay_ns = timeout - self._now(clock_id) if flags & 1 else timeout
                 timers.append((max(delay_ns, 0) / 1e9, userdata))
             else:  # fd readiness: the guest has no real streams to wait on
                 ready.append((userdata, tag))
@@ -928,7 +1095,35 @@ class Sandbox:
         return 0
 
 
+def build_boot_image(compiled: CompiledRuntime, limits: Limits, path: Path) -> int:
+    """Boot a guest and save it as the image kernels start from; returns its size in bytes.
+
+    The image holds nothing of any session: no mounts, an empty /tmp, no history."""
+    sandbox = Sandbox(compiled, limits, rollback=False)
+    try:
+        data = sandbox.save_image(images.HostState(), [])
+    finally:
+        sandbox.close()
+    staging = path.with_name(f".{path.name}.partial")
+    staging.write_bytes(data)
+    staging.chmod(0o644)  # shared by every user of the cache, as the compiled module is
+    staging.replace(path)
+    return len(data)
+
+
 _CLOCKS = {0: time.time_ns, 1: time.monotonic_ns, 2: time.process_time_ns, 3: time.thread_time_ns}
+# what one interpreter consists of, swapped as a whole when an image is restored in place
+_INTERPRETER_ATTRIBUTES = (
+    "_store",
+    "_fresh",
+    "_memory",
+    "_adapter",
+    "_files",
+    "_turn_func",
+    "_alloc",
+    "_state",
+    "_instance_exports",
+)
 
 
 def memory_limit_text(limit: int) -> str:

@@ -286,6 +286,18 @@ def sandbox_magic(shell, line):
     print(_wasm_kernel.call_host("describe").get("text", "(not available here)"))
 
 
+def snapshot_magic(shell, line):
+    """%snapshot save|restore|list|delete NAME: the kernel saves or restores when the cell ends."""
+    import _wasm_kernel
+
+    action, _, name = line.strip().partition(" ")
+    reply = _wasm_kernel.call_host("snapshot", action=action, name=name.strip())
+    if "error" in reply:
+        raise UsageError(reply["error"])
+    if reply.get("text"):
+        print(reply["text"])
+
+
 # -- matplotlib, extensions, capture, config ---------------------------------------------------
 
 
@@ -355,6 +367,7 @@ LINE_MAGICS = {
     "cd": cd_magic,
     "env": env_magic,
     "sandbox": sandbox_magic,
+    "snapshot": snapshot_magic,
     "matplotlib": matplotlib_magic,
     "config": config_magic,
     "load_ext": load_ext_magic,

@@ -1,0 +1,581 @@
+"""Interpreter images: a guest's whole state in one file, to resume in another kernel process.
+
+An image holds what a resumed guest needs and nothing that grants anything:
+
+- linear memory up to the program break, stored as extents of the pages that differ from a
+  freshly instantiated module (pages equal to the fresh instance, zero pages past its end
+  included, cost nothing on disk), each extent compressed with zstd (zlib compressed a numpy
+  and pandas session four times slower);
+- every exported mutable global (the stack pointer, the program break...);
+- the host side of the session: execution count, input history, the guest's working folder,
+  its clock readings (so that its clocks never run backwards) and the private ``/tmp`` as a
+  bounded tar archive;
+- a header naming what the image needs (runtime sha256, rewrite and guest-code versions,
+  wasmtime version, machine) and, for information only, the mounts it was taken with: a
+  resumed guest always gets the mounts of the kernel resuming it.
+
+Layout: ``MAGIC``, the format version (u32), the header's length (u32), the header (JSON),
+the blobs the header describes, then the sha256 of everything before it.
+
+An image is hostile input (anyone can write one, and compute its checksum): ``read_image``
+checks the format, the checksum, every field's type and bound (memory within the kernel's
+memory limit, extents inside it and not overlapping, archive members plain files and folders
+under ``/tmp``), and the identity, before anything reaches a guest. What it refuses raises
+``ImageError`` with a sentence saying why. The memory and globals themselves are the guest's
+own business: a guest could write any of those bytes itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import platform
+import re
+import struct
+import tarfile
+from dataclasses import dataclass, field
+from importlib import metadata, resources
+from pathlib import Path, PurePosixPath
+
+import zstandard
+
+from . import rewrite
+
+MAGIC = b"WKIMAGE\n"
+FORMAT = 1
+PAGE = rewrite.PAGE
+CHECKSUM = 32  # bytes of the trailing sha256
+MAX_HEADER = 1 << 20
+MAX_HISTORY = 64 << 20  # bytes of input history carried (uncompressed)
+MAX_HISTORY_ENTRIES = 1_000_000
+MAX_ARCHIVE_MEMBERS = 100_000
+MAX_GUEST_PATH = 4096
+SUFFIX = ".wkimg"
+COMPRESSION = 1  # zstd level: saving fast matters more than the last few per cent
+
+
+class ImageError(Exception):
+    """An image that this kernel cannot or will not resume; the message says why."""
+
+
+def guest_code_version() -> str:
+    """sha256 over the guest's own sources: an image holds them as loaded, so an image taken
+    with other guest code would run that code against this host."""
+    digest = hashlib.sha256()
+    root = resources.files("wasm_kernel") / "guest"
+    for path in sorted(Path(str(root)).rglob("*.py")):
+        digest.update(str(path.relative_to(Path(str(root)))).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def identity(runtime_sha256: str) -> dict[str, object]:
+    """What an image needs from the kernel that resumes it, each compared exactly."""
+    return {
+        "runtime_sha256": runtime_sha256,
+        "rewrite": rewrite.VERSION,
+        "guest_code": guest_code_version(),
+        "wasmtime": metadata.version("wasmtime"),
+        "machine": platform.machine(),
+    }
+
+
+_IDENTITY_WORDS = {
+    "runtime_sha256": "runtime (sha256)",
+    "rewrite": "version of the runtime rewrite",
+    "guest_code": "version of the kernel's guest code (sha256)",
+    "wasmtime": "wasmtime version",
+    "machine": "machine type",
+}
+
+
+@dataclass
+class HostState:
+    """The host's part of a session, carried in the image."""
+
+    execution_count: int = 0
+    history: list[tuple[int, str]] = field(default_factory=list)
+    cwd: str = "/tmp"
+    clocks: dict[int, int] = field(default_factory=dict)  # clock id -> guest reading, ns
+
+
+@dataclass
+class Image:
+    """A checked image, ready to resume: pages are decompressed, the archive is listed."""
+
+    needs: dict[str, object]
+    mounts: list[str]
+    memory_size: int
+    extents: list[tuple[int, bytes]]  # (first page, page contents)
+    globals: dict[str, int]
+    host: HostState
+    scratch: bytes  # a tar archive of /tmp
+    taken: str = ""
+
+    @property
+    def stored_pages(self) -> int:
+        return sum(len(data) for _, data in self.extents) // PAGE
+
+
+# -- writing ------------------------------------------------------------------------------------
+
+
+def changed_extents(memory: bytes | memoryview, base: bytes) -> list[tuple[int, int]]:
+    """(first page, page count) runs of ``memory`` that differ from ``base`` (zero past its end).
+
+    Pages are compared as bytes (memcmp); memoryviews would compare byte by byte."""
+    zero = bytes(PAGE)
+    runs: list[tuple[int, int]] = []
+    for page in range(len(memory) // PAGE):
+        start = page * PAGE
+        reference = base[start : start + PAGE] if start < len(base) else zero
+        if bytes(memory[start : start + PAGE]) == reference:
+            continue
+        if runs and runs[-1][0] + runs[-1][1] == page:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((page, 1))
+    return runs
+
+
+def archive_folder(folder: Path, limit: int) -> bytes:
+    """A tar of ``folder``'s files and folders (links and special files are left out); refuses
+    to grow past ``limit`` bytes of content."""
+    try:
+        return _archive(folder, limit)
+    except OSError as exc:
+        raise ImageError(f"cannot archive the private /tmp: {exc.strerror or exc}") from None
+
+
+def _archive(folder: Path, limit: int) -> bytes:
+    out = io.BytesIO()
+    total = 0
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(folder.rglob("*")):
+            if path.is_symlink() or not (path.is_file() or path.is_dir()):
+                continue
+            info = tar.gettarinfo(str(path), arcname=str(path.relative_to(folder)))
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            if info.isfile():
+                total += info.size
+                if limit and total > limit:
+                    raise ImageError(
+                        f"the private /tmp holds more than {limit >> 20} MiB; delete files there"
+                        " before saving"
+                    )
+                with path.open("rb") as file:
+                    tar.addfile(info, file)
+            else:
+                tar.addfile(info)
+    return out.getvalue()
+
+
+def write_image(
+    *,
+    needs: dict[str, object],
+    mounts: list[str],
+    memory: bytes | memoryview,
+    base: bytes,
+    globals_: dict[str, int],
+    host: HostState,
+    scratch: bytes,
+    taken: str,
+) -> bytes:
+    """The image file's bytes."""
+    blobs: list[bytes] = []
+    extents = []
+    view = memoryview(memory)
+    for first, count in changed_extents(memory, base):
+        packed = _pack(view[first * PAGE : (first + count) * PAGE])
+        extents.append([first, count, len(packed)])
+        blobs.append(packed)
+    history = _pack(json.dumps(host.history).encode())
+    packed_scratch = _pack(scratch)
+    header = {
+        "needs": needs,
+        "mounts": mounts,
+        "taken": taken,
+        "memory": {"size": len(memory), "extents": extents},
+        "globals": globals_,
+        "host": {
+            "execution_count": host.execution_count,
+            "cwd": host.cwd,
+            "clocks": {str(clock): value for clock, value in host.clocks.items()},
+        },
+        "history": len(history),
+        "scratch": len(packed_scratch),
+    }
+    encoded = json.dumps(header).encode()
+    body = b"".join(
+        [MAGIC, struct.pack("<II", FORMAT, len(encoded)), encoded, *blobs, history, packed_scratch]
+    )
+    return body + hashlib.sha256(body).digest()
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+def read_image(
+    path: Path, *, needs: dict[str, object], memory_limit: int, scratch_limit: int
+) -> Image:
+    """Read and check the image at ``path`` against this kernel; raises ImageError."""
+    try:
+        size = path.stat().st_size
+        # the largest sound image: all memory and all of /tmp barely compressible, and history
+        bound = memory_limit + (scratch_limit or memory_limit) + MAX_HISTORY + (64 << 20)
+        if size > bound:
+            raise ImageError(
+                f"{path.name} is {size >> 20} MiB, larger than any image this kernel"
+                " could have written"
+            )
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ImageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return parse_image(data, needs=needs, memory_limit=memory_limit, scratch_limit=scratch_limit)
+
+
+def parse_image(
+    data: bytes, *, needs: dict[str, object], memory_limit: int, scratch_limit: int
+) -> Image:
+    header, body, offset = verified_header(data)
+    try:
+        return _checked(header, body, offset, needs, memory_limit, scratch_limit)
+    except (
+        ValueError,
+        TypeError,
+        KeyError,
+        RecursionError,  # JSON nested deeper than Python recurses
+        zstandard.ZstdError,
+        tarfile.TarError,
+    ) as exc:
+        raise ImageError(f"the image is malformed: {exc}") from None
+
+
+def verified_header(data: bytes) -> tuple[dict, memoryview, int]:
+    """The header of a sound image file, its body and where the blobs start."""
+    prefix = len(MAGIC) + 8
+    if not data.startswith(MAGIC):
+        raise ImageError("this is not a wasm-kernel image (it does not start with one's mark)")
+    if len(data) < prefix + CHECKSUM:
+        raise ImageError("the image is truncated (shorter than its own header)")
+    version, header_size = struct.unpack_from("<II", data, len(MAGIC))
+    if version != FORMAT:
+        raise ImageError(
+            f"the image is in format version {version}; this kernel reads version {FORMAT}"
+        )
+    body, checksum = memoryview(data)[:-CHECKSUM], data[-CHECKSUM:]
+    if hashlib.sha256(body).digest() != checksum:
+        raise ImageError("the image is damaged or truncated (its checksum does not match)")
+    if header_size > MAX_HEADER or prefix + header_size > len(body):
+        raise ImageError("the image's header is larger than allowed")
+    try:
+        header = json.loads(bytes(body[prefix : prefix + header_size]))
+    except (ValueError, RecursionError) as exc:
+        raise ImageError(f"the image's header is malformed: {exc}") from None
+    if not isinstance(header, dict):
+        raise ImageError("the image's header is not an object")
+    return header, body, prefix + header_size
+
+
+def describe_file(path: Path, needs: dict[str, object]) -> str:
+    """What ``python -m wasm_kernel snapshot info`` shows: the header, and whether this
+    installation can resume the image."""
+    try:
+        header, _, _ = verified_header(path.read_bytes())
+    except OSError as exc:
+        raise ImageError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+    def part(key: str) -> dict:
+        value = header.get(key)
+        return value if isinstance(value, dict) else {}
+
+    found, memory, host = part("needs"), part("memory"), part("host")
+    lines = [
+        f"image:           {path} ({path.stat().st_size / (1 << 20):.1f} MiB on disk)",
+        f"taken:           {str(header.get('taken'))[:64]}",
+        f"guest memory:    {str(memory.get('size'))[:24]} bytes",
+        f"execution count: {str(host.get('execution_count'))[:24]}",
+        f"taken with mounts (not carried): {str(header.get('mounts'))[:400]}",
+    ]
+    for key, wanted in needs.items():
+        have = found.get(key)
+        verdict = "ok" if have == wanted else f"differs: this installation has {wanted}"
+        lines.append(f"needs {_IDENTITY_WORDS[key]}: {str(have)[:80]} ({verdict})")
+    return "\n".join(lines)
+
+
+def _require(condition: bool, what: str) -> None:
+    if not condition:
+        raise ValueError(what)
+
+
+def _is_int(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _checked(
+    header: dict,
+    body: memoryview,
+    offset: int,
+    needs: dict[str, object],
+    memory_limit: int,
+    scratch_limit: int,
+) -> Image:
+    found = header["needs"]
+    _require(isinstance(found, dict), "'needs' is not an object")
+    for key, wanted in needs.items():
+        if found.get(key) != wanted:
+            raise ImageError(
+                f"the image was taken with another {_IDENTITY_WORDS.get(key, key)},"
+                f" {str(found.get(key))[:80]!r}; this kernel has {str(wanted)[:80]!r}"
+            )
+    mounts = header["mounts"]
+    _require(
+        isinstance(mounts, list) and all(isinstance(m, str) for m in mounts) and len(mounts) < 256,
+        "'mounts' is not a list of strings",
+    )
+    memory = header["memory"]
+    memory_size = memory["size"]
+    _require(_is_int(memory_size, PAGE, 1 << 32) and memory_size % PAGE == 0, "bad memory size")
+    if memory_size > memory_limit:
+        raise ImageError(
+            f"the image holds {memory_size >> 20} MiB of memory, more than this kernel's memory"
+            f" limit of {memory_limit >> 20} MiB (--WasmKernel.memory_limit)"
+        )
+    extents: list[tuple[int, bytes]] = []
+    next_free = 0
+    for entry in memory["extents"]:
+        _require(isinstance(entry, list) and len(entry) == 3, "bad memory extent")
+        first, count, length = entry
+        pages = memory_size // PAGE
+        _require(_is_int(first, next_free, pages - 1), "memory extents overlap or are unordered")
+        _require(_is_int(count, 1, pages - first), "a memory extent passes the memory's end")
+        _require(_is_int(length, 1, len(body) - offset), "a memory extent passes the file's end")
+        extents.append((first, _inflate(body[offset : offset + length], count * PAGE)))
+        offset += length
+        next_free = first + count
+    globals_ = header["globals"]
+    _require(
+        isinstance(globals_, dict)
+        and len(globals_) < 4096
+        and all(
+            isinstance(k, str) and _is_int(v, -(1 << 63), (1 << 64) - 1)
+            for k, v in globals_.items()
+        ),
+        "bad globals",
+    )
+    host = header["host"]
+    cwd = host["cwd"]
+    _require(isinstance(cwd, str) and 0 < len(cwd) <= MAX_GUEST_PATH, "bad working folder")
+    count = host["execution_count"]
+    _require(_is_int(count, 0, 1 << 62), "bad execution count")
+    clocks = host["clocks"]
+    _require(
+        isinstance(clocks, dict)
+        and all(k in ("1", "2", "3") and _is_int(v, 0, 1 << 63) for k, v in clocks.items()),
+        "bad clock readings",
+    )
+    history_size, scratch_size = header["history"], header["scratch"]
+    _require(_is_int(history_size, 1, len(body) - offset), "history passes the file's end")
+    history = json.loads(_inflate(body[offset : offset + history_size], MAX_HISTORY, exact=False))
+    offset += history_size
+    _require(
+        isinstance(history, list)
+        and len(history) <= MAX_HISTORY_ENTRIES
+        and all(
+            isinstance(item, list)
+            and len(item) == 2
+            and _is_int(item[0], 0, 1 << 62)
+            and isinstance(item[1], str)
+            for item in history
+        ),
+        "bad history",
+    )
+    _require(scratch_size == len(body) - offset, "the archive does not end the file")
+    scratch = _inflate(body[offset:], (scratch_limit or memory_limit) + (16 << 20), exact=False)
+    check_archive(scratch, scratch_limit)
+    return Image(
+        needs=found,
+        mounts=mounts,
+        memory_size=memory_size,
+        extents=extents,
+        globals=globals_,
+        host=HostState(
+            execution_count=count,
+            history=[(line, source) for line, source in history],
+            cwd=cwd,
+            clocks={int(k): v for k, v in clocks.items()},
+        ),
+        scratch=scratch,
+        taken=str(header.get("taken", ""))[:64],
+    )
+
+
+def _pack(data: bytes | memoryview) -> bytes:
+    """One zstd frame, which records its content size (the reader checks it before inflating)."""
+    return zstandard.ZstdCompressor(level=COMPRESSION).compress(data)
+
+
+def _inflate(data: memoryview, size: int, exact: bool = True) -> bytes:
+    """Decompress one frame of at most ``size`` bytes (exactly ``size`` when ``exact``)."""
+    declared = zstandard.frame_content_size(data)
+    _require(0 <= declared <= size, "compressed data of unknown or too large a size")
+    _require(not exact or declared == size, "a memory extent has the wrong size")
+    out = zstandard.ZstdDecompressor().decompress(data)
+    _require(len(out) == declared, "compressed data shorter than it says")
+    return out
+
+
+def _archive_members(archive: bytes) -> tarfile.TarFile:
+    return tarfile.open(fileobj=io.BytesIO(archive), mode="r:")
+
+
+def check_archive(archive: bytes, limit: int) -> None:
+    """Refuse anything but plain files and folders under /tmp, within ``limit`` bytes."""
+    total = count = 0
+    with _archive_members(archive) as tar:
+        for member in tar:
+            count += 1
+            _require(count <= MAX_ARCHIVE_MEMBERS, "the archive has too many members")
+            name = PurePosixPath(member.name)
+            _require(
+                member.isfile() or member.isdir(), f"archive member {member.name[:80]!r} is a link"
+            )
+            _require(
+                bool(name.parts)
+                and not name.is_absolute()
+                and ".." not in name.parts
+                and len(member.name) <= MAX_GUEST_PATH
+                and "\0" not in member.name,
+                f"archive member {member.name[:80]!r} escapes /tmp",
+            )
+            total += member.size
+            _require(not limit or total <= limit, "the archive is larger than the /tmp limit")
+
+
+def unpack_archive(archive: bytes, folder: Path) -> None:
+    """Extract a checked archive into ``folder`` (files private to this user)."""
+    try:
+        _unpack(archive, folder)
+    except OSError as exc:
+        raise ImageError(f"cannot unpack the image's /tmp: {exc.strerror or exc}") from None
+
+
+def _unpack(archive: bytes, folder: Path) -> None:
+    with _archive_members(archive) as tar:
+        for member in tar:
+            target = folder.joinpath(*PurePosixPath(member.name).parts)
+            if not target.resolve().is_relative_to(folder.resolve()):
+                raise ImageError(f"archive member {member.name[:80]!r} escapes /tmp")
+            if member.isdir():
+                target.mkdir(parents=True, exist_ok=True, mode=0o700)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            source = tar.extractfile(member)
+            assert source is not None
+            with source, open(target, "wb") as out:
+                while chunk := source.read(1 << 20):
+                    out.write(chunk)
+            target.chmod(0o600)
+
+
+def boot_image_path(entry: Path) -> Path:
+    """Where the boot image of a compiled-runtime cache entry lives: named by the guest code's
+    version, so that a change of guest code needs (and finds) a new one."""
+    return entry / f"boot-{guest_code_version()[:24]}{SUFFIX}"
+
+
+# -- the images folder ---------------------------------------------------------------------------
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_name(name: str) -> str:
+    """A snapshot name: letters, digits, '.', '_', '-' (not first), up to 64; no paths."""
+    if not _NAME.fullmatch(name) or ".." in name:
+        raise ImageError(
+            f"{name[:80]!r} is not a snapshot name: use up to 64 letters, digits, '.', '_' or"
+            " '-', starting with a letter or digit"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    path: Path
+    size: int
+    modified: float
+
+
+class ImageFolder:
+    """The folder of saved images, with a size quota over all of them."""
+
+    HIBERNATED = "hibernated-"
+
+    def __init__(self, directory: Path, quota: int):
+        self.directory = directory
+        self.quota = quota
+
+    def path(self, name: str) -> Path:
+        return self.directory / (check_name(name) + SUFFIX)
+
+    def entries(self) -> list[Entry]:
+        try:
+            paths = sorted(self.directory.glob("*" + SUFFIX))
+        except OSError:
+            return []
+        found = []
+        for path in paths:
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            found.append(Entry(path.name[: -len(SUFFIX)], path, stat.st_size, stat.st_mtime))
+        return found
+
+    def used(self, besides: Path | None = None) -> int:
+        return sum(entry.size for entry in self.entries() if entry.path != besides)
+
+    def store(self, name: str, data: bytes) -> Path:
+        """Write an image under ``name`` (replacing one of that name) within the quota."""
+        target = self.path(name)
+        used = self.used(besides=target)
+        if self.quota and used + len(data) > self.quota:
+            raise ImageError(
+                f"saving {name!r} ({len(data) / (1 << 20):.1f} MiB) would pass the snapshot"
+                f" quota of {self.quota / (1 << 20):.0f} MiB ({used / (1 << 20):.1f} MiB in"
+                " use). Delete snapshots (%snapshot delete NAME) or raise"
+                " --WasmKernel.snapshot_quota."
+            )
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            staging = target.with_name(f".{target.name}.partial")
+            staging.write_bytes(data)
+            staging.chmod(0o600)
+            staging.replace(target)
+        except OSError as exc:
+            raise ImageError(f"cannot write {target}: {exc.strerror or exc}") from None
+        return target
+
+    def delete(self, name: str) -> None:
+        try:
+            self.path(name).unlink()
+        except FileNotFoundError:
+            raise ImageError(f"there is no snapshot named {name!r}") from None
+        except OSError as exc:
+            raise ImageError(f"cannot delete {name!r}: {exc.strerror or exc}") from None
+
+    def hibernation_name(self, session: str) -> str:
+        return self.HIBERNATED + hashlib.sha256(session.encode()).hexdigest()[:24]
+
+    def describe(self) -> str:
+        entries = self.entries()
+        if not entries:
+            return f"No snapshots in {self.directory}."
+        lines = [f"{entry.name}  {entry.size / (1 << 20):.1f} MiB" for entry in entries]
+        quota = f" of {self.quota / (1 << 20):.0f} MiB" if self.quota else ""
+        lines.append(f"{self.used() / (1 << 20):.1f} MiB used{quota} in {self.directory}")
+        return "\n".join(lines)

@@ -21,6 +21,7 @@ import itertools
 import json
 import logging
 import re
+import shutil
 import struct
 import threading
 import time

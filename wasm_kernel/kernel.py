@@ -57,6 +57,7 @@ from .settings import (
     config_source,
     describe_refusal,
 )
+from .snapshot import CHECKPOINT_MODES, checkpoint_method
 
 ENV_PREFIX = "WASM_KERNEL_"
 INPUT_POLL = 0.05  # seconds between checks for an input_reply or an interrupt
@@ -201,6 +202,13 @@ class WasmKernel(Kernel):
         " and as much host memory again; off: a trap restarts the interpreter."
         " Env: WASM_KERNEL_ROLLBACK.",
     ).tag(config=True)
+    checkpoint_mode = CheckedEnum(
+        list(CHECKPOINT_MODES),
+        help="How rollback checkpoints are kept: 'auto' copy-on-write where the OS allows"
+        " (Linux 6.7 or later: memfd and PAGEMAP_SCAN; a checkpoint costs the pages the cell"
+        " wrote), else a copy of guest memory; 'copy' always copies. %sandbox shows which is"
+        " active. Env: WASM_KERNEL_CHECKPOINT_MODE.",
+    ).tag(config=True)
     active_output = CheckedEnum(
         ["block", "allow"],
         help="Output that runs code in the front end (JavaScript, scripts and event handlers in"
@@ -227,6 +235,7 @@ class WasmKernel(Kernel):
     _scratch_limit_default = _env_default("scratch_limit", _from_profile("scratch_limit"))
     _interrupt_grace_default = _env_default("interrupt_grace", 1.0)
     _rollback_default = _env_default("rollback", True)
+    _checkpoint_mode_default = _env_default("checkpoint_mode", "auto")
     _active_output_default = _env_default("active_output", _from_profile("active_output"))
     _history_file_default = _env_default("history_file", DEFAULT_HISTORY_FILE)
 
@@ -341,7 +350,12 @@ class WasmKernel(Kernel):
         compiled = cache.load(self.runtime, progress=stage)
         self._boot_stage = "starting the interpreter"
         return Sandbox(
-            compiled, self.limits, rollback=self.rollback, mounts=self.granted, cwd=self.start_dir
+            compiled,
+            self.limits,
+            rollback=self.rollback,
+            mounts=self.granted,
+            cwd=self.start_dir,
+            checkpoint_mode=self.checkpoint_mode,
         )
 
     async def _sandbox(self, notify: Any) -> Sandbox:
@@ -412,8 +426,22 @@ class WasmKernel(Kernel):
             f"Per cell: fuel {limits.fuel:,},"
             f" {f'time {limits.seconds:.10g} s' if limits.seconds else 'no time limit'},"
             f" memory {_size(limits.memory)}, output {_size(limits.output)}\n"
+            f"Rollback: {self._describe_rollback()}\n"
             "No host environment, network or processes."
         )
+
+    def _describe_rollback(self) -> str:
+        """What a trapping cell rolls back to, and how checkpoints are taken (the running
+        sandbox's way once it has started: it may have had to fall back to copying)."""
+        if not (self.rollback and self.runtime.restorable):
+            return "off (a trap restarts the interpreter)"
+        if self._boot.done() and self._boot.exception() is None:
+            method = self._boot.result().checkpoint_method
+            if method is None:
+                return "off (a trap restarts the interpreter)"
+        else:
+            method = checkpoint_method(self.checkpoint_mode)
+        return f"to the state after the last cell; checkpoints by {method}"
 
     # -- execution --------------------------------------------------------------------------------
 

@@ -259,8 +259,10 @@ class Sandbox:
         rollback: bool = True,
         mounts: Sequence[Mount] = (),
         cwd: str = SCRATCH,
+        checkpoint_mode: str = "auto",
     ):
         self.compiled = compiled
+        self.checkpoint_mode = checkpoint_mode
         self.limits = limits
         self.mounts = tuple(mounts)
         self.cwd = cwd
@@ -380,7 +382,7 @@ class Sandbox:
             # No checkpoint yet: it is taken after the first cell, off the start-up path. A trap
             # before then restarts the interpreter, which loses nothing but a fresh state.
             named = {export.name: exports[export.name] for export in self.compiled.module.exports}
-            self._state = GuestState(self._memory, named)
+            self._state = GuestState(self._memory, named, self.checkpoint_mode)
 
     @staticmethod
     def _boot_source() -> str:
@@ -396,10 +398,16 @@ class Sandbox:
 
     def restart(self) -> None:
         """Replace the interpreter with a fresh one (same private /tmp)."""
+        self._free_interpreter()
+        self._start_interpreter()
+
+    def _free_interpreter(self) -> None:
         if self._store is not None:
             self._store.close()
             self._store = None
-        self._start_interpreter()
+        if self._state is not None:  # after the store: its memory maps the checkpoint
+            self._state.close()
+            self._state = None
 
     def close(self) -> None:
         """Stop any running turn, then free the interpreter and its private /tmp."""
@@ -409,9 +417,7 @@ class Sandbox:
             self._output.close()
             self._watchdog.close()
             self._scratch.close()
-            if self._store is not None:
-                self._store.close()
-                self._store = None
+            self._free_interpreter()
             shutil.rmtree(self._tmp, ignore_errors=True)
 
     def checkpoint(self) -> None:
@@ -429,6 +435,11 @@ class Sandbox:
     @property
     def checkpoint_stats(self) -> CheckpointStats | None:
         return self._state.last if self._state is not None else None
+
+    @property
+    def checkpoint_method(self) -> str | None:
+        """How checkpoints are taken (None: rollback is off)."""
+        return self._state.method if self._state is not None else None
 
     def _hit_memory_limit(
         self, store: wasmtime.Store | wasmtime.Caller, memory_at_start: int, limit: int

@@ -85,8 +85,7 @@ class GuestState:
         size = self._brk.value(store)
         written = self._take_memory(store, size)
         self._size = size
-        self._saved_globals = {name: value.value(store) for name, value in self._globals.items()}
-        self._saved_globals[BRK_EXPORT] = size
+        self._saved_globals = self.global_values(store)
         self.last = CheckpointStats(size, time.perf_counter() - began, written)
 
     def _take_memory(self, store: wasmtime.Store, size: int) -> int:
@@ -139,7 +138,17 @@ class GuestState:
             ctypes.memmove(base, buffer, self._size)
             if dirty_end > self._size:
                 ctypes.memset(base + self._size, 0, dirty_end - self._size)
-        for name, value in self._saved_globals.items():
+        self.set_global_values(store, self._saved_globals)
+
+    def global_values(self, store: Store) -> dict[str, int]:
+        """Every mutable global and the program break, by export name (what an image needs
+        besides memory)."""
+        values = {name: value.value(store) for name, value in self._globals.items()}
+        values[BRK_EXPORT] = self._brk.value(store)
+        return values
+
+    def set_global_values(self, store: Store, values: dict[str, int]) -> None:
+        for name, value in values.items():
             target = self._brk if name == BRK_EXPORT else self._globals[name]
             target.set_value(store, value)
 

@@ -35,6 +35,9 @@ PAGE_IS_PRESENT = 1 << 3
 PAGE_IS_SWAPPED = 1 << 4
 PAGE_IS_PFNZERO = 1 << 5
 REGIONS_PER_CALL = 512
+# Pieces of guest memory left mapped from another file: each costs the process a mapping or
+# two (Linux allows ~65,000), so past this many the rest is copied into the checkpoint.
+MAX_FOREIGN_PARTS = 2048
 
 
 class ScanArguments(ctypes.Structure):
@@ -114,16 +117,49 @@ def union(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return merged
 
 
-def file_mapped(start: int, end: int) -> list[tuple[int, int]]:
-    """The parts of ``[start, end)`` that map a file (their pages need not be present to hold
-    data), from ``/proc/self/maps``."""
+Ranges = list[tuple[int, int]]
+
+
+def _pieces(a: Ranges, b: Ranges) -> Iterator[tuple[int, int, bool]]:
+    """``a`` (merged) cut at the bounds of ``b`` (merged): ``(low, high, inside b)``, in order."""
+    others = union(b)
+    index = 0
+    for low, high in union(a):
+        while low < high:
+            while index < len(others) and others[index][1] <= low:
+                index += 1
+            if index == len(others) or others[index][0] >= high:
+                yield low, high, False
+                break
+            other_low, other_high = others[index]
+            if other_low > low:
+                yield low, other_low, False
+                low = other_low
+            yield low, min(high, other_high), True
+            low = min(high, other_high)
+
+
+def intersect(a: Ranges, b: Ranges) -> Ranges:
+    """The parts of ranges ``a`` within ranges ``b``."""
+    return union([(low, high) for low, high, inside in _pieces(a, b) if inside])
+
+
+def subtract(a: Ranges, b: Ranges) -> Ranges:
+    """The parts of ranges ``a`` outside ranges ``b``."""
+    return union([(low, high) for low, high, inside in _pieces(a, b) if not inside])
+
+
+def file_mapped(base: int, start: int, end: int) -> Ranges:
+    """The parts of memory ``[start, end)`` from ``base`` that map a file (their pages need not
+    be present to hold data), from ``/proc/self/maps``; offsets from ``base``."""
     parts = []
-    with open("/proc/self/maps", "rb") as maps:
-        for line in maps:
-            span, _, _, _, inode, *_ = line.split(maxsplit=5)
-            low, high = (int(bound, 16) for bound in span.split(b"-"))
-            if int(inode) and low < end and high > start:
-                parts.append((max(low, start), min(high, end)))
+    if start < end:
+        with open("/proc/self/maps", "rb") as maps:
+            for line in maps:
+                span, _, _, _, inode, *_ = line.split(maxsplit=5)
+                low, high = (int(bound, 16) - base for bound in span.split(b"-"))
+                if int(inode) and low < end and high > start:
+                    parts.append((max(low, start), min(high, end)))
     return parts
 
 
@@ -171,7 +207,10 @@ class DirtyPages:
 
 
 class CopyOnWriteMemory:
-    """The checkpoint of guest memory ``[0, mapped)`` in a memfd mapped privately over it."""
+    """The checkpoint of guest memory ``[0, mapped)``: a memfd mapped privately over it, except
+    where another file is mapped (wasmtime's view of the module's data, a boot image) and the
+    guest has not written since: those pages stay that file's, shared with whoever else maps
+    it, and move into the memfd when a checkpoint finds them written."""
 
     def __init__(self) -> None:
         self._file = os.memfd_create("wasm-kernel-checkpoint", os.MFD_CLOEXEC)
@@ -180,7 +219,8 @@ class CopyOnWriteMemory:
         except OSError:
             os.close(self._file)
             raise
-        self.mapped = 0  # bytes of guest memory that are a view of the file
+        self.mapped = 0  # bytes of guest memory that are a view of the checkpoint
+        self._foreign: list[tuple[int, int]] = []  # parts of it that are another file's view
 
     def close(self) -> None:
         """Free the checkpoint (after the guest memory is gone or no longer needs it)."""
@@ -193,29 +233,39 @@ class CopyOnWriteMemory:
         view = (ctypes.c_char * (end - start)).from_address(base + start)
         return os.pwrite(self._file, memoryview(view).cast("B"), start)
 
+    def _written(self, base: int, start: int, end: int) -> list[tuple[int, int]]:
+        return [
+            (low - base, high - base) for low, high in self._dirty.ranges(base + start, base + end)
+        ]
+
     def take(self, base: int, size: int) -> int:
         """Make guest memory ``[0, size)`` (``size`` within its accessible part) the checkpoint;
         returns the bytes written to the file."""
         end = max(page_up(size), self.mapped)
-        if end > self.mapped:
+        grown = [(self.mapped, end)] if end > self.mapped else []
+        # Memory past the old end holds data where pages are present (absent anonymous pages
+        # read as zeros, like the file's holes) or where another file is mapped.
+        foreign = file_mapped(base, self.mapped, end)
+        written = self._written(base, 0, end)
+        old_foreign = self._foreign
+        if len(old_foreign) + len(foreign) > MAX_FOREIGN_PARTS:  # too many mappings: copy
+            written = union(written + old_foreign + foreign)
+        if grown:
             os.ftruncate(self._file, end)
-        # Below ``mapped``, what the guest wrote since the last checkpoint; above it, memory
-        # that is not the file's yet: the pages that hold data (not-present anonymous memory
-        # is zero, like the file's holes), and all of any file wasmtime mapped there itself.
-        own = list(self._dirty.ranges(base, base + self.mapped))
-        new: list[tuple[int, int]] = []
-        if end > self.mapped:
-            grown = (base + self.mapped, base + end)
-            new = union(file_mapped(*grown) + list(self._dirty.ranges(*grown)))
-        written = 0
-        for start, stop in own + new:
-            written += self._save(base, start - base, stop - base)
-        for start, stop in own:
-            drop_pages(start, stop - start)
-        if end > self.mapped:
-            map_file(base + self.mapped, end - self.mapped, self._file, self.mapped)
-            self.mapped = end
-        return written
+        saved = sum(self._save(base, low, high) for low, high in written)
+        self._foreign = subtract(old_foreign + foreign, written)
+        # Written pages read from the file again: dropped where it is mapped already, mapped
+        # where another file was. The grown part is mapped whole, less what stays foreign
+        # (its absent anonymous pages map the file's holes).
+        for low, high, was_foreign in _pieces(intersect(written, [(0, self.mapped)]), old_foreign):
+            if was_foreign:
+                map_file(base + low, high - low, self._file, low)
+            else:
+                drop_pages(base + low, high - low)
+        for low, high in subtract(grown, self._foreign):
+            map_file(base + low, high - low, self._file, low)
+        self.mapped = end
+        return saved
 
     def restore(self, base: int, accessible: int) -> None:
         """Guest memory back to the checkpoint, and zeros from its end to ``accessible``."""
@@ -236,7 +286,8 @@ def map_copy_on_write(
     file from ``offset`` (for starting a guest from a boot image): the guest reads the file's
     pages, shared by every kernel mapping the same file, and its writes stay private. Memory
     is grown to ``length`` first if it is smaller; ``offset`` must be page-aligned. The file
-    must not change while mapped. A checkpoint taken later copies the mapped part once."""
+    must not change while mapped. Later checkpoints keep the pages the guest does not write
+    shared with the file."""
     if offset % PAGE:
         raise ValueError(f"the file offset must be a multiple of {PAGE}, not {offset}")
     wasm_page = 1 << 16

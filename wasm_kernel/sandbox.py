@@ -437,6 +437,11 @@ class Sandbox:
         return self._state.last if self._state is not None else None
 
     @property
+    def restore_seconds(self) -> float | None:
+        """How long the last rollback took to put memory and globals back."""
+        return self._state.last_restore_seconds if self._state is not None else None
+
+    @property
     def checkpoint_method(self) -> str | None:
         """How checkpoints are taken (None: rollback is off)."""
         return self._state.method if self._state is not None else None

@@ -76,6 +76,7 @@ class GuestState:
         self._saved_globals: dict[str, int] = {}
         self._size = 0
         self.last = CheckpointStats()
+        self.last_restore_seconds = 0.0
 
     def take(self, store: wasmtime.Store) -> None:
         began = time.perf_counter()
@@ -129,6 +130,7 @@ class GuestState:
         dlmalloc assumes that fresh memory from sbrk is zeroed, so the region between the
         checkpoint's break and the trapped cell's break is cleared.
         """
+        began = time.perf_counter()
         base = memory_address(self._memory, store)
         if self._cow is not None:  # every page the cell wrote, up to the end of memory
             self._cow.restore(base, self._memory.data_len(store))
@@ -139,6 +141,7 @@ class GuestState:
             if dirty_end > self._size:
                 ctypes.memset(base + self._size, 0, dirty_end - self._size)
         self.set_global_values(store, self._saved_globals)
+        self.last_restore_seconds = time.perf_counter() - began
 
     def global_values(self, store: Store) -> dict[str, int]:
         """Every mutable global and the program break, by export name (what an image needs

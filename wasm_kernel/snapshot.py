@@ -83,7 +83,8 @@ class GuestState:
         if self._brk.value(store) == 0:
             # sbrk sets the break lazily; fix it now so a rollback cannot lose it
             self._brk.set_value(store, self._memory.data_len(store))
-        size = self._brk.value(store)
+        # sbrk keeps the break within memory; never read (or map) past what the guest can reach
+        size = min(self._brk.value(store), self._memory.data_len(store))
         written = self._take_memory(store, size)
         self._size = size
         self._saved_globals = self.global_values(store)

@@ -36,6 +36,7 @@ BAD = {
     "rollback": ("maybe", "'maybe'", "true or false"),
     "profile": ("lax", "'lax'", "one of 'notebook', 'strict'"),
     "active_output": ("sometimes", "['block']", "one of 'block', 'allow'"),
+    "checkpoint_mode": ("never", "'never'", "one of 'auto', 'copy'"),
 }
 SOURCE_TEXT = {
     "argv": "the kernel's command line",

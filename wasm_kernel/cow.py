@@ -35,6 +35,7 @@ PAGE_IS_PRESENT = 1 << 3
 PAGE_IS_SWAPPED = 1 << 4
 PAGE_IS_PFNZERO = 1 << 5
 REGIONS_PER_CALL = 512
+MERGE_GAP = 2 * PAGE
 # Pieces of guest memory left mapped from another file: each costs the process a mapping or
 # two (Linux allows ~65,000), so past this many the rest is copied into the checkpoint.
 MAX_FOREIGN_PARTS = 2048
@@ -183,7 +184,21 @@ class DirtyPages:
             self._pagemap = -1
 
     def ranges(self, start: int, end: int) -> Iterator[tuple[int, int]]:
-        """``(start, end)`` address ranges of the anonymous pages within ``[start, end)``."""
+        """``(start, end)`` address ranges of the anonymous pages within ``[start, end)``,
+        merged across gaps of up to ``MERGE_GAP`` other pages (saving or dropping those too
+        is harmless, and one system call per range is most of a checkpoint's cost)."""
+        pending: tuple[int, int] | None = None
+        for low, high in self._scan(start, end):
+            if pending is not None and low - pending[1] <= MERGE_GAP:
+                pending = (pending[0], high)
+                continue
+            if pending is not None:
+                yield pending
+            pending = (low, high)
+        if pending is not None:
+            yield pending
+
+    def _scan(self, start: int, end: int) -> Iterator[tuple[int, int]]:
         arguments = ScanArguments(
             size=ctypes.sizeof(ScanArguments),
             vec=ctypes.addressof(self._regions),

@@ -198,8 +198,9 @@ class WasmKernel(Kernel):
     rollback = CheckedBool(
         True,
         help="Checkpoint the interpreter after each cell and roll back to it when a cell traps"
-        " (fuel, time, memory, stack, hard interrupt). Costs a copy of guest memory per cell"
-        " and as much host memory again; off: a trap restarts the interpreter."
+        " (fuel, time, memory, stack, hard interrupt). Costs, per cell, the pages the cell"
+        " wrote (or, with copy checkpoints, a copy of guest memory and as much host memory"
+        " again; see checkpoint_mode); off: a trap restarts the interpreter."
         " Env: WASM_KERNEL_ROLLBACK.",
     ).tag(config=True)
     checkpoint_mode = CheckedEnum(

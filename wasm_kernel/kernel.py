@@ -205,6 +205,7 @@ class WasmKernel(Kernel):
     ).tag(config=True)
     checkpoint_mode = CheckedEnum(
         list(CHECKPOINT_MODES),
+        "auto",
         help="How rollback checkpoints are kept: 'auto' copy-on-write where the OS allows"
         " (Linux 6.7 or later: memfd and PAGEMAP_SCAN; a checkpoint costs the pages the cell"
         " wrote), else a copy of guest memory; 'copy' always copies. %sandbox shows which is"

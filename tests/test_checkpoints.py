@@ -15,6 +15,7 @@ copy-on-write from a file (the boot-image primitive) runs the interpreter saved 
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,28 @@ def test_guest_memory_mapped_from_a_file_runs_the_interpreter_saved_in_it(
     finally:
         source.close()
         target.close()
+
+
+def open_checkpoint_files() -> int:
+    return sum(
+        1
+        for fd in os.listdir("/proc/self/fd")
+        if os.path.exists(f"/proc/self/fd/{fd}")
+        and os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:wasm-kernel-checkpoint")
+    )
+
+
+@pytest.mark.skipif(COW_MISSING is not None, reason=str(COW_MISSING))
+def test_restarts_and_close_leave_no_checkpoint_file_open(compiled) -> None:
+    before = open_checkpoint_files()
+    box = sandbox(compiled)
+    try:
+        for _ in range(3):
+            box.run_cell("x = 1", 1, Quiet())
+            box.checkpoint()
+            assert open_checkpoint_files() == before + 1
+            box.restart()
+        assert box.checkpoint_method == COPY_ON_WRITE
+    finally:
+        box.close()
+    assert open_checkpoint_files() == before

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import Kernel, ok
 
+from wasm_kernel import cow
 from wasm_kernel.cache import RuntimeCache
 from wasm_kernel.cow import copy_on_write_missing, map_copy_on_write, page_up
 from wasm_kernel.rewrite import BRK_EXPORT
@@ -242,3 +243,29 @@ def test_restarts_and_close_leave_no_checkpoint_file_open(compiled) -> None:
     finally:
         box.close()
     assert open_checkpoint_files() == before
+
+
+@pytest.mark.skipif(COW_MISSING is not None, reason=str(COW_MISSING))
+@pytest.mark.parametrize("foreign_parts", [0, 10_000])
+def test_pages_of_another_file_are_kept_or_copied_exactly(
+    compiled, monkeypatch: pytest.MonkeyPatch, foreign_parts: int
+) -> None:
+    """wasmtime maps the module's data from its file; those pages stay shared until written,
+    or (past MAX_FOREIGN_PARTS pieces) are copied into the checkpoint. Either way, memory
+    reads the same after the first checkpoint and after a rollback."""
+    monkeypatch.setattr(cow, "MAX_FOREIGN_PARTS", foreign_parts)
+    box = sandbox(compiled)
+    try:
+        box.run_cell("import numpy\nkept = numpy.arange(100_000)", 1, Quiet())
+        base, size = memory_address(box._memory, box._store), box._memory.data_len(box._store)
+        before = ctypes.string_at(base, size)
+        box.checkpoint()
+        assert ctypes.string_at(base, size) == before
+        assert bool(box._state._cow._foreign) == (foreign_parts > 0)
+        box.limits = Limits(fuel=2 * 10**9, seconds=0, memory=1 << 30, output=1 << 20)
+        with pytest.raises(CellStopped):
+            box.run_cell("kept[:] = -1\nimport json, wave\nwhile True: pass", 2, Quiet())
+        box._state.restore(box._store)  # again: the kernel's repair turn ran since
+        assert ctypes.string_at(base, size) == before
+    finally:
+        box.close()

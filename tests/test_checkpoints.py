@@ -14,6 +14,7 @@ copy-on-write from a file (the boot-image primitive) runs the interpreter saved 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from pathlib import Path
@@ -269,3 +270,44 @@ def test_pages_of_another_file_are_kept_or_copied_exactly(
         assert ctypes.string_at(base, size) == before
     finally:
         box.close()
+
+
+def held_bytes(pid: int) -> int:
+    """Memory a kernel process holds: its RSS, plus the pages of its checkpoint file that no
+    mapping shows (RSS counts only mapped pages)."""
+    rss, checkpoint_rss, in_checkpoint = 0, 0, False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        if "-" in line.split(" ", 1)[0]:  # a mapping's header line
+            in_checkpoint = "/memfd:wasm-kernel-checkpoint" in line
+        elif line.startswith("Rss:"):
+            kib = int(line.split()[1])
+            rss += kib << 10
+            checkpoint_rss += (kib << 10) if in_checkpoint else 0
+    allocated = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if os.readlink(fd).startswith("/memfd:wasm-kernel-checkpoint"):
+                allocated += fd.stat().st_blocks * 512
+    return rss + max(allocated - checkpoint_rss, 0)
+
+
+CYCLES = 10
+HELD_SLACK = 120 << 20
+
+
+def test_memory_held_stays_flat_over_trap_and_rollback_cycles(mode_kernel: Kernel) -> None:
+    """Each cycle keeps a cell that rewrites 50 MiB (so checkpoints have work), then traps in
+    one that rewrites it again and grows memory by 200 MiB. Neither the process nor its
+    checkpoint file may grow from cycle to cycle."""
+    pid = mode_kernel.manager.provisioner.process.pid
+    ok(mode_kernel.execute("work = np.zeros(50 << 20, dtype=np.uint8)"))
+    held = []
+    for cycle in range(CYCLES):
+        ok(mode_kernel.execute(f"work[:] = {cycle}"))
+        trap(mode_kernel, "work[:] = 255\nlost = np.ones(200 << 20, dtype=np.uint8)")
+        held.append(held_bytes(pid))
+    check = f"assert (work == {CYCLES - 1}).all() and 'lost' not in globals()\nprint('flat')"
+    assert "flat" in ok(mode_kernel.execute(check)).stream_text()
+    assert "intact" in ok(mode_kernel.execute(INTACT)).stream_text()
+    print(f"\nheld after each cycle (MiB): {[h >> 20 for h in held]}")
+    assert max(held) < held[0] + HELD_SLACK, [h >> 20 for h in held]

@@ -187,8 +187,8 @@ def test_guest_memory_mapped_from_a_file_runs_the_interpreter_saved_in_it(
     compiled, tmp_path: Path
 ) -> None:
     """The boot-image primitive: memory and globals of one interpreter, saved to a file and
-    mapped into a fresh one, carry its names; writes stay private to the new guest, and a
-    rollback there returns to the mapped state."""
+    mapped into another (which had checkpointed state of its own), carry its names; writes stay
+    private to the new guest, and a rollback there returns to the state after the image."""
     source = sandbox(compiled)
     target = sandbox(compiled)
     try:
@@ -201,7 +201,10 @@ def test_guest_memory_mapped_from_a_file_runs_the_interpreter_saved_in_it(
         image.write_bytes(ctypes.string_at(base, page_up(size)))
         before = image.read_bytes()
 
+        target.run_cell("other = bytearray(b'o') * (20 << 20)", 1, Quiet())
+        target.checkpoint()  # memory the target's own checkpoint maps, below and past the image
         map_copy_on_write(target._memory, target._store, str(image), 0, size)
+        target._state.forget()
         target._state.set_global_values(target._store, values)
         out = Quiet()
         target.run_cell("print(saved, numpy.ones(3).sum())", 2, out)

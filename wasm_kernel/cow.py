@@ -27,6 +27,7 @@ from functools import cache
 import wasmtime
 
 PAGE = mmap.PAGESIZE
+Ranges = list[tuple[int, int]]  # [start, end) pairs
 MAP_FIXED = 0x10  # same value on every Linux architecture this runs on
 MAP_FAILED = ctypes.c_void_p(-1).value
 # fs/proc PAGEMAP_SCAN (include/uapi/linux/fs.h): page categories and the ioctl number
@@ -107,18 +108,15 @@ def map_file(address: int, length: int, fd: int, offset: int) -> None:
         raise OSError(f"mmap placed the mapping at {mapped:#x}, not {address:#x}")
 
 
-def union(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def union(ranges: Ranges) -> Ranges:
     """Overlapping or touching ranges merged, in order."""
-    merged: list[tuple[int, int]] = []
+    merged: Ranges = []
     for start, end in sorted(ranges):
         if merged and start <= merged[-1][1]:
             merged[-1] = (merged[-1][0], max(merged[-1][1], end))
         else:
             merged.append((start, end))
     return merged
-
-
-Ranges = list[tuple[int, int]]
 
 
 def _pieces(a: Ranges, b: Ranges) -> Iterator[tuple[int, int, bool]]:
@@ -235,7 +233,7 @@ class CopyOnWriteMemory:
             os.close(self._file)
             raise
         self.mapped = 0  # bytes of guest memory that are a view of the checkpoint
-        self._foreign: list[tuple[int, int]] = []  # parts of it that are another file's view
+        self._foreign: Ranges = []  # parts of it that are another file's view
 
     def close(self) -> None:
         """Free the checkpoint (after the guest memory is gone or no longer needs it)."""
@@ -248,7 +246,7 @@ class CopyOnWriteMemory:
         view = (ctypes.c_char * (end - start)).from_address(base + start)
         return os.pwrite(self._file, memoryview(view).cast("B"), start)
 
-    def _written(self, base: int, start: int, end: int) -> list[tuple[int, int]]:
+    def _written(self, base: int, start: int, end: int) -> Ranges:
         return [
             (low - base, high - base) for low, high in self._dirty.ranges(base + start, base + end)
         ]
@@ -302,7 +300,8 @@ def map_copy_on_write(
     pages, shared by every kernel mapping the same file, and its writes stay private. Memory
     is grown to ``length`` first if it is smaller; ``offset`` must be page-aligned. The file
     must not change while mapped. Later checkpoints keep the pages the guest does not write
-    shared with the file."""
+    shared with the file; a checkpoint taken before the mapping must be dropped
+    (``GuestState.forget``)."""
     if offset % PAGE:
         raise ValueError(f"the file offset must be a multiple of {PAGE}, not {offset}")
     wasm_page = 1 << 16

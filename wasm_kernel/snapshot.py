@@ -61,11 +61,7 @@ class GuestState:
     ):
         self.method = checkpoint_method(mode)
         self._cow: CopyOnWriteMemory | None = None
-        if self.method == COPY_ON_WRITE:
-            try:
-                self._cow = CopyOnWriteMemory()
-            except OSError as exc:
-                self.method = f"{COPY} (copy-on-write unavailable: {exc})"
+        self._start_file()
         self._memory = memory
         self._brk = exports[BRK_EXPORT]
         self._grow_failed = exports[GROW_FAILED_EXPORT]
@@ -105,6 +101,20 @@ class GuestState:
         buffer = (ctypes.c_char * len(self._buffer)).from_buffer(self._buffer)
         ctypes.memmove(buffer, base, size)
         return size
+
+    def _start_file(self) -> None:
+        if self.method == COPY_ON_WRITE:
+            try:
+                self._cow = CopyOnWriteMemory()
+            except OSError as exc:
+                self.method = f"{COPY} (copy-on-write unavailable: {exc})"
+
+    def forget(self) -> None:
+        """Drop the checkpoint, after guest memory was mapped anew (a boot image, a saved
+        session): the next checkpoint starts from what is mapped then. Until it is taken, a
+        trap restarts the interpreter."""
+        self.close()
+        self._start_file()
 
     def close(self) -> None:
         """Free the checkpoint; the guest memory must be gone already or never used again."""

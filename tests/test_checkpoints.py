@@ -28,7 +28,7 @@ from wasm_kernel.cow import copy_on_write_missing, map_copy_on_write, page_up
 from wasm_kernel.rewrite import BRK_EXPORT
 from wasm_kernel.runtime import load_runtime
 from wasm_kernel.sandbox import CellStopped, Limits, Sandbox
-from wasm_kernel.snapshot import COPY, COPY_ON_WRITE, memory_address
+from wasm_kernel.snapshot import COPY, COPY_ON_WRITE, checkpoint_method, memory_address
 
 FUEL = 6_000_000_000  # numpy's import fits; a busy loop runs out in about a second
 COW_MISSING = copy_on_write_missing()
@@ -73,7 +73,8 @@ def mode_kernel(request, start_kernel) -> Kernel:
 def test_sandbox_magic_names_the_checkpoint_method(start_kernel) -> None:
     default = start_kernel()
     shown = ok(default.execute("%sandbox")).stream_text()
-    expected = COPY_ON_WRITE if COW_MISSING is None else COPY
+    expected = checkpoint_method("auto")
+    assert expected.startswith(COPY_ON_WRITE if COW_MISSING is None else COPY)
     assert f"Rollback: to the state after the last cell; checkpoints by {expected}" in shown
     forced = start_kernel(env={"WASM_KERNEL_CHECKPOINT_MODE": "copy"})
     assert f"checkpoints by {COPY} (checkpoint_mode 'copy')" in forced.banner()
@@ -151,7 +152,7 @@ def test_checkpoint_cost_follows_the_pages_a_cell_wrote(compiled) -> None:
             box.checkpoint()
             box.run_cell("y = 1", 2, Quiet())
             box.checkpoint()
-        assert cow.checkpoint_method == COPY_ON_WRITE
+        assert cow.checkpoint_method.startswith(COPY_ON_WRITE)
         held = cow.checkpoint_stats.bytes
         assert held > 200 << 20
         assert cow.checkpoint_stats.written < 8 << 20, cow.checkpoint_stats
@@ -243,21 +244,25 @@ def test_restarts_and_close_leave_no_checkpoint_file_open(compiled) -> None:
             box.checkpoint()
             assert open_checkpoint_files() == before + 1
             box.restart()
-        assert box.checkpoint_method == COPY_ON_WRITE
+        assert box.checkpoint_method.startswith(COPY_ON_WRITE)
     finally:
         box.close()
     assert open_checkpoint_files() == before
 
 
 @pytest.mark.skipif(COW_MISSING is not None, reason=str(COW_MISSING))
+@pytest.mark.parametrize("finder", ["PAGEMAP_SCAN", "/proc/self/pagemap"])
 @pytest.mark.parametrize("foreign_parts", [0, 10_000])
 def test_pages_of_another_file_are_kept_or_copied_exactly(
-    compiled, monkeypatch: pytest.MonkeyPatch, foreign_parts: int
+    compiled, monkeypatch: pytest.MonkeyPatch, foreign_parts: int, finder: str
 ) -> None:
     """wasmtime maps the module's data from its file; those pages stay shared until written,
     or (past MAX_FOREIGN_PARTS pieces) are copied into the checkpoint. Either way, memory
-    reads the same after the first checkpoint and after a rollback."""
+    reads the same after the first checkpoint and after a rollback, whether written pages
+    are found with PAGEMAP_SCAN or by reading /proc/self/pagemap (kernels before 6.7)."""
     monkeypatch.setattr(cow, "MAX_FOREIGN_PARTS", foreign_parts)
+    if finder != "PAGEMAP_SCAN":
+        monkeypatch.setattr(cow, "pagemap_scan_works", lambda: False)
     box = sandbox(compiled)
     try:
         box.run_cell("import numpy\nkept = numpy.arange(100_000)", 1, Quiet())
@@ -266,6 +271,7 @@ def test_pages_of_another_file_are_kept_or_copied_exactly(
         box.checkpoint()
         assert ctypes.string_at(base, size) == before
         assert bool(box._state._cow._foreign) == (foreign_parts > 0)
+        assert finder in box.checkpoint_method
         box.limits = Limits(fuel=2 * 10**9, seconds=0, memory=1 << 30, output=1 << 20)
         with pytest.raises(CellStopped):
             box.run_cell("kept[:] = -1\nimport json, wave\nwhile True: pass", 2, Quiet())

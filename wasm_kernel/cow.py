@@ -4,7 +4,8 @@ The checkpoint lives in a memfd that is mapped ``MAP_PRIVATE | MAP_FIXED`` over 
 linear memory (wasmtime reserves a 32-bit memory whole and never moves it, and grows it with
 ``mprotect`` only, so the mapping stays in place). A page the guest writes becomes a private
 anonymous copy; a page it does not write stays the file's page, shared with the checkpoint.
-Linux's ``PAGEMAP_SCAN`` (6.7 and later) lists the anonymous pages in one call, so:
+Linux's ``PAGEMAP_SCAN`` (6.7 and later) lists the anonymous pages in one call; older kernels
+show them in ``/proc/self/pagemap``, read whole (8 bytes a page). So:
 
 - checkpoint: write those pages into the file, then drop them (``MADV_DONTNEED``) so that they
   read from the file again; memory the guest grew into is added to the file and mapped;
@@ -20,6 +21,7 @@ import ctypes
 import mmap
 import os
 import platform
+import re
 import sys
 from collections.abc import Iterator
 from functools import cache
@@ -36,6 +38,9 @@ PAGE_IS_PRESENT = 1 << 3
 PAGE_IS_SWAPPED = 1 << 4
 PAGE_IS_PFNZERO = 1 << 5
 REGIONS_PER_CALL = 512
+# /proc/self/pagemap: the top byte of each page's entry has bit 7 "present", bit 6 "swapped",
+# bit 5 "file page or shared"; this table maps it to 1 for the process's own pages
+OWN_PAGE = bytes(int((top & 0xE0) in (0x80, 0x40)) for top in range(256))
 MERGE_GAP = 2 * PAGE
 # Pieces of guest memory left mapped from another file: each costs the process a mapping or
 # two (Linux allows ~65,000), so past this many the rest is copied into the checkpoint.
@@ -175,6 +180,7 @@ class DirtyPages:
     def __init__(self) -> None:
         self._pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
         self._regions = (PageRegion * REGIONS_PER_CALL)()
+        self._scan = self._ask_kernel if pagemap_scan_works() else self._read_pagemap
 
     def close(self) -> None:
         if self._pagemap >= 0:
@@ -196,7 +202,13 @@ class DirtyPages:
         if pending is not None:
             yield pending
 
-    def _scan(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+    def _read_pagemap(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+        entries = os.pread(self._pagemap, (end - start) // PAGE * 8, start // PAGE * 8)
+        own = entries[7::8].translate(OWN_PAGE)
+        for run in re.finditer(b"\x01+", own):
+            yield start + run.start() * PAGE, start + run.end() * PAGE
+
+    def _ask_kernel(self, start: int, end: int) -> Iterator[tuple[int, int]]:
         arguments = ScanArguments(
             size=ctypes.sizeof(ScanArguments),
             vec=ctypes.addressof(self._regions),
@@ -322,6 +334,24 @@ def map_copy_on_write(
 
 
 @cache
+def pagemap_scan_works() -> bool:
+    """Whether this kernel has ``PAGEMAP_SCAN`` (else pagemap is read: slower, same answer)."""
+    page = ctypes.create_string_buffer(2 * PAGE)
+    start = page_up(ctypes.addressof(page))
+    arguments = ScanArguments(size=ctypes.sizeof(ScanArguments), start=start, end=start + PAGE)
+    arguments.category_anyof_mask = arguments.return_mask = PAGE_IS_PRESENT
+    pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _libc.ioctl(pagemap, PAGEMAP_SCAN, ctypes.byref(arguments)) >= 0
+    finally:
+        os.close(pagemap)
+
+
+def dirty_page_finder() -> str:
+    return "PAGEMAP_SCAN" if pagemap_scan_works() else "/proc/self/pagemap"
+
+
+@cache
 def copy_on_write_missing() -> str | None:
     """Why copy-on-write checkpoints cannot work in this process, or None if they can. Tried
     for real on a scratch mapping: a written page must be found, an unwritten one not, and a
@@ -343,7 +373,7 @@ def copy_on_write_missing() -> str | None:
         ctypes.memset(area + 2 * PAGE, 5, 1)  # and memory past the checkpoint
         found = list(memory._dirty.ranges(area, area + 2 * PAGE))
         if found != [(area + PAGE, area + 2 * PAGE)]:
-            return f"PAGEMAP_SCAN does not report written pages as expected ({len(found)} ranges)"
+            return f"{dirty_page_finder()} does not show written pages as expected ({found})"
         memory.restore(area, 3 * PAGE)
         restored = ctypes.string_at(area, 3 * PAGE)
         if restored != b"\x07" * (2 * PAGE) + b"\x00" * PAGE:

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 
 import wasmtime
 
-from .cow import CopyOnWriteMemory, copy_on_write_missing
+from .cow import CopyOnWriteMemory, copy_on_write_missing, dirty_page_finder
 from .rewrite import BRK_EXPORT, GLOBAL_EXPORT_PREFIX, GROW_FAILED_EXPORT, InterruptCells
 
 Store = wasmtime.Store | wasmtime.Caller
 log = logging.getLogger(__name__)
 
 CHECKPOINT_MODES = ("auto", "copy")
-COPY_ON_WRITE = "copy-on-write (pages a cell wrote, in a memfd mapped over guest memory)"
+COPY_ON_WRITE = "copy-on-write"
 COPY = "a copy of guest memory after each cell"
 
 
@@ -38,7 +38,12 @@ def checkpoint_method(mode: str) -> str:
     if mode == "copy":
         return f"{COPY} (checkpoint_mode 'copy')"
     missing = copy_on_write_missing()
-    return COPY_ON_WRITE if missing is None else f"{COPY} ({missing})"
+    if missing is not None:
+        return f"{COPY} ({missing})"
+    return (
+        f"{COPY_ON_WRITE} (the pages a cell wrote, found with {dirty_page_finder()}, kept in a"
+        " memfd mapped over guest memory)"
+    )
 
 
 @dataclass
@@ -103,7 +108,7 @@ class GuestState:
         return size
 
     def _start_file(self) -> None:
-        if self.method == COPY_ON_WRITE:
+        if self.method.startswith(COPY_ON_WRITE):
             try:
                 self._cow = CopyOnWriteMemory()
             except OSError as exc:

@@ -207,9 +207,10 @@ class WasmKernel(Kernel):
         list(CHECKPOINT_MODES),
         "auto",
         help="How rollback checkpoints are kept: 'auto' copy-on-write where the OS allows"
-        " (Linux 6.7 or later: memfd and PAGEMAP_SCAN; a checkpoint costs the pages the cell"
-        " wrote), else a copy of guest memory; 'copy' always copies. %sandbox shows which is"
-        " active. Env: WASM_KERNEL_CHECKPOINT_MODE.",
+        " (Linux on x86_64 or aarch64: a memfd, written pages found with PAGEMAP_SCAN or in"
+        " /proc/self/pagemap; a checkpoint costs the pages the cell wrote), else a copy of"
+        " guest memory; 'copy' always copies. %sandbox shows which is active."
+        " Env: WASM_KERNEL_CHECKPOINT_MODE.",
     ).tag(config=True)
     active_output = CheckedEnum(
         ["block", "allow"],

@@ -1,15 +1,17 @@
 """Copy-on-write checkpoints restore exactly what the copy did, and cost what a cell wrote.
 
-Each rollback test runs in both checkpoint modes ('auto', copy-on-write on this machine when
-the OS allows it, and 'copy'), through jupyter_client, and checks every value of large
-arrays after a trap: a page the dirty-page scan missed, or one dropped that should have been
-kept, shows up as a wrong value. Growth matters as much: memory a rolled-back cell grew into
-must read as zeros again (dlmalloc hands it out as calloc'd memory), and memory grown by a
-cell that was kept must come back with its contents.
+Through jupyter_client, in both checkpoint modes ('auto', copy-on-write where the OS allows
+it, and 'copy'): every value of large arrays is checked after traps (a page the dirty-page
+scan missed, or one dropped that should have been kept, shows up as a wrong value); memory a
+rolled-back cell grew into is forgotten, memory a kept cell grew into comes back with its
+contents; memory held stays flat over trap and rollback cycles; %sandbox names the method.
 
-In process (a real Sandbox, no kernel): the checkpoint after a one-line cell writes a few
-pages in copy-on-write mode and the whole heap in copy mode, and a guest memory mapped
-copy-on-write from a file (the boot-image primitive) runs the interpreter saved in it.
+In process (a real Sandbox, no kernel): memory past the break reads as zeros after a rollback
+(inside the guest its own calloc would hide a miss); whole guest memory is byte for byte the
+same after a checkpoint and after a rollback, with wasmtime's file-mapped pages kept shared or
+copied and with either way of finding written pages; a checkpoint after a one-line cell
+writes a few pages, against the whole heap when copying; a guest mapped copy-on-write from a
+file (the boot-image primitive) runs the interpreter saved in it; restarts leak no file.
 """
 
 from __future__ import annotations

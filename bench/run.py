@@ -17,9 +17,11 @@ minimums and of the medians; a ratio above 1 means wasm-kernel is slower or larg
 3. cpu: the pure-Python programs in ``bench/programs/*.py``, timed inside each kernel with
    ``time.perf_counter()`` (same cell source for both); geometric mean of the ratios.
 4. numeric: the numpy/pandas programs in ``bench/programs/numeric/*.py``, the same way.
-5. memory: RSS and PSS (``/proc/<pid>/smaps_rollup``) of one idle kernel and of ten.
-6. checkpoint: wasm-kernel's checkpoint per cell (``bench/checkpoint.py``), and the
-   ``x + 1`` round trip with ~500 MiB of state, native against rollback off and on.
+5. memory: RSS and PSS (``/proc/<pid>/smaps_rollup``, plus a copy-on-write checkpoint's
+   pages that are not mapped) of one idle kernel, of five and of ten.
+6. checkpoint: wasm-kernel's checkpoint per cell and its rollback, by checkpoint mode
+   (``bench/checkpoint.py``), and the ``x + 1`` round trip with ~500 MiB of state, native
+   against rollback off and on.
 7. images: ``%snapshot save`` and ``%snapshot restore`` (cell round trips) and the image's
    size on disk, for an idle session and one with numpy and pandas loaded and a 64 MiB
    array and DataFrame; and a kernel's start from such an image (``resume_from``) to the first
@@ -221,14 +223,40 @@ def process_tree(pid: int) -> list[int]:
     return pids
 
 
+CHECKPOINT_FILE = "/memfd:wasm-kernel-checkpoint"
+
+
+def unmapped_checkpoint_kib(pid: int) -> int:
+    """KiB of a wasm kernel's copy-on-write checkpoint file that no mapping shows: it holds
+    them in memory all the same, but Rss and Pss count only the pages mapped."""
+    allocated = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            if os.readlink(fd).startswith(CHECKPOINT_FILE):
+                allocated += fd.stat().st_blocks // 2
+        except OSError:
+            pass
+    mapped, in_file = 0, False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        if "-" in line.split(" ", 1)[0]:  # a mapping's header line
+            in_file = CHECKPOINT_FILE in line
+        elif in_file and line.startswith("Rss:"):
+            mapped += int(line.split()[1])
+    return max(allocated - mapped, 0)
+
+
 def memory_kib(pid: int) -> dict[str, int]:
-    """Rss and Pss in KiB of a process and its descendants, from smaps_rollup."""
+    """Rss and Pss in KiB of a process and its descendants, from smaps_rollup, plus the
+    checkpoint file's pages that are not mapped."""
     totals = {"Rss": 0, "Pss": 0}
     for member in process_tree(pid):
         for line in Path(f"/proc/{member}/smaps_rollup").read_text().splitlines():
             key, _, value = line.partition(":")
             if key in totals:
                 totals[key] += int(value.split()[0])
+        hidden = unmapped_checkpoint_kib(member)
+        totals["Rss"] += hidden
+        totals["Pss"] += hidden
     return totals
 
 
@@ -436,6 +464,13 @@ def bench_memory(cfg: dict, quick: bool) -> list[dict]:
     plans = [
         ("one idle kernel", 1, cfg["idle_one_reps"], ()),
         ("ten idle kernels (total)", 10, cfg["idle_ten_reps"], ()),
+        ("five idle kernels (total)", 5, cfg["idle_ten_reps"], ()),
+        (
+            "five idle kernels (total), wasm copy checkpoints",
+            5,
+            cfg["idle_ten_reps"],
+            ("--WasmKernel.checkpoint_mode=copy",),
+        ),
         (
             "one idle kernel, wasm rollback off",
             1,
@@ -467,35 +502,44 @@ def bench_memory(cfg: dict, quick: bool) -> list[dict]:
 
 def bench_checkpoint(cfg: dict, quick: bool) -> list[dict]:
     rows = []
-    for label, cost in checkpoint_bench.checkpoint_costs(cfg["checkpoint_reps"]).items():
-        rows.append(
-            {
-                "section": "checkpoint",
-                "measure": f"one checkpoint, guest state {label}",
-                "unit": "ms",
-                "native": None,
-                "wasm": {
-                    "min": cost["min_ms"],
-                    "median": cost["median_ms"],
-                    "n": cfg["checkpoint_reps"],
-                },
-                "note": f"{cost['mib']:.0f} MiB copied, {cost['ms_per_10_mib']:.2f} ms per 10 MiB"
-                " (median); no native counterpart",
-            }
-        )
+    reps = cfg["checkpoint_reps"]
+    for mode in checkpoint_bench.MODES:
+        for label, cost in checkpoint_bench.checkpoint_costs(reps, mode).items():
+            rows.append(
+                {
+                    "section": "checkpoint",
+                    "measure": f"one checkpoint, guest state {label}, mode {mode}",
+                    "unit": "ms",
+                    "native": None,
+                    "wasm": {"min": cost["min_ms"], "median": cost["median_ms"], "n": reps},
+                    "note": f"{cost['mib']:.0f} MiB held, {cost['written_mib']:.2f} MiB written"
+                    f" (median); {cost['method']}; no native counterpart",
+                }
+            )
+        for label, samples in checkpoint_bench.rollback_costs(reps, mode).items():
+            rows.append(
+                row(
+                    "checkpoint",
+                    f"rollback of a ~500 MiB guest, {label}, mode {mode}",
+                    "ms",
+                    None,
+                    [s * 1e3 for s in samples],
+                    "memory and globals put back; no native counterpart",
+                )
+            )
     log("checkpoint: in-process costs done")
     trips = cfg["checkpoint_trips"]
     for pause in (0.0, 1.0):
         count = trips if pause == 0 else max(trips // 4, 3)
         native = checkpoint_bench.round_trips(None, count, pause, kernel_name=NATIVE)
-        for rollback in (False, True):
-            wasm = checkpoint_bench.round_trips(rollback, count, pause)
+        for rollback, mode in ((False, "auto"), *((True, mode) for mode in checkpoint_bench.MODES)):
+            wasm = checkpoint_bench.round_trips(rollback, count, pause, mode=mode)
             when = "back to back" if pause == 0 else f"after a {pause:.0f} s pause"
             rows.append(
                 row(
                     "checkpoint",
-                    f"`x + 1` round trip, ~500 MiB state, {when}, "
-                    f"rollback {'on' if rollback else 'off'}",
+                    f"`x + 1` round trip, ~500 MiB state, {when},"
+                    f" rollback {f'on ({mode})' if rollback else 'off'}",
                     "ms",
                     [s * 1e3 for s in native],
                     [s * 1e3 for s in wasm],

@@ -63,6 +63,7 @@ from .settings import (
     config_source,
     describe_refusal,
 )
+from .snapshot import CHECKPOINT_MODES, checkpoint_method
 from .wheels import PackageError
 
 ENV_PREFIX = "WASM_KERNEL_"
@@ -219,9 +220,19 @@ class WasmKernel(Kernel):
     rollback = CheckedBool(
         True,
         help="Checkpoint the interpreter after each cell and roll back to it when a cell traps"
-        " (fuel, time, memory, stack, hard interrupt). Costs a copy of guest memory per cell"
-        " and as much host memory again; off: a trap restarts the interpreter."
+        " (fuel, time, memory, stack, hard interrupt). Costs, per cell, the pages the cell"
+        " wrote (or, with copy checkpoints, a copy of guest memory and as much host memory"
+        " again; see checkpoint_mode); off: a trap restarts the interpreter."
         " Env: WASM_KERNEL_ROLLBACK.",
+    ).tag(config=True)
+    checkpoint_mode = CheckedEnum(
+        list(CHECKPOINT_MODES),
+        "auto",
+        help="How rollback checkpoints are kept: 'auto' copy-on-write where the OS allows"
+        " (Linux on x86_64 or aarch64: a memfd, written pages found with PAGEMAP_SCAN or in"
+        " /proc/self/pagemap; a checkpoint costs the pages the cell wrote), else a copy of"
+        " guest memory; 'copy' always copies. %sandbox shows which is active."
+        " Env: WASM_KERNEL_CHECKPOINT_MODE.",
     ).tag(config=True)
     active_output = CheckedEnum(
         ["block", "allow"],
@@ -294,6 +305,7 @@ class WasmKernel(Kernel):
     _scratch_limit_default = _env_default("scratch_limit", _from_profile("scratch_limit"))
     _interrupt_grace_default = _env_default("interrupt_grace", 1.0)
     _rollback_default = _env_default("rollback", True)
+    _checkpoint_mode_default = _env_default("checkpoint_mode", "auto")
     _active_output_default = _env_default("active_output", _from_profile("active_output"))
     _packages_default = _env_default("packages", _from_profile("packages"))
     _packages_quota_default = _env_default("packages_quota", _from_profile("packages_quota"))
@@ -478,6 +490,7 @@ class WasmKernel(Kernel):
             mounts=mounts,
             cwd=self.start_dir,
             import_paths=paths,
+            checkpoint_mode=self.checkpoint_mode,
         )
         source = self._image_to_resume()
         if source is None:
@@ -609,8 +622,22 @@ class WasmKernel(Kernel):
             f" {f'time {limits.seconds:.10g} s' if limits.seconds else 'no time limit'},"
             f" memory {_size(limits.memory)}, output {_size(limits.output)}\n"
             f"Packages: {self.package_set.describe() if self.package_set else 'off'}\n"
+            f"Rollback: {self._describe_rollback()}\n"
             "No host environment, network or processes."
         )
+
+    def _describe_rollback(self) -> str:
+        """What a trapping cell rolls back to, and how checkpoints are taken (the running
+        sandbox's way once it has started: it may have had to fall back to copying)."""
+        if not (self.rollback and self.runtime.restorable):
+            return "off (a trap restarts the interpreter)"
+        if self._boot.done() and self._boot.exception() is None:
+            method = self._boot.result().checkpoint_method
+            if method is None:
+                return "off (a trap restarts the interpreter)"
+        else:
+            method = checkpoint_method(self.checkpoint_mode)
+        return f"to the state after the last cell; checkpoints by {method}"
 
     # -- execution --------------------------------------------------------------------------------
 

@@ -274,8 +274,10 @@ class Sandbox:
         cwd: str = SCRATCH,
         import_paths: Sequence[str] = (),
         image: images.Image | None = None,
+        checkpoint_mode: str = "auto",
     ):
         self.compiled = compiled
+        self.checkpoint_mode = checkpoint_mode
         self.limits = limits
         self.mounts = tuple(mounts)
         self.import_paths = tuple(import_paths)  # guest folders appended to sys.path at boot
@@ -413,7 +415,7 @@ class Sandbox:
         if self.rollback:
             # No checkpoint yet: it is taken after the first cell, off the start-up path. A trap
             # before then restarts the interpreter, which loses nothing but a fresh state.
-            self._state = GuestState(self._memory, named)
+            self._state = GuestState(self._memory, named, self.checkpoint_mode)
 
     # -- images ---------------------------------------------------------------------------------
 
@@ -555,6 +557,8 @@ class Sandbox:
             except BaseException:
                 if self._store is not kept["_store"] and self._store is not None:
                     self._store.close()
+                if self._state is not kept["_state"] and self._state is not None:
+                    self._state.close()  # after the store: its memory maps the checkpoint
                 for name, value in kept.items():
                     setattr(self, name, value)
                 self._clock_offsets = offsets
@@ -562,6 +566,8 @@ class Sandbox:
                 backup.rename(self._tmp)
                 raise
             kept["_store"].close()
+            if kept["_state"] is not None:
+                kept["_state"].close()
             shutil.rmtree(backup, ignore_errors=True)
 
     def _boot_source(self) -> str:
@@ -578,11 +584,17 @@ class Sandbox:
 
     def restart(self) -> None:
         """Replace the interpreter with a fresh one (same private /tmp)."""
+        self._free_interpreter()
+        self._start_interpreter()
+        self._fresh = True
+
+    def _free_interpreter(self) -> None:
         if self._store is not None:
             self._store.close()
             self._store = None
-        self._start_interpreter()
-        self._fresh = True
+        if self._state is not None:  # after the store: its memory maps the checkpoint
+            self._state.close()
+            self._state = None
 
     def close(self) -> None:
         """Stop any running turn, then free the interpreter and its private /tmp."""
@@ -592,9 +604,7 @@ class Sandbox:
             self._output.close()
             self._watchdog.close()
             self._scratch.close()
-            if self._store is not None:
-                self._store.close()
-                self._store = None
+            self._free_interpreter()
             scratch_folders.remove(self._tmp)
 
     def checkpoint(self) -> None:
@@ -612,6 +622,16 @@ class Sandbox:
     @property
     def checkpoint_stats(self) -> CheckpointStats | None:
         return self._state.last if self._state is not None else None
+
+    @property
+    def restore_seconds(self) -> float | None:
+        """How long the last rollback took to put memory and globals back."""
+        return self._state.last_restore_seconds if self._state is not None else None
+
+    @property
+    def checkpoint_method(self) -> str | None:
+        """How checkpoints are taken (None: rollback is off)."""
+        return self._state.method if self._state is not None else None
 
     def _hit_memory_limit(
         self, store: wasmtime.Store | wasmtime.Caller, memory_at_start: int, limit: int

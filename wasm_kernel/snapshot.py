@@ -4,39 +4,69 @@ Both act directly on the guest's linear memory through its host address. They re
 runtime having been rewritten by ``rewrite.make_restorable`` (exported mutable globals and a
 program break in ``wasm_kernel.brk``) and on wasmtime never moving a 32-bit memory, which it
 reserves whole up front.
+
+Memory is checkpointed copy-on-write where the OS allows (``cow``: the cost follows the pages
+a cell wrote), else copied whole into a buffer (the cost follows the heap).
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import time
 from dataclasses import dataclass
 
 import wasmtime
 
+from .cow import CopyOnWriteMemory, copy_on_write_missing, dirty_page_finder
 from .rewrite import BRK_EXPORT, GLOBAL_EXPORT_PREFIX, GROW_FAILED_EXPORT, InterruptCells
 
 Store = wasmtime.Store | wasmtime.Caller
+log = logging.getLogger(__name__)
+
+CHECKPOINT_MODES = ("auto", "copy")
+COPY_ON_WRITE = "copy-on-write"
+COPY = "a copy of guest memory after each cell"
 
 
 def memory_address(memory: wasmtime.Memory, store: Store) -> int:
     return ctypes.addressof(memory.data_ptr(store).contents)
 
 
+def checkpoint_method(mode: str) -> str:
+    """How checkpoints are taken here under ``mode`` ('auto': copy-on-write where the OS can)."""
+    if mode == "copy":
+        return f"{COPY} (checkpoint_mode 'copy')"
+    missing = copy_on_write_missing()
+    if missing is not None:
+        return f"{COPY} ({missing})"
+    return (
+        f"{COPY_ON_WRITE} (the pages a cell wrote, found with {dirty_page_finder()}, kept in a"
+        " memfd mapped over guest memory)"
+    )
+
+
 @dataclass
 class CheckpointStats:
-    bytes: int = 0
+    bytes: int = 0  # guest memory the checkpoint holds
     seconds: float = 0.0
+    written: int = 0  # bytes copied to take it
 
 
 class GuestState:
     """Linear memory up to the program break plus every mutable global, kept for rollback.
 
-    The copy lives in one buffer that is reused (and only ever grown), so taking a checkpoint
+    Copy-on-write, memory is a private view of the checkpoint file (see ``cow``). Otherwise
+    the copy lives in one buffer that is reused (and only ever grown), so taking a checkpoint
     after each cell costs a memory copy, not an allocation.
     """
 
-    def __init__(self, memory: wasmtime.Memory, exports: dict[str, wasmtime.Global]):
+    def __init__(
+        self, memory: wasmtime.Memory, exports: dict[str, wasmtime.Global], mode: str = "auto"
+    ):
+        self.method = checkpoint_method(mode)
+        self._cow: CopyOnWriteMemory | None = None
+        self._start_file()
         self._memory = memory
         self._brk = exports[BRK_EXPORT]
         self._grow_failed = exports[GROW_FAILED_EXPORT]
@@ -47,21 +77,57 @@ class GuestState:
         self._saved_globals: dict[str, int] = {}
         self._size = 0
         self.last = CheckpointStats()
+        self.last_restore_seconds = 0.0
 
     def take(self, store: wasmtime.Store) -> None:
         began = time.perf_counter()
         if self._brk.value(store) == 0:
             # sbrk sets the break lazily; fix it now so a rollback cannot lose it
             self._brk.set_value(store, self._memory.data_len(store))
-        size = self._brk.value(store)
+        # sbrk keeps the break within memory; never read (or map) past what the guest can reach
+        size = min(self._brk.value(store), self._memory.data_len(store))
+        written = self._take_memory(store, size)
+        self._size = size
+        self._saved_globals = self.global_values(store)
+        self.last = CheckpointStats(size, time.perf_counter() - began, written)
+
+    def _take_memory(self, store: wasmtime.Store, size: int) -> int:
+        base = memory_address(self._memory, store)
+        if self._cow is not None:
+            try:
+                return self._cow.take(base, size)
+            except OSError as exc:  # e.g. no memory for the file: copy from now on
+                log.warning("copy-on-write checkpoint failed, copying from now on: %s", exc)
+                self.method = f"{COPY} (copy-on-write failed: {exc})"
+                self._cow.close()  # the mapping keeps its file; the guest still reads it
+                self._cow = None
         if len(self._buffer) < size:
             self._buffer = bytearray(size + (16 << 20))  # head room: fewer reallocations
         buffer = (ctypes.c_char * len(self._buffer)).from_buffer(self._buffer)
-        ctypes.memmove(buffer, memory_address(self._memory, store), size)
-        self._size = size
-        self._saved_globals = {name: value.value(store) for name, value in self._globals.items()}
-        self._saved_globals[BRK_EXPORT] = size
-        self.last = CheckpointStats(size, time.perf_counter() - began)
+        ctypes.memmove(buffer, base, size)
+        return size
+
+    def _start_file(self) -> None:
+        if self.method.startswith(COPY_ON_WRITE):
+            try:
+                self._cow = CopyOnWriteMemory()
+            except OSError as exc:
+                self.method = f"{COPY} (copy-on-write unavailable: {exc})"
+
+    def forget(self) -> None:
+        """Drop the checkpoint, after guest memory was mapped anew (a boot image, a saved
+        session): the next checkpoint starts from what is mapped then. Until it is taken, a
+        trap restarts the interpreter."""
+        self.close()
+        self._start_file()
+
+    def close(self) -> None:
+        """Free the checkpoint; the guest memory must be gone already or never used again."""
+        if self._cow is not None:
+            self._cow.close()
+            self._cow = None
+        self._buffer = bytearray()
+        self._size = 0
 
     def growth_failed(self, store: Store, reset: bool = False) -> bool:
         """Whether sbrk failed to grow memory (the memory limit) since the last reset."""
@@ -80,13 +146,28 @@ class GuestState:
         dlmalloc assumes that fresh memory from sbrk is zeroed, so the region between the
         checkpoint's break and the trapped cell's break is cleared.
         """
+        began = time.perf_counter()
         base = memory_address(self._memory, store)
-        dirty_end = min(self._brk.value(store), self._memory.data_len(store))
-        buffer = (ctypes.c_char * len(self._buffer)).from_buffer(self._buffer)
-        ctypes.memmove(base, buffer, self._size)
-        if dirty_end > self._size:
-            ctypes.memset(base + self._size, 0, dirty_end - self._size)
-        for name, value in self._saved_globals.items():
+        if self._cow is not None:  # every page the cell wrote, up to the end of memory
+            self._cow.restore(base, self._memory.data_len(store))
+        else:
+            dirty_end = min(self._brk.value(store), self._memory.data_len(store))
+            buffer = (ctypes.c_char * len(self._buffer)).from_buffer(self._buffer)
+            ctypes.memmove(base, buffer, self._size)
+            if dirty_end > self._size:
+                ctypes.memset(base + self._size, 0, dirty_end - self._size)
+        self.set_global_values(store, self._saved_globals)
+        self.last_restore_seconds = time.perf_counter() - began
+
+    def global_values(self, store: Store) -> dict[str, int]:
+        """Every mutable global and the program break, by export name (what an image needs
+        besides memory)."""
+        values = {name: value.value(store) for name, value in self._globals.items()}
+        values[BRK_EXPORT] = self._brk.value(store)
+        return values
+
+    def set_global_values(self, store: Store, values: dict[str, int]) -> None:
+        for name, value in values.items():
             target = self._brk if name == BRK_EXPORT else self._globals[name]
             target.set_value(store, value)
 

@@ -1,0 +1,324 @@
+"""Copy-on-write checkpoints restore exactly what the copy did, and cost what a cell wrote.
+
+Through jupyter_client, in both checkpoint modes ('auto', copy-on-write where the OS allows
+it, and 'copy'): every value of large arrays is checked after traps (a page the dirty-page
+scan missed, or one dropped that should have been kept, shows up as a wrong value); memory a
+rolled-back cell grew into is forgotten, memory a kept cell grew into comes back with its
+contents; memory held stays flat over trap and rollback cycles; %sandbox names the method.
+
+In process (a real Sandbox, no kernel): memory past the break reads as zeros after a rollback
+(inside the guest its own calloc would hide a miss); whole guest memory is byte for byte the
+same after a checkpoint and after a rollback, with wasmtime's file-mapped pages kept shared or
+copied and with either way of finding written pages; a checkpoint after a one-line cell
+writes a few pages, against the whole heap when copying; a guest mapped copy-on-write from a
+file (the boot-image primitive) runs the interpreter saved in it; restarts leak no file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from pathlib import Path
+
+import pytest
+from conftest import Kernel, ok
+
+from wasm_kernel import cow
+from wasm_kernel.cache import RuntimeCache
+from wasm_kernel.cow import copy_on_write_missing, map_copy_on_write, page_up
+from wasm_kernel.rewrite import BRK_EXPORT
+from wasm_kernel.runtime import load_runtime
+from wasm_kernel.sandbox import CellStopped, Limits, Sandbox
+from wasm_kernel.snapshot import COPY, COPY_ON_WRITE, checkpoint_method, memory_address
+
+FUEL = 6_000_000_000  # numpy's import fits; a busy loop runs out in about a second
+COW_MISSING = copy_on_write_missing()
+MODES = ["auto", "copy"]
+ROLLED_BACK = "rolled back to its state before this cell"
+
+SETUP = (
+    "import numpy as np, hashlib\n"
+    "N = 12_000_000\n"
+    "a = np.arange(N, dtype=np.int64)  # 96 MB\n"
+    "blob = bytes(range(256)) * (64 << 10)  # 16 MiB\n"
+    "blob_digest = hashlib.sha256(blob).hexdigest()\n"
+)
+# every value of every object the trapping cells touch, checked in the guest
+INTACT = (
+    "wrong = np.flatnonzero(a != np.arange(N, dtype=np.int64))\n"
+    "assert not wrong.size, (wrong.size, wrong[:5], a[wrong[:5]])\n"
+    "assert hashlib.sha256(blob).hexdigest() == blob_digest\n"
+    "assert 'lost' not in globals()\n"
+    "print('intact')\n"
+)
+
+
+def trap(kernel: Kernel, code: str) -> None:
+    """Run ``code`` then a loop that burns the cell's fuel; the kernel must roll back."""
+    run = kernel.execute(code + "\nwhile True:\n    pass\n", timeout=300)
+    assert run.content["status"] == "error", run.content
+    assert run.content["ename"] == "FuelExhausted", run.content
+    assert ROLLED_BACK in run.content["evalue"], run.content["evalue"]
+
+
+@pytest.fixture(params=MODES)
+def mode_kernel(request, start_kernel) -> Kernel:
+    kernel = start_kernel(
+        [f"--WasmKernel.fuel={FUEL}", "--WasmKernel.memory_limit=2147483648"],
+        {"WASM_KERNEL_CHECKPOINT_MODE": request.param},
+    )
+    ok(kernel.execute(SETUP, timeout=300))
+    return kernel
+
+
+def test_sandbox_magic_names_the_checkpoint_method(start_kernel) -> None:
+    default = start_kernel()
+    shown = ok(default.execute("%sandbox")).stream_text()
+    expected = checkpoint_method("auto")
+    assert expected.startswith(COPY_ON_WRITE if COW_MISSING is None else COPY)
+    assert f"Rollback: to the state after the last cell; checkpoints by {expected}" in shown
+    forced = start_kernel(env={"WASM_KERNEL_CHECKPOINT_MODE": "copy"})
+    assert f"checkpoints by {COPY} (checkpoint_mode 'copy')" in forced.banner()
+    off = start_kernel(["--WasmKernel.rollback=False"])
+    assert (
+        "Rollback: off (a trap restarts the interpreter)"
+        in ok(off.execute("%sandbox")).stream_text()
+    )
+
+
+def test_partly_modified_array_comes_back_whole(mode_kernel: Kernel) -> None:
+    """Scattered and contiguous writes into a large array, all undone; kept writes stay."""
+    trap(mode_kernel, "a[::997] = -1\na[3_000_000:4_000_000] = 7\nlost = a.copy()\nblob = b''")
+    assert "intact" in ok(mode_kernel.execute(INTACT)).stream_text()
+    ok(mode_kernel.execute("a[::1001] = -5\nkept = a.copy()"))  # the next checkpoint has it
+    trap(mode_kernel, "a[:] = 0\nkept[:] = 0")
+    check = "expected = np.arange(N, dtype=np.int64); expected[::1001] = -5\n"
+    check += "assert np.array_equal(a, expected) and np.array_equal(kept, expected)\nprint('kept')"
+    assert "kept" in ok(mode_kernel.execute(check)).stream_text()
+
+
+def test_growth_in_a_rolled_back_cell_is_forgotten(mode_kernel: Kernel) -> None:
+    """A cell grows memory by 500 MiB, fills it and traps; the same memory serves the next
+    cells (see also test_memory_past_the_break_is_zero_after_a_rollback)."""
+    trap(mode_kernel, "lost = bytearray(b'\\xa5') * (500 << 20)\na[:] = -3")
+    assert "intact" in ok(mode_kernel.execute(INTACT)).stream_text()
+    ok(
+        mode_kernel.execute(
+            "again = bytearray(b'\\x5a') * (500 << 20)\nassert again.count(0x5a) == 500 << 20"
+        )
+    )
+    assert "intact" in ok(mode_kernel.execute(INTACT)).stream_text()
+
+
+def test_growth_kept_by_one_cell_survives_a_trap_in_the_next(mode_kernel: Kernel) -> None:
+    """Memory grown and filled by a successful cell is part of the next checkpoint (in
+    copy-on-write mode: mapped from the file after being written to it)."""
+    ok(mode_kernel.execute("grown = np.full(30_000_000, 9, dtype=np.int64)  # 240 MB"))
+    trap(mode_kernel, "grown[::3] = 0\ngrown[-1_000_000:] = 1\nmore = bytearray(100 << 20)")
+    check = "assert (grown == 9).all() and 'more' not in globals()\nprint('grown')"
+    assert "grown" in ok(mode_kernel.execute(check)).stream_text()
+    assert "intact" in ok(mode_kernel.execute(INTACT)).stream_text()
+
+
+# -- in process ----------------------------------------------------------------------------------
+
+
+class Quiet:
+    def __init__(self) -> None:
+        self.text: list[str] = []
+
+    def stream(self, name: str, text: str) -> None:
+        self.text.append(text)
+
+    def message(self, message: dict, interrupts: object) -> dict:
+        return {}
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return RuntimeCache().load(load_runtime())
+
+
+def sandbox(compiled, mode: str = "auto") -> Sandbox:
+    limits = Limits(fuel=10**12, seconds=0, memory=1 << 30, output=1 << 20)
+    return Sandbox(compiled, limits, checkpoint_mode=mode)
+
+
+@pytest.mark.skipif(COW_MISSING is not None, reason=str(COW_MISSING))
+def test_checkpoint_cost_follows_the_pages_a_cell_wrote(compiled) -> None:
+    cow, copy = sandbox(compiled), sandbox(compiled, "copy")
+    try:
+        for box in (cow, copy):
+            box.run_cell("import numpy\nballast = bytearray(b'x') * (200 << 20)", 1, Quiet())
+            box.checkpoint()
+            box.run_cell("y = 1", 2, Quiet())
+            box.checkpoint()
+        assert cow.checkpoint_method.startswith(COPY_ON_WRITE)
+        held = cow.checkpoint_stats.bytes
+        assert held > 200 << 20
+        assert cow.checkpoint_stats.written < 8 << 20, cow.checkpoint_stats
+        assert copy.checkpoint_stats.written == copy.checkpoint_stats.bytes >= held
+    finally:
+        cow.close()
+        copy.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_memory_past_the_break_is_zero_after_a_rollback(compiled, mode: str) -> None:
+    """sbrk promises zeroed memory, and a rollback must make memory the trapped cell grew
+    into and filled read as zeros again (the guest's own calloc would hide a miss)."""
+    box = sandbox(compiled, mode)
+    try:
+        box.run_cell("x = 1", 1, Quiet())
+        box.checkpoint()
+        brk = box._state.global_values(box._store)[BRK_EXPORT]
+        box.limits = Limits(fuel=2 * 10**9, seconds=0, memory=1 << 30, output=1 << 20)
+        with pytest.raises(CellStopped):
+            box.run_cell("lost = bytearray(b'\\xa5') * (300 << 20)\nwhile True: pass", 2, Quiet())
+        assert box._state.global_values(box._store)[BRK_EXPORT] == brk
+        base, end = memory_address(box._memory, box._store), box._memory.data_len(box._store)
+        assert end - brk > 250 << 20  # memory never shrinks
+        past = (ctypes.c_char * (end - brk)).from_address(base + brk)
+        assert bytes(past).count(0) == end - brk
+    finally:
+        box.close()
+
+
+@pytest.mark.skipif(COW_MISSING is not None, reason=str(COW_MISSING))
+def test_guest_memory_mapped_from_a_file_runs_the_interpreter_saved_in_it(
+    compiled, tmp_path: Path
+) -> None:
+    """The boot-image primitive: memory and globals of one interpreter, saved to a file and
+    mapped into another (which had checkpointed state of its own), carry its names; writes stay
+    private to the new guest, and a rollback there returns to the state after the image."""
+    source = sandbox(compiled)
+    target = sandbox(compiled)
+    try:
+        source.run_cell("import numpy\nsaved = numpy.arange(1000).sum()", 1, Quiet())
+        source.checkpoint()
+        values = source._state.global_values(source._store)
+        size = values[BRK_EXPORT]
+        image = tmp_path / "image"
+        base = memory_address(source._memory, source._store)
+        image.write_bytes(ctypes.string_at(base, page_up(size)))
+        before = image.read_bytes()
+
+        target.run_cell("other = bytearray(b'o') * (20 << 20)", 1, Quiet())
+        target.checkpoint()  # memory the target's own checkpoint maps, below and past the image
+        map_copy_on_write(target._memory, target._store, str(image), 0, size)
+        target._state.forget()
+        target._state.set_global_values(target._store, values)
+        out = Quiet()
+        target.run_cell("print(saved, numpy.ones(3).sum())", 2, out)
+        assert "".join(out.text).split() == ["499500", "3.0"]
+        target.run_cell("saved = -1\nbig = bytearray(b'z') * (50 << 20)", 3, Quiet())
+        target.checkpoint()  # the first checkpoint copies the file's pages in
+        with pytest.raises(CellStopped):
+            target.limits = Limits(fuel=2 * 10**9, seconds=0, memory=1 << 30, output=1 << 20)
+            target.run_cell("saved = 5\nbig[:] = bytes(len(big))\nwhile True: pass", 4, Quiet())
+        target.limits = source.limits
+        out = Quiet()
+        target.run_cell("print(saved, big.count(b'z'))", 5, out)
+        assert "".join(out.text).split() == ["-1", str(50 << 20)]
+        assert image.read_bytes() == before  # the guest never wrote through to the file
+    finally:
+        source.close()
+        target.close()
+
+
+def open_checkpoint_files() -> int:
+    return sum(
+        1
+        for fd in os.listdir("/proc/self/fd")
+        if os.path.exists(f"/proc/self/fd/{fd}")
+        and os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:wasm-kernel-checkpoint")
+    )
+
+
+@pytest.mark.skipif(COW_MISSING is not None, reason=str(COW_MISSING))
+def test_restarts_and_close_leave_no_checkpoint_file_open(compiled) -> None:
+    before = open_checkpoint_files()
+    box = sandbox(compiled)
+    try:
+        for _ in range(3):
+            box.run_cell("x = 1", 1, Quiet())
+            box.checkpoint()
+            assert open_checkpoint_files() == before + 1
+            box.restart()
+        assert box.checkpoint_method.startswith(COPY_ON_WRITE)
+    finally:
+        box.close()
+    assert open_checkpoint_files() == before
+
+
+@pytest.mark.skipif(COW_MISSING is not None, reason=str(COW_MISSING))
+@pytest.mark.parametrize("finder", ["PAGEMAP_SCAN", "/proc/self/pagemap"])
+@pytest.mark.parametrize("foreign_parts", [0, 10_000])
+def test_pages_of_another_file_are_kept_or_copied_exactly(
+    compiled, monkeypatch: pytest.MonkeyPatch, foreign_parts: int, finder: str
+) -> None:
+    """wasmtime maps the module's data from its file; those pages stay shared until written,
+    or (past MAX_FOREIGN_PARTS pieces) are copied into the checkpoint. Either way, memory
+    reads the same after the first checkpoint and after a rollback, whether written pages
+    are found with PAGEMAP_SCAN or by reading /proc/self/pagemap (kernels before 6.7)."""
+    monkeypatch.setattr(cow, "MAX_FOREIGN_PARTS", foreign_parts)
+    if finder != "PAGEMAP_SCAN":
+        monkeypatch.setattr(cow, "pagemap_scan_works", lambda: False)
+    box = sandbox(compiled)
+    try:
+        box.run_cell("import numpy\nkept = numpy.arange(100_000)", 1, Quiet())
+        base, size = memory_address(box._memory, box._store), box._memory.data_len(box._store)
+        before = ctypes.string_at(base, size)
+        box.checkpoint()
+        assert ctypes.string_at(base, size) == before
+        assert bool(box._state._cow._foreign) == (foreign_parts > 0)
+        assert finder in box.checkpoint_method
+        box.limits = Limits(fuel=2 * 10**9, seconds=0, memory=1 << 30, output=1 << 20)
+        with pytest.raises(CellStopped):
+            box.run_cell("kept[:] = -1\nimport json, wave\nwhile True: pass", 2, Quiet())
+        box._state.restore(box._store)  # again: the kernel's repair turn ran since
+        assert ctypes.string_at(base, size) == before
+    finally:
+        box.close()
+
+
+def held_bytes(pid: int) -> int:
+    """Memory a kernel process holds: its RSS, plus the pages of its checkpoint file that no
+    mapping shows (RSS counts only mapped pages)."""
+    rss, checkpoint_rss, in_checkpoint = 0, 0, False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        if "-" in line.split(" ", 1)[0]:  # a mapping's header line
+            in_checkpoint = "/memfd:wasm-kernel-checkpoint" in line
+        elif line.startswith("Rss:"):
+            kib = int(line.split()[1])
+            rss += kib << 10
+            checkpoint_rss += (kib << 10) if in_checkpoint else 0
+    allocated = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if os.readlink(fd).startswith("/memfd:wasm-kernel-checkpoint"):
+                allocated += fd.stat().st_blocks * 512
+    return rss + max(allocated - checkpoint_rss, 0)
+
+
+CYCLES = 10
+HELD_SLACK = 120 << 20
+
+
+def test_memory_held_stays_flat_over_trap_and_rollback_cycles(mode_kernel: Kernel) -> None:
+    """Each cycle keeps a cell that rewrites 50 MiB (so checkpoints have work), then traps in
+    one that rewrites it again and grows memory by 200 MiB. Neither the process nor its
+    checkpoint file may grow from cycle to cycle."""
+    pid = mode_kernel.manager.provisioner.process.pid
+    ok(mode_kernel.execute("work = np.zeros(50 << 20, dtype=np.uint8)"))
+    held = []
+    for cycle in range(CYCLES):
+        ok(mode_kernel.execute(f"work[:] = {cycle}"))
+        trap(mode_kernel, "work[:] = 255\nlost = np.ones(200 << 20, dtype=np.uint8)")
+        held.append(held_bytes(pid))
+    check = f"assert (work == {CYCLES - 1}).all() and 'lost' not in globals()\nprint('flat')"
+    assert "flat" in ok(mode_kernel.execute(check)).stream_text()
+    assert "intact" in ok(mode_kernel.execute(INTACT)).stream_text()
+    print(f"\nheld after each cycle (MiB): {[h >> 20 for h in held]}")
+    assert max(held) < held[0] + HELD_SLACK, [h >> 20 for h in held]

@@ -1,0 +1,388 @@
+"""Guest memory as a copy-on-write view of a file: checkpoints that cost what a cell wrote.
+
+The checkpoint lives in a memfd that is mapped ``MAP_PRIVATE | MAP_FIXED`` over the guest's
+linear memory (wasmtime reserves a 32-bit memory whole and never moves it, and grows it with
+``mprotect`` only, so the mapping stays in place). A page the guest writes becomes a private
+anonymous copy; a page it does not write stays the file's page, shared with the checkpoint.
+Linux's ``PAGEMAP_SCAN`` (6.7 and later) lists the anonymous pages in one call; older kernels
+show them in ``/proc/self/pagemap``, read whole (8 bytes a page). So:
+
+- checkpoint: write those pages into the file, then drop them (``MADV_DONTNEED``) so that they
+  read from the file again; memory the guest grew into is added to the file and mapped;
+- rollback: drop them; they read the checkpoint again. Past the mapping, dropping anonymous
+  memory makes it read as zeros, which is what ``sbrk`` promises of fresh memory.
+
+Where the OS lacks any of this, ``copy_on_write_missing`` says what, and the caller copies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import platform
+import re
+import sys
+from collections.abc import Iterator
+from functools import cache
+
+import wasmtime
+
+PAGE = mmap.PAGESIZE
+Ranges = list[tuple[int, int]]  # [start, end) pairs
+MAP_FIXED = 0x10  # same value on every Linux architecture this runs on
+MAP_FAILED = ctypes.c_void_p(-1).value
+# fs/proc PAGEMAP_SCAN (include/uapi/linux/fs.h): page categories and the ioctl number
+PAGE_IS_FILE = 1 << 2
+PAGE_IS_PRESENT = 1 << 3
+PAGE_IS_SWAPPED = 1 << 4
+PAGE_IS_PFNZERO = 1 << 5
+REGIONS_PER_CALL = 512
+# /proc/self/pagemap: the top byte of each page's entry has bit 7 "present", bit 6 "swapped",
+# bit 5 "file page or shared"; this table maps it to 1 for the process's own pages
+OWN_PAGE = bytes(int((top & 0xE0) in (0x80, 0x40)) for top in range(256))
+MERGE_GAP = 2 * PAGE
+# Pieces of guest memory left mapped from another file: each costs the process a mapping or
+# two (Linux allows ~65,000), so past this many the rest is copied into the checkpoint.
+MAX_FOREIGN_PARTS = 2048
+
+
+class ScanArguments(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in (
+            "size",
+            "flags",
+            "start",
+            "end",
+            "walk_end",
+            "vec",
+            "vec_len",
+            "max_pages",
+            "category_inverted",
+            "category_mask",
+            "category_anyof_mask",
+            "return_mask",
+        )
+    ]
+
+
+class PageRegion(ctypes.Structure):
+    _fields_ = [
+        ("start", ctypes.c_uint64),
+        ("end", ctypes.c_uint64),
+        ("categories", ctypes.c_uint64),
+    ]
+
+
+PAGEMAP_SCAN = (3 << 30) | (ctypes.sizeof(ScanArguments) << 16) | (ord("f") << 8) | 16
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+
+
+def _check(result: int | None, what: str) -> int:
+    if result == -1 or result is None or result == MAP_FAILED:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+    return result
+
+
+def page_up(size: int) -> int:
+    return -(-size // PAGE) * PAGE
+
+
+def map_file(address: int, length: int, fd: int, offset: int) -> None:
+    """Map ``length`` bytes of ``fd`` from ``offset`` privately (copy-on-write), read/write,
+    exactly at ``address``, replacing whatever was mapped there."""
+    flags = mmap.MAP_PRIVATE | MAP_FIXED
+    prot = mmap.PROT_READ | mmap.PROT_WRITE
+    mapped = _check(_libc.mmap(address, length, prot, flags, fd, offset), "mmap")
+    if mapped != address:
+        raise OSError(f"mmap placed the mapping at {mapped:#x}, not {address:#x}")
+
+
+def union(ranges: Ranges) -> Ranges:
+    """Overlapping or touching ranges merged, in order."""
+    merged: Ranges = []
+    for start, end in sorted(ranges):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _pieces(a: Ranges, b: Ranges) -> Iterator[tuple[int, int, bool]]:
+    """``a`` (merged) cut at the bounds of ``b`` (merged): ``(low, high, inside b)``, in order."""
+    others = union(b)
+    index = 0
+    for low, high in union(a):
+        while low < high:
+            while index < len(others) and others[index][1] <= low:
+                index += 1
+            if index == len(others) or others[index][0] >= high:
+                yield low, high, False
+                break
+            other_low, other_high = others[index]
+            if other_low > low:
+                yield low, other_low, False
+                low = other_low
+            yield low, min(high, other_high), True
+            low = min(high, other_high)
+
+
+def intersect(a: Ranges, b: Ranges) -> Ranges:
+    """The parts of ranges ``a`` within ranges ``b``."""
+    return union([(low, high) for low, high, inside in _pieces(a, b) if inside])
+
+
+def subtract(a: Ranges, b: Ranges) -> Ranges:
+    """The parts of ranges ``a`` outside ranges ``b``."""
+    return union([(low, high) for low, high, inside in _pieces(a, b) if not inside])
+
+
+def file_mapped(base: int, start: int, end: int) -> Ranges:
+    """The parts of memory ``[start, end)`` from ``base`` that map a file (their pages need not
+    be present to hold data), from ``/proc/self/maps``; offsets from ``base``."""
+    parts = []
+    if start < end:
+        with open("/proc/self/maps", "rb") as maps:
+            for line in maps:
+                span, _, _, _, inode, *_ = line.split(maxsplit=5)
+                low, high = (int(bound, 16) - base for bound in span.split(b"-"))
+                if int(inode) and low < end and high > start:
+                    parts.append((max(low, start), min(high, end)))
+    return parts
+
+
+def drop_pages(address: int, length: int) -> None:
+    """Forget private copies: a private file page reads the file again, anonymous memory zero."""
+    _check(_libc.madvise(address, length, mmap.MADV_DONTNEED), "madvise")
+
+
+class DirtyPages:
+    """Finds, with one ``PAGEMAP_SCAN`` call per few hundred regions, the pages of a range that
+    hold this process's own data: anonymous pages, present or swapped out (in a private file
+    mapping, the pages written since it was mapped or last dropped)."""
+
+    def __init__(self) -> None:
+        self._pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+        self._regions = (PageRegion * REGIONS_PER_CALL)()
+        self._scan = self._ask_kernel if pagemap_scan_works() else self._read_pagemap
+
+    def close(self) -> None:
+        if self._pagemap >= 0:
+            os.close(self._pagemap)
+            self._pagemap = -1
+
+    def ranges(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+        """``(start, end)`` address ranges of the anonymous pages within ``[start, end)``,
+        merged across gaps of up to ``MERGE_GAP`` other pages (saving or dropping those too
+        is harmless, and one system call per range is most of a checkpoint's cost)."""
+        pending: tuple[int, int] | None = None
+        for low, high in self._scan(start, end):
+            if pending is not None and low - pending[1] <= MERGE_GAP:
+                pending = (pending[0], high)
+                continue
+            if pending is not None:
+                yield pending
+            pending = (low, high)
+        if pending is not None:
+            yield pending
+
+    def _read_pagemap(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+        entries = os.pread(self._pagemap, (end - start) // PAGE * 8, start // PAGE * 8)
+        own = entries[7::8].translate(OWN_PAGE)
+        for run in re.finditer(b"\x01+", own):
+            yield start + run.start() * PAGE, start + run.end() * PAGE
+
+    def _ask_kernel(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+        arguments = ScanArguments(
+            size=ctypes.sizeof(ScanArguments),
+            vec=ctypes.addressof(self._regions),
+            vec_len=REGIONS_PER_CALL,
+            # never the shared zero page (memory read but never written: it reads as zeros)
+            category_inverted=PAGE_IS_PFNZERO | PAGE_IS_FILE,
+            category_mask=PAGE_IS_PFNZERO | PAGE_IS_FILE,
+            category_anyof_mask=PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            return_mask=PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+        )
+        while start < end:
+            arguments.start, arguments.end = start, end
+            found = _check(
+                _libc.ioctl(self._pagemap, PAGEMAP_SCAN, ctypes.byref(arguments)), "PAGEMAP_SCAN"
+            )
+            for region in self._regions[:found]:
+                yield region.start, region.end
+            if arguments.walk_end <= start:
+                raise OSError("PAGEMAP_SCAN made no progress")
+            start = arguments.walk_end
+
+
+class CopyOnWriteMemory:
+    """The checkpoint of guest memory ``[0, mapped)``: a memfd mapped privately over it, except
+    where another file is mapped (wasmtime's view of the module's data, a boot image) and the
+    guest has not written since: those pages stay that file's, shared with whoever else maps
+    it, and move into the memfd when a checkpoint finds them written."""
+
+    def __init__(self) -> None:
+        self._file = os.memfd_create("wasm-kernel-checkpoint", os.MFD_CLOEXEC)
+        try:
+            self._dirty = DirtyPages()
+        except OSError:
+            os.close(self._file)
+            raise
+        self.mapped = 0  # bytes of guest memory that are a view of the checkpoint
+        self._foreign: Ranges = []  # parts of it that are another file's view
+
+    def close(self) -> None:
+        """Free the checkpoint (after the guest memory is gone or no longer needs it)."""
+        self._dirty.close()
+        if self._file >= 0:
+            os.close(self._file)
+            self._file = -1
+
+    def _save(self, base: int, start: int, end: int) -> int:
+        view = (ctypes.c_char * (end - start)).from_address(base + start)
+        return os.pwrite(self._file, memoryview(view).cast("B"), start)
+
+    def _written(self, base: int, start: int, end: int) -> Ranges:
+        return [
+            (low - base, high - base) for low, high in self._dirty.ranges(base + start, base + end)
+        ]
+
+    def take(self, base: int, size: int) -> int:
+        """Make guest memory ``[0, size)`` (``size`` within its accessible part) the checkpoint;
+        returns the bytes written to the file."""
+        end = max(page_up(size), self.mapped)
+        grown = [(self.mapped, end)] if end > self.mapped else []
+        # Memory past the old end holds data where pages are present (absent anonymous pages
+        # read as zeros, like the file's holes) or where another file is mapped.
+        foreign = file_mapped(base, self.mapped, end)
+        written = self._written(base, 0, end)
+        old_foreign = self._foreign
+        if len(old_foreign) + len(foreign) > MAX_FOREIGN_PARTS:  # too many mappings: copy
+            written = union(written + old_foreign + foreign)
+        if grown:
+            os.ftruncate(self._file, end)
+        saved = sum(self._save(base, low, high) for low, high in written)
+        self._foreign = subtract(old_foreign + foreign, written)
+        # Written pages read from the file again: dropped where it is mapped already, mapped
+        # where another file was. The grown part is mapped whole, less what stays foreign
+        # (its absent anonymous pages map the file's holes).
+        for low, high, was_foreign in _pieces(intersect(written, [(0, self.mapped)]), old_foreign):
+            if was_foreign:
+                map_file(base + low, high - low, self._file, low)
+            else:
+                drop_pages(base + low, high - low)
+        for low, high in subtract(grown, self._foreign):
+            map_file(base + low, high - low, self._file, low)
+        self.mapped = end
+        return saved
+
+    def restore(self, base: int, accessible: int) -> None:
+        """Guest memory back to the checkpoint, and zeros from its end to ``accessible``."""
+        for start, stop in self._dirty.ranges(base, base + self.mapped):
+            drop_pages(start, stop - start)
+        if accessible > self.mapped:
+            drop_pages(base + self.mapped, accessible - self.mapped)
+
+
+def map_copy_on_write(
+    memory: wasmtime.Memory,
+    store: wasmtime.Store | wasmtime.Caller,
+    fd_or_path: int | str | os.PathLike[str],
+    offset: int,
+    length: int,
+) -> None:
+    """Make the guest's memory ``[0, length)`` a copy-on-write view of ``length`` bytes of a
+    file from ``offset`` (for starting a guest from a boot image): the guest reads the file's
+    pages, shared by every kernel mapping the same file, and its writes stay private. Memory
+    is grown to ``length`` first if it is smaller; ``offset`` must be page-aligned. The file
+    must not change while mapped. Later checkpoints keep the pages the guest does not write
+    shared with the file; a checkpoint taken before the mapping must be dropped
+    (``GuestState.forget``)."""
+    if offset % PAGE:
+        raise ValueError(f"the file offset must be a multiple of {PAGE}, not {offset}")
+    wasm_page = 1 << 16
+    missing = -(-(length - memory.data_len(store)) // wasm_page)
+    if missing > 0 and memory.grow(store, missing) < 0:
+        raise ValueError(f"guest memory cannot grow to {length} bytes")
+    base = ctypes.addressof(memory.data_ptr(store).contents)
+    if base % PAGE:
+        raise ValueError("guest memory does not start on a page boundary")
+    if isinstance(fd_or_path, int):
+        map_file(base, page_up(length), fd_or_path, offset)
+        return
+    fd = os.open(fd_or_path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        map_file(base, page_up(length), fd, offset)
+    finally:
+        os.close(fd)  # the mapping keeps the file
+
+
+@cache
+def pagemap_scan_works() -> bool:
+    """Whether this kernel has ``PAGEMAP_SCAN`` (else pagemap is read: slower, same answer)."""
+    page = ctypes.create_string_buffer(2 * PAGE)
+    start = page_up(ctypes.addressof(page))
+    arguments = ScanArguments(size=ctypes.sizeof(ScanArguments), start=start, end=start + PAGE)
+    arguments.category_anyof_mask = arguments.return_mask = PAGE_IS_PRESENT
+    pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _libc.ioctl(pagemap, PAGEMAP_SCAN, ctypes.byref(arguments)) >= 0
+    finally:
+        os.close(pagemap)
+
+
+def dirty_page_finder() -> str:
+    return "PAGEMAP_SCAN" if pagemap_scan_works() else "/proc/self/pagemap"
+
+
+@cache
+def copy_on_write_missing() -> str | None:
+    """Why copy-on-write checkpoints cannot work in this process, or None if they can. Tried
+    for real on a scratch mapping: a written page must be found, an unwritten one not, and a
+    rollback must bring the file's contents back."""
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"):
+        return f"copy-on-write checkpoints need Linux on x86_64 or aarch64, not {sys.platform}"
+    area = -1
+    memory = None
+    try:
+        memory = CopyOnWriteMemory()
+        length = 4 * PAGE
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+        area = _check(
+            _libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0), "mmap"
+        )
+        ctypes.memset(area, 7, 2 * PAGE)
+        memory.take(area, 2 * PAGE)
+        ctypes.memset(area + PAGE, 9, 1)  # dirty the second page only
+        ctypes.memset(area + 2 * PAGE, 5, 1)  # and memory past the checkpoint
+        found = list(memory._dirty.ranges(area, area + 2 * PAGE))
+        if found != [(area + PAGE, area + 2 * PAGE)]:
+            return f"{dirty_page_finder()} does not show written pages as expected ({found})"
+        memory.restore(area, 3 * PAGE)
+        restored = ctypes.string_at(area, 3 * PAGE)
+        if restored != b"\x07" * (2 * PAGE) + b"\x00" * PAGE:
+            return "a rolled-back copy-on-write mapping did not read its checkpoint again"
+    except (OSError, AttributeError) as exc:  # AttributeError: no os.memfd_create
+        return f"copy-on-write checkpoints are unavailable here ({exc})"
+    finally:
+        if memory is not None:
+            memory.close()
+        if area not in (-1, None):
+            _libc.munmap(area, 4 * PAGE)
+    return None

@@ -471,7 +471,9 @@ class _SvgPass:
                     or (
                         element == "image"
                         and scheme == "data"
-                        and re.match(r"data:image/(png|jpeg|gif|webp|bmp)[;,]", target, re.I)
+                        and re.match(
+                            r"data:image/(png|jpeg|gif|webp|bmp)[;,]", target, re.IGNORECASE
+                        )
                     )
                     or (element == "a" and scheme in ("http", "https", "mailto"))
                 )

@@ -34,9 +34,10 @@ from typing import Protocol
 
 import wasmtime
 
-from . import protocol
+from . import guest_packages, protocol
 from .cache import CompiledRuntime
 from .descriptors import GuestFiles
+from .guest.modules import _wasm_kernel_messages as ops
 from .mounts import SCRATCH, Mount
 from .output import OutputPump
 from .scratch import ScratchWatch, Usage, usage
@@ -237,8 +238,8 @@ def bootstrap_source() -> str:
 
 
 def shipped_modules() -> dict[str, tuple[str, bool]]:
-    """Guest-only modules under ``guest/shims``: dotted name -> (source, is_package)."""
-    root = Path(str(resources.files("wasm_kernel") / "guest" / "shims"))
+    """The kernel's guest modules under ``guest/modules``: dotted name -> (source, is_package)."""
+    root = Path(str(resources.files("wasm_kernel") / "guest" / "modules"))
     modules = {}
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
@@ -259,8 +260,11 @@ class Sandbox:
         rollback: bool = True,
         mounts: Sequence[Mount] = (),
         cwd: str = SCRATCH,
+        plain_tracebacks: bool = False,
     ):
         self.compiled = compiled
+        self.packages = guest_packages.site_mount(compiled)  # raises if not installed
+        self.plain_tracebacks = plain_tracebacks
         self.limits = limits
         self.mounts = tuple(mounts)
         self.cwd = cwd
@@ -303,7 +307,7 @@ class Sandbox:
             ("TMPDIR", SCRATCH),
             ("PWD", self.cwd),  # the bootstrap starts the guest there
             ("PYTHONTZPATH", ""),
-            ("MPLBACKEND", "module://matplotlib_inline.sandbox_backend"),
+            ("MPLBACKEND", "module://matplotlib_inline.backend_inline"),  # as ipykernel's
         ]
         runtime = self.compiled.runtime
         wasi.preopen_dir(str(self.compiled.lib_dir), runtime.lib_guest_dir, False)
@@ -313,6 +317,7 @@ class Sandbox:
             False,
         )
         wasi.preopen_dir(str(self._tmp), SCRATCH, True)
+        wasi.preopen_dir(str(self.packages.host), self.packages.guest, False)
         for mount in self.mounts:  # wasmtime keeps every path the guest opens inside these
             wasi.preopen_dir(str(mount.host), mount.guest, mount.writable)
         wasi.stdout_custom = lambda data: self._guest_output("stdout", data)
@@ -329,9 +334,9 @@ class Sandbox:
         linker = wasmtime.Linker(engine)
         linker.define_wasi()
         linker.allow_shadowing = True
-        # the runtime's two folders, then /tmp, then the mounts (see _wasi)
+        # the runtime's two folders, then /tmp, the guest's packages, the mounts (see _wasi)
         files = GuestFiles(
-            preopens=3 + len(self.mounts),
+            preopens=4 + len(self.mounts),
             scratch_index=2,
             touched=self._scratch.touched,
             room=self._scratch.has_room,
@@ -382,15 +387,17 @@ class Sandbox:
             named = {export.name: exports[export.name] for export in self.compiled.module.exports}
             self._state = GuestState(self._memory, named)
 
-    @staticmethod
-    def _boot_source() -> str:
-        """The turn that (re)installs the guest module: used at start and to repair it."""
+    def _boot_source(self) -> str:
+        """The turn that (re)installs the guest module and boots it (IPython's shell and all:
+        one call, so that a boot image can capture it): used at start and to repair it."""
+        boot = f"{self.packages.guest!r}, plain_tracebacks={self.plain_tracebacks!r}"
         return (
             "import sys as _sys, types as _types\n"
             f"_module = _types.ModuleType({GUEST_MODULE!r})\n"
             f"exec(compile({bootstrap_source()!r}, {GUEST_FILE!r}, 'exec'), _module.__dict__)\n"
             f"_sys.modules[{GUEST_MODULE!r}] = _module\n"
             f"_module.install_modules({shipped_modules()!r})\n"
+            f"_module.boot({boot})\n"
             "del _sys, _types, _module"
         )
 
@@ -449,9 +456,17 @@ class Sandbox:
         self._write(store, pointer, data)
         return self._turn_func(store, pointer, len(data))
 
-    def run_cell(self, source: str, execution_count: int, host: GuestHost) -> None:
+    def run_cell(
+        self,
+        source: str,
+        execution_count: int,
+        host: GuestHost,
+        store_history: bool = True,
+        silent: bool = False,
+    ) -> None:
         """Run a notebook cell; output and messages go to ``host``. Raises CellStopped."""
-        call = f"__import__({GUEST_MODULE!r}).run_cell({source!r}, {int(execution_count)})"
+        arguments = f"{source!r}, {int(execution_count)}, {bool(store_history)}, {bool(silent)}"
+        call = f"__import__({GUEST_MODULE!r}).run_cell({arguments})"
         self._turn(call, host, self.limits)
 
     def request(self, function: str, *args: object, host: GuestHost) -> dict:
@@ -759,7 +774,7 @@ class Sandbox:
         if size <= MAX_MESSAGE and op not in protocol.DROPPABLE_OPS:
             # not output, or an error: read it as any other message
             return self._dispatch(protocol.parse(self._read(caller, ptr, size)), size, caller)
-        if op == "error" and self._host is not None:
+        if op == ops.ERROR and self._host is not None:
             self._output.flush()
             return self._host.message(protocol.oversized_error(size), self.interrupts)
         self._output.charge(size)  # does not fit: queues the notice, counts nothing
@@ -767,25 +782,25 @@ class Sandbox:
 
     def _dispatch(self, message: dict, size: int, caller: wasmtime.Caller) -> dict:
         op = message["op"]
-        if op == "error" and message["ename"] == "MemoryError":
+        if op == ops.ERROR and message["ename"] == "MemoryError":
             # host-side verdict (the guest cannot set it): was it the sandbox's memory limit?
             message["memory_limit"] = self._hit_memory_limit(
                 caller, self._memory_at_start, self.limits.memory
             )
         if op in protocol.OUTPUT_OPS and not self._output.charge(size + protocol.MESSAGE_COST):
-            if op != "error":
+            if op != ops.ERROR:
                 return {}  # over the cell's output budget: left out, with the notice
             message["shown"] = False  # an error still fails the cell, shown briefly at its end
-        if op == "sleep":
+        if op == ops.SLEEP:
             return {"interrupted": self._sleep(message["seconds"])}
-        if op == "reply":
+        if op == ops.REPLY:
             self._reply = message["content"]
             return {}
         host = self._host
         if host is None:
             return {}
         self._output.flush()  # keep printed text ahead of what the message shows
-        if op == "input":  # the time a person takes to answer is not the cell's
+        if op == ops.INPUT:  # the time a person takes to answer is not the cell's
             with self._watchdog.paused(self._deadline):
                 return host.message(message, self.interrupts)
         return host.message(message, self.interrupts)

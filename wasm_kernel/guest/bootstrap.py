@@ -202,8 +202,18 @@ def complete(code, cursor):
         for c in completions
     ]
     start, end = (completions[0].start, completions[0].end) if completions else (cursor, cursor)
+    matches = [c.text for c in completions]
+    # Without jedi, IPython completes `math.sq` as `.sqrt` from the dot; jedi (and so
+    # ipykernel by default) as `sqrt` after it: drop the dotted part all matches share.
+    shared = os.path.commonprefix([code[start:cursor], *matches])
+    dotted = shared[: shared.rfind(".") + 1]
+    if dotted:
+        start += len(dotted)
+        matches = [match[len(dotted) :] for match in matches]
+        for item in types_:
+            item["start"], item["text"] = start, item["text"][len(dotted) :]
     return {
-        "matches": [c.text for c in completions],
+        "matches": matches,
         "cursor_start": start,
         "cursor_end": end,
         "metadata": {"_jupyter_types_experimental": types_},

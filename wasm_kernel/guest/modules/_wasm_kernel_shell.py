@@ -149,7 +149,8 @@ class ZMQInteractiveShell(InteractiveShell):
     def _showtraceback(self, etype, evalue, stb):
         hint = sandbox_hint(evalue)
         lines = list(stb) + ([hint] if hint else [])
-        _kernel().report(etype.__name__, str(evalue), lines)
+        name = "SyntaxError" if etype.__name__ == "_IncompleteInputError" else etype.__name__
+        _kernel().report(name, str(evalue), lines)
         self._last_traceback = stb
 
     def system(self, cmd):
@@ -306,6 +307,30 @@ def _shipped_packages():
     return sorted(found, key=lambda item: item[0].lower())
 
 
+def _module_names_in(path, list_folder):
+    """IPython's module_list, for zips too: it reads a private attribute of zipimport that
+    Python 3.15 no longer has, so ``import `` could not complete the zipped stdlib."""
+    if path and os.path.isdir(path):
+        return list_folder(path)
+    import pkgutil
+
+    return [info.name for info in pkgutil.iter_modules([path])]
+
+
+def _root_modules(get_root_modules):
+    """The runtime builds extension modules in (``matplotlib._path``): complete their top
+    level, as a folder of packages would."""
+    return sorted({name.partition(".")[0] for name in get_root_modules()})
+
+
+def _fix_module_completion():
+    from IPython.core import completerlib
+
+    list_folder, root_modules = completerlib.module_list, completerlib.get_root_modules
+    completerlib.module_list = lambda path: _module_names_in(path, list_folder)
+    completerlib.get_root_modules = lambda: _root_modules(root_modules)
+
+
 def create_shell(user_module, plain_tracebacks=False):
     """The one shell of this interpreter, as ipykernel configures its own."""
     config = Config()
@@ -315,6 +340,7 @@ def create_shell(user_module, plain_tracebacks=False):
     config.InteractiveShell.colors = "nocolor" if plain_tracebacks else "neutral"
     os.environ.setdefault("MPLBACKEND", INLINE)
     shell = ZMQInteractiveShell.instance(config=config, user_module=user_module)
+    _fix_module_completion()
     shell.magics_manager.register(SandboxMagics)
     for name in PROCESS_MAGICS:
         shell.register_magic_function(_no_process_magic(name), "line_cell", name)

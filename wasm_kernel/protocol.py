@@ -36,9 +36,12 @@ def _is_str_dict(value: Any) -> bool:
     return isinstance(value, dict) and all(isinstance(key, str) for key in value)
 
 
-def _mime_data(value: Any) -> dict:
+def _mime_data(value: Any, empty: bool = False) -> dict:
+    """A mime bundle; ``empty``: may hold nothing (ipykernel sends display_data with no data
+    for ``display(display_id=...)``)."""
     _check(
-        _is_str_dict(value) and bool(value), "data must be a non-empty object keyed by mime type"
+        _is_str_dict(value) and (empty or bool(value)),
+        "data must be a non-empty object keyed by mime type",
     )
     for mime, payload in value.items():
         _check("/" in mime and len(mime) < 256, f"bad mime type {mime[:64]!r}")
@@ -93,7 +96,7 @@ def _display(message: dict) -> dict:
     _check(not update or display_id is not None, "an update needs a display_id")
     return {
         "op": message["op"],
-        "data": _mime_data(message.get("data")),
+        "data": _mime_data(message.get("data"), empty=message["op"] == ops.DISPLAY),
         "metadata": metadata,
         "transient": transient,
         "update": update,

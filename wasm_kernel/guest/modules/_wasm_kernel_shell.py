@@ -100,6 +100,14 @@ class HostDisplayPublisher(DisplayPublisher):
     """display(), update_display() and clear_output() become Jupyter messages."""
 
     def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **_):
+        if not isinstance(data, dict):  # as ipykernel's publisher says
+            raise TypeError(f"data must be a dict, got: {data!r}")
+        for mime, value in data.items():
+            if not (isinstance(value, (str, bytes, bytearray, dict, list)) or "json" in mime):
+                raise TypeError(
+                    f"display data for {mime} must be text, bytes or JSON, not"
+                    f" {type(value).__name__}: the notebook format cannot hold it"
+                )
         _kernel().call_host(
             ops.DISPLAY,
             data=jsonable(data),
@@ -331,6 +339,28 @@ def _fix_module_completion():
     completerlib.get_root_modules = lambda: _root_modules(root_modules)
 
 
+def _refuse_jpeg_without_encoder():
+    """The runtime's Pillow has no JPEG encoder: choosing JPEG figures fails here, clearly,
+    instead of at the end of every later cell."""
+    from IPython.core import pylabtools
+
+    select = pylabtools.select_figure_formats
+
+    def select_figure_formats(shell, formats, **kwargs):
+        wanted = {formats} if isinstance(formats, str) else set(formats)
+        if wanted & {"jpg", "jpeg"}:
+            from PIL import features
+
+            if not features.check("jpg"):
+                raise ValueError(
+                    "JPEG figures are not available: this runtime's Pillow has no JPEG"
+                    " encoder. Use 'png', 'retina' or 'svg'."
+                )
+        return select(shell, formats, **kwargs)
+
+    pylabtools.select_figure_formats = select_figure_formats
+
+
 def create_shell(user_module, plain_tracebacks=False):
     """The one shell of this interpreter, as ipykernel configures its own."""
     config = Config()
@@ -341,6 +371,7 @@ def create_shell(user_module, plain_tracebacks=False):
     os.environ.setdefault("MPLBACKEND", INLINE)
     shell = ZMQInteractiveShell.instance(config=config, user_module=user_module)
     _fix_module_completion()
+    _refuse_jpeg_without_encoder()
     shell.magics_manager.register(SandboxMagics)
     for name in PROCESS_MAGICS:
         shell.register_magic_function(_no_process_magic(name), "line_cell", name)

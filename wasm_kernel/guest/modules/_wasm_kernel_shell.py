@@ -5,12 +5,15 @@ display publisher (display_data, update_display_data, clear_output), errors thro
 ``_showtraceback``, and pages, set_next_input and exit through execute_reply payloads. What
 the sandbox cannot do (processes, GUIs, threads) is refused with one clear line.
 
-The class is named ``ZMQInteractiveShell`` and its config holds an ``IPKernelApp`` section
-because that is what pandas, tqdm and others look for to tell a notebook front end from a
-terminal: under ipykernel they see exactly that.
+The class is named ``ZMQInteractiveShell`` because that is what pandas, plotly and others
+look for to tell a notebook front end from a terminal. Its config has no ``IPKernelApp``
+section, which is all tqdm.auto looks for: its notebook bars are widgets, which need comms
+the sandbox does not have, so it must choose its text bars (as under ipykernel without
+ipywidgets).
 """
 
 import base64
+import itertools
 import json
 import os
 import sys
@@ -38,20 +41,26 @@ REFUSED_HINTS = (
     (
         PermissionError,
         "[Errno 63] ",  # EPERM: what WASI answers outside the grants, or for read-only paths
-        "(The sandbox refused this path: only its mounted folders are reachable, and only /tmp"
-        " and read-write mounts can be changed. %sandbox lists them.)",
+        (
+            "(The sandbox refused this path: only its mounted folders are reachable, and only /tmp"
+            " and read-write mounts can be changed. %sandbox lists them.)"
+        ),
     ),
     (
         OSError,
         "[Errno 19] ",  # EDQUOT: the private /tmp is over its size limit
-        "(The private /tmp is over its size limit, so nothing there can grow: delete files in"
-        " it to write again. Files that were open for writing there have become read-only.)",
+        (
+            "(The private /tmp is over its size limit, so nothing there can grow: delete files in"
+            " it to write again. Files that were open for writing there have become read-only.)"
+        ),
     ),
     (
         OSError,
         "[Errno 33] ",  # EMFILE: the sandbox's cap on open descriptors
-        "(The sandbox limits how many files a kernel may hold open at once: close the ones you"
-        " no longer need, for example by opening them in a `with` block.)",
+        (
+            "(The sandbox limits how many files a kernel may hold open at once: close the ones you"
+            " no longer need, for example by opening them in a `with` block.)"
+        ),
     ),
 )
 NETWORK_HINT = (
@@ -205,7 +214,7 @@ def _without_kernel_frames(tb):
         if not tb.tb_frame.f_code.co_filename.startswith(KERNEL_FILES):
             kept.append(tb)
         tb = tb.tb_next
-    for earlier, later in zip(kept, kept[1:]):
+    for earlier, later in itertools.pairwise(kept):
         earlier.tb_next = later
     if kept:
         kept[-1].tb_next = None
@@ -365,7 +374,6 @@ def create_shell(user_module, plain_tracebacks=False):
     """The one shell of this interpreter, as ipykernel configures its own."""
     config = Config()
     config.HistoryManager.hist_file = ":memory:"  # no file, and no saving thread
-    config.IPKernelApp.tqdm = "a notebook front end"  # what tqdm.autonotebook looks for
     config.IPCompleter.use_jedi = False  # seconds per completion in the guest
     config.InteractiveShell.colors = "nocolor" if plain_tracebacks else "neutral"
     os.environ.setdefault("MPLBACKEND", INLINE)

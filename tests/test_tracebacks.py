@@ -214,3 +214,16 @@ def test_refused_path_explains_the_sandbox(kernel: Kernel) -> None:
     assert "%sandbox" in text(error)
     error, _ = failure(kernel, "raise PermissionError('not from the sandbox')")
     assert "mounted folders" not in text(error)
+
+
+def test_plain_tracebacks_setting_drops_colours(start_kernel) -> None:
+    """``plain_tracebacks`` (for programmatic clients) gives IPython's traceback uncoloured,
+    from the command line or the environment; the default keeps ipykernel's colours."""
+    for kernel in (
+        start_kernel(["--WasmKernel.plain_tracebacks=True"]),
+        start_kernel(env={"WASM_KERNEL_PLAIN_TRACEBACKS": "true"}),
+    ):
+        error, count = failure(kernel, "def f():\n    return 1 / 0\nf()")
+        assert not ANSI.search(raw(error)), raw(error)
+        assert f"Cell In[{count}], line 3" in raw(error)
+        assert "----> 2     return 1 / 0" in raw(error)

@@ -152,7 +152,7 @@ class WasmKernel(Kernel):
         unit="units",
         help="Fuel per cell (about one unit per WebAssembly instruction; ~1e10 per second of"
         " pure-Python work). A cell that runs out stops with FuelExhausted. The interpreter's"
-        " start-up (~1.4e8) is paid from it too. Env: WASM_KERNEL_FUEL.",
+        " start-up has its own budget. Env: WASM_KERNEL_FUEL.",
     ).tag(config=True)
     time_limit = Limit(
         integer=False,

@@ -54,6 +54,9 @@ WASI_EPERM = 63
 WASI_EINVAL = 28
 TURN_REFUSED = -1
 REPAIR_FUEL = 2_000_000_000  # budget of the short guest turn after a rollback
+# Budget of the boot turn (importing IPython and creating its shell: 1.03e9 measured): the
+# kernel's own code, not a cell's, so not the user's fuel limit, which may be smaller.
+BOOT_FUEL = 20_000_000_000
 REPAIR_SECONDS = 2.0
 
 
@@ -329,7 +332,7 @@ class Sandbox:
         store = wasmtime.Store(engine)
         store.set_wasi(self._wasi())
         store.set_limits(memory_size=self.limits.memory)
-        store.set_fuel(self.limits.fuel)
+        store.set_fuel(BOOT_FUEL)
         store.set_epoch_deadline(1 << 62)
         linker = wasmtime.Linker(engine)
         linker.define_wasi()

@@ -333,16 +333,17 @@ def boot(packages, plain_tracebacks=False):
     # the host trips CPython's signal flags (see the host's snapshot.SignalFlags).
     import signal  # noqa: F401
 
-    if first:
-        # Start where the host says (the notebook's mounted folder, or the private /tmp), so
-        # relative paths just work; modules beside the notebook import, as natively.
-        start = os.environ.get("PWD", "/tmp")
-        os.chdir(start)
-        if start != "/tmp":
-            sys.path.insert(0, start)
     from _wasm_kernel_shell import ZMQInteractiveShell, create_shell
 
     if ZMQInteractiveShell.initialized():
         shell = ZMQInteractiveShell.instance()
     else:
         shell = create_shell(sys.modules["__main__"], plain_tracebacks=plain_tracebacks)
+    if first:
+        # Start where the host says (the notebook's mounted folder, or the private /tmp), so
+        # relative paths just work; modules beside the notebook import, as natively (only
+        # now: nothing from that folder runs while the kernel boots).
+        start = os.environ.get("PWD", "/tmp")
+        os.chdir(start)
+        if start != "/tmp":
+            sys.path.insert(0, start)

@@ -13,6 +13,7 @@ ipywidgets).
 """
 
 import base64
+import contextlib
 import itertools
 import json
 import os
@@ -32,6 +33,10 @@ KERNEL_FILES = "<wasm-kernel"  # file names of the kernel's guest code: hidden i
 NO_PROCESSES = (
     "this kernel runs Python in a WebAssembly sandbox, which cannot start processes or shell"
     " commands. Use Python instead (os, pathlib, shutil work on the sandbox's own files)."
+)
+NO_DEBUGGER = (
+    "the debugger reads a terminal's standard input, which this sandbox does not connect;"
+    " print values, or use %xmode Verbose to see each frame's variables in tracebacks"
 )
 NO_GUI = "there is no GUI in this sandbox: figures are shown inline, as images"
 INLINE = "module://matplotlib_inline.backend_inline"
@@ -134,6 +139,13 @@ class ZMQInteractiveShell(InteractiveShell):
 
     displayhook_class = Type(HostDisplayHook)
     display_pub_class = Type(HostDisplayPublisher)
+
+    def _tee(self, channel):
+        """IPython copies everything a cell prints into its output history: in the sandbox
+        that is guest memory the output limit does not bound (the printing goes on after the
+        notebook stops showing it), and it breaks every later cell once a cell sets
+        sys.stdout to None. The kernel keeps no output history, so nothing is copied."""
+        return contextlib.nullcontext()
 
     def init_virtualenv(self):
         pass  # the guest has no virtualenv, and IPython's check would look for a host path
@@ -299,6 +311,16 @@ class SandboxMagics(Magics):
             "%conda: packages cannot be installed in this sandbox (no network, no processes)."
             " `%pip list` shows what the runtime ships."
         )
+
+    @line_magic
+    def debug(self, line):
+        """The debugger reads a terminal's standard input, which the sandbox does not have."""
+        raise UsageError(f"%debug: {NO_DEBUGGER}")
+
+    @line_magic
+    def pdb(self, line):
+        """The debugger reads a terminal's standard input, which the sandbox does not have."""
+        raise UsageError(f"%pdb: {NO_DEBUGGER}")
 
     @line_cell_magic
     def script(self, line, cell=None):

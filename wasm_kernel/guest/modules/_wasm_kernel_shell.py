@@ -147,6 +147,14 @@ class ZMQInteractiveShell(InteractiveShell):
         sys.stdout to None. The kernel keeps no output history, so nothing is copied."""
         return contextlib.nullcontext()
 
+    async def run_code(self, code_obj, result=None, *, async_=False):
+        try:
+            return await super().run_code(code_obj, result, async_=async_)
+        finally:
+            for name in ("stdout", "stderr"):
+                if not hasattr(sys, name):  # deleted by the cell: IPython needs them next
+                    setattr(sys, name, getattr(sys, f"__{name}__"))
+
     def init_virtualenv(self):
         pass  # the guest has no virtualenv, and IPython's check would look for a host path
 

@@ -369,13 +369,24 @@ def test_pip_list_shows_shipped_versions(kernel: Kernel) -> None:
         ("!ls", "cannot start processes"),
         ("x_before_bang = 1\n!echo hi", "cannot start processes"),
         ("%%bash\necho hi", "cannot start processes"),
+        ("%%script python3\nprint(1)", "cannot start processes"),
+        ("x = !ls", "cannot start processes"),
+        ("%gui qt", "no GUI"),
+        ("%debug", "the debugger reads a terminal's standard input"),
     ],
 )
 def test_process_syntax_is_usage_error(kernel: Kernel, code: str, phrase: str) -> None:
-    """Shell escapes and process magics end in a UsageError that says why."""
+    """Shell escapes, process magics, GUIs and the debugger end in a UsageError that says
+    why, on one line."""
     err = error_of(kernel.execute(code))
     assert err["ename"] == "UsageError"
     assert phrase in err["evalue"]
+
+
+def test_matplotlib_notebook_falls_back_to_inline_with_a_notice(kernel: Kernel) -> None:
+    run = ok(kernel.execute("%matplotlib notebook\nimport matplotlib\nmatplotlib.get_backend()"))
+    assert "figures are shown inline" in run.stream_text("stderr")
+    assert plain(run) == "inline"
 
 
 # -- unknown magics and the rewriting itself ------------------------------------------------------

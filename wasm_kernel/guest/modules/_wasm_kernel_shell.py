@@ -196,7 +196,7 @@ class ZMQInteractiveShell(InteractiveShell):
     system_piped = system_raw = system
 
     def getoutput(self, cmd, split=True, depth=0):
-        raise UsageError(f"!!{cmd}: {NO_PROCESSES}")
+        raise UsageError(f"!{cmd}: {NO_PROCESSES}")
 
     def enable_gui(self, gui=None):
         if gui not in (None, "inline"):
@@ -319,6 +319,13 @@ class SandboxMagics(Magics):
             "%conda: packages cannot be installed in this sandbox (no network, no processes)."
             " `%pip list` shows what the runtime ships."
         )
+
+    @line_magic
+    def gui(self, line):
+        """There is no GUI event loop in the sandbox; only ``inline`` (a no-op) is taken."""
+        name = line.strip()
+        if name not in ("", "inline"):
+            raise UsageError(f"%gui {name}: {NO_GUI}.")
 
     @line_magic
     def debug(self, line):

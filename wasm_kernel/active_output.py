@@ -471,9 +471,7 @@ class _SvgPass:
                     or (
                         element == "image"
                         and scheme == "data"
-                        and re.match(
-                            r"data:image/(png|jpeg|gif|webp|bmp)[;,]", target, re.IGNORECASE
-                        )
+                        and re.match(r"data:image/(png|jpeg|gif|webp|bmp)[;,]", target, re.I)
                     )
                     or (element == "a" and scheme in ("http", "https", "mailto"))
                 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class History:
         db.executescript(_SCHEMA)
         with db:
             cursor = db.execute(
-                "INSERT INTO sessions (start) VALUES (?)", (datetime.now(UTC).isoformat(),)
+                "INSERT INTO sessions (start) VALUES (?)", (datetime.now(timezone.utc).isoformat(),)
             )
         assert cursor.lastrowid is not None
         return cursor.lastrowid

@@ -304,8 +304,24 @@ def _intact():
     return (
         module is _self
         and all(module.__dict__.get(name) is value for name, value in _originals.items())
-        and module.shell is not None
+        and _shell_intact(module.shell)
     )
+
+
+def _shell_intact(candidate):
+    """Whether IPython's shell still reports to the host: the cell may have replaced its
+    run_cell, display hook or publisher (what it does inside IPython otherwise is its own)."""
+    wiring = sys.modules.get("_wasm_kernel_shell")
+    try:
+        return (
+            wiring is not None
+            and type(candidate) is wiring.ZMQInteractiveShell
+            and "run_cell" not in vars(candidate)
+            and type(candidate.displayhook) is wiring.HostDisplayHook
+            and type(candidate.display_pub) is wiring.HostDisplayPublisher
+        )
+    except BaseException:  # noqa: BLE001 - whatever the cell put there
+        return False
 
 
 # -- boot -------------------------------------------------------------------------------------

@@ -80,6 +80,9 @@ def _report(exc):
 
     for _ in range(3):
         try:
+            wiring = sys.modules.get("_wasm_kernel_shell")
+            if wiring is not None:  # the user's frames only, as in IPython's tracebacks
+                exc.__traceback__ = wiring._without_kernel_frames(exc.__traceback__)
             report(type(exc).__name__, str(exc), traceback.format_exception(exc))
             return
         except KeyboardInterrupt:
@@ -244,12 +247,14 @@ def is_complete(code):
     return reply
 
 
-SERVICES = {
-    "complete": complete,
-    "inspect_object": inspect_object,
-    "is_complete": is_complete,
-    "evaluate_expressions": evaluate_expressions,
-}
+SERVICES = types.MappingProxyType(  # read-only: _intact checks it is still this one
+    {
+        "complete": complete,
+        "inspect_object": inspect_object,
+        "is_complete": is_complete,
+        "evaluate_expressions": evaluate_expressions,
+    }
+)
 
 
 def close_stale_files():
@@ -290,7 +295,7 @@ def install_modules(sources):
     _originals = {
         name: value
         for name, value in globals().items()
-        if isinstance(value, (type, types.FunctionType, dict))
+        if isinstance(value, (type, types.FunctionType, types.MappingProxyType))
     }
 
 

@@ -9,6 +9,7 @@ the kernel itself.
 from __future__ import annotations
 
 import base64
+import re
 import subprocess
 import sys
 import uuid
@@ -20,6 +21,14 @@ from conftest import KERNEL_NAME, CellRun, Kernel, ok, plain
 from jupyter_client.manager import KernelManager
 
 import wasm_kernel
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def shown(lines: list[str]) -> str:
+    """Traceback or page text as a user reads it (IPython colours it, as natively)."""
+    return ANSI.sub("", "\n".join(lines))
+
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 HOST_PATHS = [str(Path(wasm_kernel.__file__).resolve().parent), sys.prefix, str(Path.home())]
@@ -185,7 +194,7 @@ def test_repr_mimebundle_gives_every_mime_type(kernel: Kernel) -> None:
     [result] = run.of_type("execute_result")
     assert result["data"]["text/markdown"] == "**multi**"
     assert result["data"]["application/json"] == {"k": [1, 2]}
-    assert "Multi object" in result["data"]["text/plain"]
+    assert result["data"]["text/plain"].startswith("<__main__.Multi at 0x")  # IPython's repr
 
 
 def test_dataframe_renders_as_html_table(kernel: Kernel) -> None:
@@ -206,7 +215,7 @@ def test_exception_reports_error_message_and_reply(kernel: Kernel) -> None:
     assert error["ename"] == run.content["ename"] == "ValueError"
     assert error["evalue"] == run.content["evalue"] == "limit was 3"
     assert error["traceback"] == run.content["traceback"]
-    assert any("raise ValueError(f'limit was {limit}')" in line for line in error["traceback"])
+    assert "raise ValueError(f'limit was {limit}')" in shown(error["traceback"])
     assert_no_kernel_frames(error["traceback"])
 
 
@@ -215,7 +224,7 @@ def test_exception_in_library_shows_no_host_paths(kernel: Kernel) -> None:
     run = kernel.execute("import json\njson.loads('{not json')")
     error = error_of(run)
     assert error["ename"] == "JSONDecodeError"
-    assert any("json.loads('{not json')" in line for line in error["traceback"])
+    assert "json.loads('{not json')" in shown(error["traceback"])
     assert_no_kernel_frames(error["traceback"])
 
 
@@ -223,7 +232,7 @@ def test_syntax_error_is_reported(kernel: Kernel) -> None:
     run = kernel.execute("def broken(:\n    pass")
     error = error_of(run)
     assert error["ename"] == "SyntaxError"
-    assert any("def broken(:" in line for line in error["traceback"])
+    assert "def broken(:" in shown(error["traceback"])
     assert_no_kernel_frames(error["traceback"])
 
 
@@ -233,7 +242,7 @@ def test_traceback_spans_cells(kernel: Kernel) -> None:
     run = kernel.execute("ratio(1, 0)")
     error = error_of(run)
     assert error["ename"] == "ZeroDivisionError"
-    text = "\n".join(error["traceback"])
+    text = shown(error["traceback"])
     assert "ratio(1, 0)" in text
     assert "return a / b" in text
     assert f"In[{definition.content['execution_count']}]" in text
@@ -381,7 +390,7 @@ def test_inspect_user_function(kernel: Kernel) -> None:
     for code, cursor in [("greet", 3), ("greet(", 6), ("greet('Ada', ", 13)]:
         reply = request(kernel, "inspect", code, cursor)["content"]
         assert reply["found"] is True, code
-        text = reply["data"]["text/plain"]
+        text = shown([reply["data"]["text/plain"]])
         assert "greet(name, punctuation='!')" in text
         assert "Say hello to someone by name." in text
 

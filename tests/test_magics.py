@@ -1,7 +1,7 @@
 """IPython magics and shell syntax in the sandbox, checked over ZMQ through jupyter_client.
 
-The guest has no IPython: the kernel rewrites ``%magic``, ``%%magic`` and ``!cmd`` into calls
-on its own shell object. These tests hold that stand-in to what IPython users type and see.
+The guest runs IPython's own shell; these tests hold its magics to what ipykernel users see,
+and the sandbox's refusals (processes, packages, GUIs) to one clear UsageError each.
 Tests that depend on the whole namespace (``%who``, ``%reset``) get a fresh kernel; the rest
 share the module's kernel; `%cd` tests get their own, since they move the working directory.
 """
@@ -18,8 +18,13 @@ from conftest import CellRun, Kernel, ok, plain
 
 
 def error_of(run: CellRun) -> dict:
-    """The single error message of a failed cell (and it agrees with the reply)."""
+    """The single error message of a failed cell (and it agrees with the reply). A UsageError
+    is shown as ipykernel shows it: one line on stderr, no traceback, an error reply."""
     assert run.content["status"] == "error", f"cell did not fail: {run.messages}"
+    if run.content["ename"] == "UsageError":
+        assert run.of_type("error") == []
+        assert f"UsageError: {run.content['evalue']}" in run.stream_text("stderr")
+        return run.content
     errors = run.of_type("error")
     assert len(errors) == 1, errors
     assert (errors[0]["ename"], errors[0]["evalue"]) == (
@@ -157,7 +162,7 @@ def test_whos_table(start_kernel: Any) -> None:
     lines = text.splitlines()
     assert lines[0].split() == ["Variable", "Type", "Data/Info"]
     rows = {line.split()[0]: line.split()[1:] for line in lines[2:] if line.strip()}
-    assert rows == {"count": ["int", "42"], "label": ["str", "'hello'"]}
+    assert rows == {"count": ["int", "42"], "label": ["str", "hello"]}  # as IPython shows
     assert "get_ipython" not in text
 
 
@@ -210,12 +215,11 @@ def test_cd_back_to_starting_directory(start_kernel: Any) -> None:
     assert plain(ok(fresh.execute("%pwd"))) == start
 
 
-def test_cd_to_missing_folder_is_usage_error(kernel: Kernel) -> None:
-    """`%cd` to a folder that does not exist fails with UsageError and stays put."""
+def test_cd_to_missing_folder_says_so_and_stays_put(kernel: Kernel) -> None:
+    """`%cd` to a folder that does not exist prints why and stays put (as IPython does)."""
     before = plain(ok(kernel.execute("%pwd")))
-    err = error_of(kernel.execute("%cd /no/such/folder/here"))
-    assert err["ename"] == "UsageError"
-    assert "/no/such/folder/here" in err["evalue"]
+    run = ok(kernel.execute("%cd /no/such/folder/here"))
+    assert "No such file or directory: '/no/such/folder/here'" in run.stream_text()
     assert plain(ok(kernel.execute("%pwd"))) == before
 
 
@@ -285,12 +289,11 @@ def test_load_ext_calls_load_ipython_extension(kernel: Kernel) -> None:
     assert plain(ok(kernel.execute(check))) == (1, True)
 
 
-def test_load_ext_without_entry_point_is_usage_error(kernel: Kernel) -> None:
-    """A module without load_ipython_extension is not an extension: UsageError."""
+def test_load_ext_without_entry_point_says_so(kernel: Kernel) -> None:
+    """A module without load_ipython_extension is not an extension (as IPython says)."""
     ok(kernel.execute(EXTENSION))
-    err = error_of(kernel.execute("%load_ext wk_not_extension"))
-    assert err["ename"] == "UsageError"
-    assert "load_ipython_extension" in err["evalue"]
+    run = ok(kernel.execute("%load_ext wk_not_extension"))
+    assert "wk_not_extension module is not an IPython extension" in run.stream_text()
 
 
 # -- %%capture ------------------------------------------------------------------------------------
@@ -357,13 +360,24 @@ def test_pip_list_shows_shipped_versions(kernel: Kernel) -> None:
         ("!ls", "cannot start processes"),
         ("x_before_bang = 1\n!echo hi", "cannot start processes"),
         ("%%bash\necho hi", "cannot start processes"),
+        ("%%script python3\nprint(1)", "cannot start processes"),
+        ("x = !ls", "cannot start processes"),
+        ("%gui qt", "no GUI"),
+        ("%debug", "the debugger reads a terminal's standard input"),
     ],
 )
 def test_process_syntax_is_usage_error(kernel: Kernel, code: str, phrase: str) -> None:
-    """Shell escapes and process magics end in a UsageError that says why."""
+    """Shell escapes, process magics, GUIs and the debugger end in a UsageError that says
+    why, on one line."""
     err = error_of(kernel.execute(code))
     assert err["ename"] == "UsageError"
     assert phrase in err["evalue"]
+
+
+def test_matplotlib_notebook_falls_back_to_inline_with_a_notice(kernel: Kernel) -> None:
+    run = ok(kernel.execute("%matplotlib notebook\nimport matplotlib\nmatplotlib.get_backend()"))
+    assert "figures are shown inline" in run.stream_text("stderr")
+    assert plain(run) == "inline"
 
 
 # -- unknown magics and the rewriting itself ------------------------------------------------------

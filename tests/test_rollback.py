@@ -104,7 +104,10 @@ def describe(value):
         entry["vars"] = repr(sorted(vars(value).items()))
     return entry
 print(json.dumps({
-    "names": {k: describe(v) for k, v in user.items() if not k.startswith("_")},
+    # In and Out: IPython's input and output history, which every cell (this one too) extends
+    "names": {
+        k: describe(v) for k, v in user.items() if not k.startswith("_") and k not in ("In", "Out")
+    },
     "modules": sorted(sys.modules),
     "recursionlimit": sys.getrecursionlimit(),
 }))

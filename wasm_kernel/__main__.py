@@ -25,7 +25,8 @@ from .profiles import DEFAULT_PROFILE, PROFILES, Profile
 KERNEL_NAME = "wasm-python"
 SUBCOMMANDS = {
     "install": "register the kernelspecs (one per sandbox profile) and precompile the runtime",
-    "precompile": "compile the runtime to native code once, into the cache (1-4 minutes)",
+    "precompile": "compile the runtime to native code once, and download and precompile the"
+    " guest's pinned IPython packages, into the cache (1-4 minutes)",
     "run": "execute a notebook in the sandbox, from any folder, and print its outputs",
     "mcp": "serve sandboxed Python to AI agents over MCP (stdio, or --transport streamable-http);"
     " needs the [agents] extra",
@@ -60,6 +61,7 @@ def progress(description: str) -> Iterator[None]:
 
 
 def precompile(cache_dir: str | None) -> Path:
+    from . import guest_packages
     from .cache import RuntimeCache
     from .runtime import load_runtime
 
@@ -68,6 +70,10 @@ def precompile(cache_dir: str | None) -> Path:
     compiled = cache.load(runtime, progress=progress)
     entry = cache.entry_dir(runtime)
     print(f"compiled runtime {runtime.name} ready in {entry}", file=sys.stderr)
+    packages = guest_packages.load_manifest()
+    with progress(f"downloading and precompiling the guest's packages ({packages.name})"):
+        site = guest_packages.prepare(packages, cache.directory, compiled)
+    print(f"guest packages {packages.name} ready in {site.parent}", file=sys.stderr)
     if runtime.restorable:
         make_boot_image(compiled, entry)
     compiled.close()

@@ -40,7 +40,8 @@ from pathlib import Path, PurePosixPath
 
 import zstandard
 
-from . import rewrite
+from . import guest_packages, rewrite
+from .runtime import manifest_dir
 
 MAGIC = b"WKIMAGE\n"
 FORMAT = 1
@@ -67,6 +68,8 @@ def guest_code_version() -> str:
     for path in sorted(Path(str(root)).rglob("*.py")):
         digest.update(str(path.relative_to(Path(str(root)))).encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
+    # and the pinned IPython packages it loads (an image holds their modules too)
+    digest.update((manifest_dir() / guest_packages.MANIFEST).read_bytes())
     return digest.hexdigest()
 
 

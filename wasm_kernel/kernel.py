@@ -37,6 +37,7 @@ from traitlets.config.loader import DeferredConfig, LazyConfigValue
 from . import __version__, images, messages, scratch_folders
 from .active_output import ActiveOutput
 from .cache import RuntimeCache
+from .guest.modules import _wasm_kernel_messages as ops
 from .history import History
 from .mounts import SCRATCH, Mount, MountError, guest_cwd, holds_home, parse_mounts
 from .packages import GUEST_FOLDER, INDEX, OFF, Cancelled, Packages, Source, WheelCache
@@ -69,6 +70,7 @@ from .wheels import PackageError
 ENV_PREFIX = "WASM_KERNEL_"
 INPUT_POLL = 0.05  # seconds between checks for an input_reply or an interrupt
 BACKLOG_FLOOR = 64 << 20  # bytes of cell output that may wait for slow IOPub clients
+COMPLETION_TYPES = "_jupyter_types_experimental"  # ipykernel's key for typed completions
 BRIEF_ERROR = 1024  # characters of an error's value shown when the output budget is spent
 MISSING_PATH_ERRORS = ("FileNotFoundError", "PermissionError", "NotADirectoryError")
 NOTHING_MOUNTED = (
@@ -172,7 +174,7 @@ class WasmKernel(Kernel):
         unit="units",
         help="Fuel per cell (about one unit per WebAssembly instruction; ~1e10 per second of"
         " pure-Python work). A cell that runs out stops with FuelExhausted. The interpreter's"
-        " start-up (~1.4e8) is paid from it too. Env: WASM_KERNEL_FUEL.",
+        " start-up has its own budget. Env: WASM_KERNEL_FUEL.",
     ).tag(config=True)
     time_limit = Limit(
         integer=False,
@@ -255,6 +257,11 @@ class WasmKernel(Kernel):
         help="Bytes of unpacked packages one kernel may install with %pip."
         " Env: WASM_KERNEL_PACKAGES_QUOTA.",
     ).tag(config=True)
+    plain_tracebacks = CheckedBool(
+        False,
+        help="Tracebacks without colours (ANSI escapes), for programmatic clients that read"
+        " them as text. Env: WASM_KERNEL_PLAIN_TRACEBACKS.",
+    ).tag(config=True)
     runtime_name = Text(DEFAULT_RUNTIME, help="Runtime manifest to load.").tag(config=True)
     cache_dir = Text(
         help="Folder of compiled runtimes. Env: WASM_KERNEL_CACHE_DIR; default: the per-user"
@@ -317,6 +324,7 @@ class WasmKernel(Kernel):
     _resume_from_default = _env_default("resume_from", "")
     _hibernate_default = _env_default("hibernate", _from_profile("hibernate"))
     _snapshots_default = _env_default("snapshots", _from_profile("snapshots"))
+    _plain_tracebacks_default = _env_default("plain_tracebacks", False)
 
     def __init__(self, **kwargs: Any):
         self._refused: list[str] = []  # settings refused at start, reported by every cell
@@ -491,6 +499,7 @@ class WasmKernel(Kernel):
             cwd=self.start_dir,
             import_paths=paths,
             checkpoint_mode=self.checkpoint_mode,
+            plain_tracebacks=self.plain_tracebacks,
         )
         source = self._image_to_resume()
         if source is None:
@@ -515,7 +524,7 @@ class WasmKernel(Kernel):
         """A fresh guest from the cache's boot image (built by install/precompile), where
         there is one for this guest code; else booted the ordinary way."""
         path = images.boot_image_path(entry)
-        if not path.exists():
+        if not path.exists() or self.plain_tracebacks:  # the image's shell colours them
             return start()
         try:
             image = self._read_image(path)
@@ -672,7 +681,11 @@ class WasmKernel(Kernel):
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(
-                self._worker, sandbox.run_cell, code, self.execution_count, cell
+                self._worker,
+                partial(sandbox.run_cell, store_history=store_history, silent=silent),
+                code,
+                self.execution_count,
+                cell,
             )
         except CellStopped as stop:
             if stop.recovered:  # the cell's changes stand: keep them
@@ -890,19 +903,21 @@ class WasmKernel(Kernel):
     async def do_complete(self, code: str, cursor_pos: int | None) -> dict:  # type: ignore[override]
         code, cursor = _clean_request(code, cursor_pos)
         reply = await self._service("complete", code, cursor)
+        types = (reply.get("metadata") or {}).get(COMPLETION_TYPES)
         return {
             "status": "ok",
             "matches": [m for m in reply.get("matches", []) if isinstance(m, str)],
             "cursor_start": _clamp(reply.get("cursor_start"), cursor, len(code)),
             "cursor_end": _clamp(reply.get("cursor_end"), cursor, len(code)),
-            "metadata": {},
+            "metadata": {COMPLETION_TYPES: _completion_types(types, len(code))},
         }
 
     async def do_inspect(  # type: ignore[override]
         self, code: str, cursor_pos: int | None, detail_level: int = 0, omit_sections: Any = ()
     ) -> dict:
         code, cursor = _clean_request(code, cursor_pos)
-        reply = await self._service("inspect_object", code, cursor, 1 if detail_level else 0)
+        omit = [str(name) for name in omit_sections] if isinstance(omit_sections, list) else []
+        reply = await self._service("inspect_object", code, cursor, 1 if detail_level else 0, omit)
         data = reply.get("data") if isinstance(reply.get("data"), dict) else {}
         data = ActiveOutput(self.active_output).inspect(data)  # active-output policy
         return {"status": "ok", "found": bool(reply.get("found")), "data": data, "metadata": {}}
@@ -999,6 +1014,26 @@ def _bounded(value: Any, fallback: int) -> int:
     return max(min(value, 2**62), -(2**62))
 
 
+def _completion_types(types: Any, length: int) -> list[dict]:
+    """ipykernel's typed completions (JupyterLab shows their kind), checked field by field."""
+    if not isinstance(types, list):
+        return []
+    checked = []
+    for item in types:
+        if not isinstance(item, dict) or not isinstance(item.get("text"), str):
+            continue
+        checked.append(
+            {
+                "start": _clamp(item.get("start"), 0, length),
+                "end": _clamp(item.get("end"), 0, length),
+                "text": item["text"],
+                "type": str(item.get("type") or ""),
+                "signature": str(item.get("signature") or ""),
+            }
+        )
+    return checked
+
+
 def _clamp(value: Any, fallback: int, upper: int) -> int:
     valid = isinstance(value, int) and not isinstance(value, bool)
     return min(max(value, 0), upper) if valid else fallback
@@ -1073,6 +1108,7 @@ class CellHost:
         self.execution_count = kernel.execution_count
         self.error: dict | None = None
         self.snapshot: tuple[str, str] | None = None  # %snapshot save/restore, for the turn's end
+        self.payload: list[dict] = []
         self._error_published = True
         self._told_backlog = False
         # active-output policy: passive bundles; one notice on stderr when the cell ends
@@ -1097,9 +1133,9 @@ class CellHost:
 
     def message(self, message: dict, interrupts: Interrupts) -> dict:
         op = message["op"]
-        if op in ("result", "display"):  # active-output policy
+        if op in (ops.RESULT, ops.DISPLAY):  # active-output policy
             message["data"] = self.active_output.bundle(message["data"])
-        if op == "result":
+        if op == ops.RESULT:
             if not self.silent:
                 self._publish(
                     "execute_result",
@@ -1109,7 +1145,7 @@ class CellHost:
                         "metadata": message["metadata"],
                     },
                 )
-        elif op == "display":
+        elif op == ops.DISPLAY:
             msg_type = "update_display_data" if message["update"] else "display_data"
             self._publish(
                 msg_type,
@@ -1119,9 +1155,9 @@ class CellHost:
                     "transient": message["transient"],
                 },
             )
-        elif op == "clear":
+        elif op == ops.CLEAR:
             self._publish("clear_output", {"wait": message["wait"]})
-        elif op == "error":
+        elif op == ops.ERROR:
             ename, evalue = message["ename"], message["evalue"]
             # an allocation the limit refused (failed growth, or a bare MemoryError from the
             # allocator), not e.g. the parser's "too complex" MemoryError
@@ -1132,10 +1168,18 @@ class CellHost:
                 evalue += NOTHING_MOUNTED
                 message["traceback"] = [*message["traceback"], NOTHING_MOUNTED.strip()]
             shown = message.get("shown", True)  # False: past the output budget
-            self._record_error(ename, evalue, message["traceback"], shown=shown)
-        elif op == "input":
+            if message.get("publish", True):
+                self._record_error(ename, evalue, message["traceback"], shown=shown)
+            else:  # IPython printed it already (a UsageError): for the reply only
+                self.error = {"ename": ename, "evalue": evalue, "traceback": []}
+        elif op == ops.PAYLOAD:
+            for item in message["payload"]:
+                if item["source"] == "page":  # active-output policy
+                    item["data"] = self.active_output.bundle(item["data"])
+            self.payload = message["payload"]
+        elif op == ops.INPUT:
             return self._input(message["prompt"], message["password"], interrupts)
-        elif op == "describe":
+        elif op == ops.DESCRIBE:
             return {"text": self.kernel.describe_sandbox()}
         elif op == "pip":
             return self.kernel.run_pip(message, interrupts)
@@ -1179,7 +1223,7 @@ class CellHost:
         return {
             "status": "ok",
             "execution_count": self.execution_count,
-            "payload": [],
+            "payload": self.payload,
             "user_expressions": user_expressions or {},
         }
 

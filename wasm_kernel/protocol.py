@@ -12,10 +12,12 @@ import math
 import re
 from typing import Any
 
+from .guest.modules import _wasm_kernel_messages as ops
+
 MAX_ERROR_TEXT = 256 * 1024  # characters kept of an error's value and traceback
 # messages that count against the cell's output budget (everything that reaches the client)
-OUTPUT_OPS = frozenset({"display", "result", "clear", "error"})
-DROPPABLE_OPS = OUTPUT_OPS - {"error"}  # left out when over budget; an error must still count
+OUTPUT_OPS = frozenset({ops.DISPLAY, ops.RESULT, ops.CLEAR, ops.ERROR, ops.PAYLOAD})
+DROPPABLE_OPS = OUTPUT_OPS - {ops.ERROR}  # left out when over budget; an error must still count
 PEEK_BYTES = 64
 MESSAGE_COST = 512  # bytes an output message costs beyond its payload (its Jupyter header)
 _OP_FIELD = re.compile(rb'\s*\{\s*"op"\s*:\s*"([a-z]{1,16})"')
@@ -34,9 +36,12 @@ def _is_str_dict(value: Any) -> bool:
     return isinstance(value, dict) and all(isinstance(key, str) for key in value)
 
 
-def _mime_data(value: Any) -> dict:
+def _mime_data(value: Any, empty: bool = False) -> dict:
+    """A mime bundle; ``empty``: may hold nothing (ipykernel sends display_data with no data
+    for ``display(display_id=...)``)."""
     _check(
-        _is_str_dict(value) and bool(value), "data must be a non-empty object keyed by mime type"
+        _is_str_dict(value) and (empty or bool(value)),
+        "data must be a non-empty object keyed by mime type",
     )
     for mime, payload in value.items():
         _check("/" in mime and len(mime) < 256, f"bad mime type {mime[:64]!r}")
@@ -91,7 +96,7 @@ def _display(message: dict) -> dict:
     _check(not update or display_id is not None, "an update needs a display_id")
     return {
         "op": message["op"],
-        "data": _mime_data(message.get("data")),
+        "data": _mime_data(message.get("data"), empty=message["op"] == ops.DISPLAY),
         "metadata": metadata,
         "transient": transient,
         "update": update,
@@ -101,7 +106,7 @@ def _display(message: dict) -> dict:
 def _clear(message: dict) -> dict:
     wait = message.get("wait", False)
     _check(isinstance(wait, bool), "wait must be a boolean")
-    return {"op": "clear", "wait": wait}
+    return {"op": ops.CLEAR, "wait": wait}
 
 
 def _error(message: dict) -> dict:
@@ -109,19 +114,46 @@ def _error(message: dict) -> dict:
     _check(isinstance(ename, str) and len(ename) < 1024, "ename must be a short string")
     _check(isinstance(evalue, str), "evalue must be a string")
     _check(isinstance(tb, list) and all(isinstance(line, str) for line in tb), "bad traceback")
+    publish = message.get("publish", True)
+    _check(isinstance(publish, bool), "publish must be a boolean")
     return {
-        "op": "error",
+        "op": ops.ERROR,
         "ename": ename,
         "evalue": _clip(evalue),
-        "traceback": _clip("\n".join(tb)).split("\n"),
+        "traceback": _clip("\n".join(tb)).split("\n") if tb else [],
+        "publish": publish,
     }
+
+
+def _payload(message: dict) -> dict:
+    """execute_reply payloads, as ipykernel's shell writes them; each checked by source."""
+    payloads = message.get("payload")
+    _check(isinstance(payloads, list) and len(payloads) <= 16, "payload must be a short list")
+    checked = []
+    for item in payloads:
+        _check(_is_str_dict(item), "each payload must be an object")
+        source = item.get("source")
+        _check(source in ops.PAYLOAD_SOURCES, f"unknown payload source {str(source)[:64]!r}")
+        if source == "page":
+            start = item.get("start", 0)
+            _check(isinstance(start, int) and not isinstance(start, bool), "bad page start")
+            checked.append({"source": source, "data": _mime_data(item.get("data")), "start": start})
+        elif source == "set_next_input":
+            text, replace = item.get("text"), item.get("replace", False)
+            _check(isinstance(text, str) and isinstance(replace, bool), "bad set_next_input")
+            checked.append({"source": source, "text": text, "replace": replace})
+        else:
+            keep = item.get("keepkernel", False)
+            _check(isinstance(keep, bool), "keepkernel must be a boolean")
+            checked.append({"source": source, "keepkernel": keep})
+    return {"op": ops.PAYLOAD, "payload": checked}
 
 
 def _input(message: dict) -> dict:
     prompt, password = message.get("prompt", ""), message.get("password", False)
     _check(isinstance(prompt, str) and len(prompt) <= MAX_ERROR_TEXT, "prompt must be a string")
     _check(isinstance(password, bool), "password must be a boolean")
-    return {"op": "input", "prompt": prompt, "password": password}
+    return {"op": ops.INPUT, "prompt": prompt, "password": password}
 
 
 def _sleep(message: dict) -> dict:
@@ -133,17 +165,17 @@ def _sleep(message: dict) -> dict:
         and seconds >= 0,
         "seconds must be a finite, non-negative number",
     )
-    return {"op": "sleep", "seconds": float(seconds)}
+    return {"op": ops.SLEEP, "seconds": float(seconds)}
 
 
 def _reply(message: dict) -> dict:
     content = message.get("content")
     _check(_is_str_dict(content), "content must be an object")
-    return {"op": "reply", "content": content}
+    return {"op": ops.REPLY, "content": content}
 
 
 def _describe(_message: dict) -> dict:
-    return {"op": "describe"}
+    return {"op": ops.DESCRIBE}
 
 
 PIP_COMMANDS = ("install", "uninstall", "list", "show")
@@ -172,14 +204,15 @@ def _snapshot(message: dict) -> dict:
 
 
 _VALIDATORS = {
-    "display": _display,
-    "result": _display,
-    "clear": _clear,
-    "error": _error,
-    "input": _input,
-    "sleep": _sleep,
-    "reply": _reply,
-    "describe": _describe,
-    "pip": _pip,
-    "snapshot": _snapshot,
+    ops.DISPLAY: _display,
+    ops.RESULT: _display,
+    ops.CLEAR: _clear,
+    ops.ERROR: _error,
+    ops.PAYLOAD: _payload,
+    ops.INPUT: _input,
+    ops.SLEEP: _sleep,
+    ops.REPLY: _reply,
+    ops.DESCRIBE: _describe,
+    ops.PIP: _pip,
+    ops.SNAPSHOT: _snapshot,
 }

@@ -35,9 +35,10 @@ from typing import Any, Protocol
 
 import wasmtime
 
-from . import images, protocol, scratch_folders
+from . import guest_packages, images, protocol, scratch_folders
 from .cache import CompiledRuntime
 from .descriptors import GuestFiles
+from .guest.modules import _wasm_kernel_messages as ops
 from .mounts import SCRATCH, Mount
 from .output import OutputPump
 from .rewrite import BRK_EXPORT, GLOBAL_EXPORT_PREFIX, RESET_PREOPENS_EXPORT
@@ -55,6 +56,9 @@ WASI_EPERM = 63
 WASI_EINVAL = 28
 TURN_REFUSED = -1
 REPAIR_FUEL = 2_000_000_000  # budget of the short guest turn after a rollback
+# Budget of the boot turn (importing IPython and creating its shell: 1.03e9 measured): the
+# kernel's own code, not a cell's, so not the user's fuel limit, which may be smaller.
+BOOT_FUEL = 20_000_000_000
 REPAIR_SECONDS = 2.0
 TIME_LIMIT_HINT = "Raise it with --WasmKernel.time_limit=SECONDS (0 for none)."
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
@@ -250,8 +254,8 @@ def bootstrap_source() -> str:
 
 
 def shipped_modules() -> dict[str, tuple[str, bool]]:
-    """Guest-only modules under ``guest/shims``: dotted name -> (source, is_package)."""
-    root = Path(str(resources.files("wasm_kernel") / "guest" / "shims"))
+    """The kernel's guest modules under ``guest/modules``: dotted name -> (source, is_package)."""
+    root = Path(str(resources.files("wasm_kernel") / "guest" / "modules"))
     modules = {}
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
@@ -275,9 +279,12 @@ class Sandbox:
         import_paths: Sequence[str] = (),
         image: images.Image | None = None,
         checkpoint_mode: str = "auto",
+        plain_tracebacks: bool = False,
     ):
         self.compiled = compiled
         self.checkpoint_mode = checkpoint_mode
+        self.packages = guest_packages.site_mount(compiled)  # raises if not installed
+        self.plain_tracebacks = plain_tracebacks
         self.limits = limits
         self.mounts = tuple(mounts)
         self.import_paths = tuple(import_paths)  # guest folders appended to sys.path at boot
@@ -327,7 +334,7 @@ class Sandbox:
             ("TMPDIR", SCRATCH),
             ("PWD", self.cwd),  # the bootstrap starts the guest there
             ("PYTHONTZPATH", ""),
-            ("MPLBACKEND", "module://matplotlib_inline.sandbox_backend"),
+            ("MPLBACKEND", "module://matplotlib_inline.backend_inline"),  # as ipykernel's
         ]
         runtime = self.compiled.runtime
         wasi.preopen_dir(str(self.compiled.lib_dir), runtime.lib_guest_dir, False)
@@ -337,6 +344,7 @@ class Sandbox:
             False,
         )
         wasi.preopen_dir(str(self._tmp), SCRATCH, True)
+        wasi.preopen_dir(str(self.packages.host), self.packages.guest, False)
         for mount in self.mounts:  # wasmtime keeps every path the guest opens inside these
             wasi.preopen_dir(str(mount.host), mount.guest, mount.writable)
         wasi.stdout_custom = lambda data: self._guest_output("stdout", data)
@@ -349,14 +357,14 @@ class Sandbox:
         store = wasmtime.Store(engine)
         store.set_wasi(self._wasi())
         store.set_limits(memory_size=self.limits.memory)
-        store.set_fuel(self.limits.fuel)
+        store.set_fuel(BOOT_FUEL)
         store.set_epoch_deadline(1 << 62)
         linker = wasmtime.Linker(engine)
         linker.define_wasi()
         linker.allow_shadowing = True
-        # the runtime's two folders, then /tmp, then the mounts (see _wasi)
+        # the runtime's two folders, then /tmp, the guest's packages, the mounts (see _wasi)
         files = GuestFiles(
-            preopens=3 + len(self.mounts),
+            preopens=4 + len(self.mounts),
             scratch_index=2,
             touched=self._scratch.touched,
             room=self._scratch.has_room,
@@ -463,6 +471,8 @@ class Sandbox:
             "def _settle(cwd, start, paths):\n"
             "    import os, random, sys\n"
             "    sys.path += [path for path in paths if path not in sys.path]\n"
+            "    if start != '/tmp' and start not in sys.path:\n"  # modules beside the notebook
+            "        sys.path.insert(0, start)\n"
             "    for folder in (cwd, start):\n"
             "        try:\n"
             "            os.chdir(folder)\n"
@@ -571,7 +581,9 @@ class Sandbox:
             shutil.rmtree(backup, ignore_errors=True)
 
     def _boot_source(self) -> str:
-        """The turn that (re)installs the guest module: used at start and to repair it."""
+        """The turn that (re)installs the guest module and boots it (IPython's shell and all:
+        one call, so that a boot image can capture it): used at start and to repair it."""
+        boot = f"{self.packages.guest!r}, plain_tracebacks={self.plain_tracebacks!r}"
         return (
             "import sys as _sys, types as _types\n"
             f"_sys.path += [p for p in {list(self.import_paths)!r} if p not in _sys.path]\n"
@@ -579,6 +591,7 @@ class Sandbox:
             f"exec(compile({bootstrap_source()!r}, {GUEST_FILE!r}, 'exec'), _module.__dict__)\n"
             f"_sys.modules[{GUEST_MODULE!r}] = _module\n"
             f"_module.install_modules({shipped_modules()!r})\n"
+            f"_module.boot({boot})\n"
             "del _sys, _types, _module"
         )
 
@@ -652,9 +665,17 @@ class Sandbox:
         self._write(store, pointer, data)
         return self._turn_func(store, pointer, len(data))
 
-    def run_cell(self, source: str, execution_count: int, host: GuestHost) -> None:
+    def run_cell(
+        self,
+        source: str,
+        execution_count: int,
+        host: GuestHost,
+        store_history: bool = True,
+        silent: bool = False,
+    ) -> None:
         """Run a notebook cell; output and messages go to ``host``. Raises CellStopped."""
-        call = f"__import__({GUEST_MODULE!r}).run_cell({source!r}, {int(execution_count)})"
+        arguments = f"{source!r}, {int(execution_count)}, {bool(store_history)}, {bool(silent)}"
+        call = f"__import__({GUEST_MODULE!r}).run_cell({arguments})"
         self._turn(call, host, self.limits, cell=True)
 
     def request(self, function: str, *args: object, host: GuestHost) -> dict:
@@ -993,7 +1014,7 @@ class Sandbox:
         if size <= MAX_MESSAGE and op not in protocol.DROPPABLE_OPS:
             # not output, or an error: read it as any other message
             return self._dispatch(protocol.parse(self._read(caller, ptr, size)), size, caller)
-        if op == "error" and self._host is not None:
+        if op == ops.ERROR and self._host is not None:
             self._output.flush()
             return self._host.message(protocol.oversized_error(size), self.interrupts)
         self._output.charge(size)  # does not fit: queues the notice, counts nothing
@@ -1001,29 +1022,32 @@ class Sandbox:
 
     def _dispatch(self, message: dict, size: int, caller: wasmtime.Caller) -> dict:
         op = message["op"]
-        if op == "error" and self.interrupts.soft_reason == "time":
+        if op == ops.ERROR and self.interrupts.soft_reason == "time":
             self._time_limit_reported = True
             if message["ename"] == "KeyboardInterrupt":
                 self._as_time_limit(message)
-        if op == "error" and message["ename"] == "MemoryError":
+        if op == ops.ERROR and message["ename"] == "MemoryError":
             # host-side verdict (the guest cannot set it): was it the sandbox's memory limit?
             message["memory_limit"] = self._hit_memory_limit(
                 caller, self._memory_at_start, self.limits.memory
             )
         if op in protocol.OUTPUT_OPS and not self._output.charge(size + protocol.MESSAGE_COST):
-            if op != "error":
+            if op != ops.ERROR:
                 return {}  # over the cell's output budget: left out, with the notice
             message["shown"] = False  # an error still fails the cell, shown briefly at its end
-        if op == "sleep":
+        if op == ops.SLEEP:
             return {"interrupted": self._sleep(message["seconds"])}
-        if op == "reply":
+        if op == ops.REPLY:
             self._reply = message["content"]
             return {}
         host = self._host
         if host is None:
             return {}
         self._output.flush()  # keep printed text ahead of what the message shows
-        if op in ("input", "pip"):  # a person answering, or pip on the host: not the cell's time
+        if op in (
+            ops.INPUT,
+            ops.PIP,
+        ):  # a person answering, or pip on the host: not the cell's time
             with self._watchdog.paused(self._deadline):
                 return host.message(message, self.interrupts)
         return host.message(message, self.interrupts)

@@ -34,6 +34,11 @@ BREAKAGES = [
     Breakage("call-host-none", "import _wasm_kernel\n_wasm_kernel.call_host = None"),
     Breakage("run-cell-replaced", "import _wasm_kernel\n_wasm_kernel.run_cell = print"),
     Breakage("import-none", "import builtins\nbuiltins.__import__ = None"),
+    # IPython's shell is the guest's too: rewiring it would silence every later cell
+    Breakage("shell-run-cell-none", "get_ipython().run_cell = None"),
+    Breakage("shell-display-pub-none", "get_ipython().display_pub = None"),
+    Breakage("shell-displayhook-replaced", "get_ipython().displayhook = print"),
+    Breakage("shell-wiring-module-gone", "import sys\ndel sys.modules['_wasm_kernel_shell']"),
 ]
 
 

@@ -20,8 +20,10 @@ OPEN_UNTIL_REFUSED = "held = []\nwhile True:\n    held.append(os.open('/tmp', os
 @pytest.fixture(scope="module")
 def strict() -> Kernel:
     started = Kernel(["--WasmKernel.time_limit=5"], kernel_name="wasm-python-strict")
+    ok(started.execute("import os, traceback\nsentinel = 'kept'"))
     # what formatting a traceback imports, so that it works while no descriptor is left
-    ok(started.execute("import os, traceback, _wasm_kernel_traceback\nsentinel = 'kept'"))
+    warm = started.execute("open('/no/such/file')")
+    assert warm.content["ename"] == "FileNotFoundError"
     yield started
     started.shutdown()
 

@@ -21,6 +21,7 @@ import pytest
 import wasmtime
 from conftest import Kernel, ok
 
+from wasm_kernel import sandbox
 from wasm_kernel.cache import RuntimeCache
 from wasm_kernel.runtime import load_runtime
 from wasm_kernel.sandbox import Limits, Sandbox, Watchdog
@@ -237,10 +238,11 @@ def test_watchdog_survives_an_absurd_deadline(seconds: float) -> None:
 def test_a_sandbox_that_cannot_boot_leaves_no_scratch_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Too little fuel for the interpreter's start-up (settings refuse it; this is the
-    sandbox's own defence): the start fails, and its private /tmp goes with it."""
+    """Too little fuel for the interpreter's start-up (its budget is the sandbox's own,
+    shrunk here): the start fails, and its private /tmp goes with it."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(sandbox, "BOOT_FUEL", 10**6)
     compiled = RuntimeCache(None).load(load_runtime())
     with pytest.raises(wasmtime.Trap):
-        Sandbox(compiled, Limits(fuel=10**6, seconds=10, memory=1 << 30, output=1 << 20))
+        Sandbox(compiled, Limits(fuel=10**10, seconds=10, memory=1 << 30, output=1 << 20))
     assert list(tmp_path.glob("wasm-kernel-tmp-*")) == []

@@ -1,1 +1,0 @@
-"""IPython.lib for wasm-kernel's sandbox: only the display module."""

@@ -1,1 +1,0 @@
-"""IPython.utils for the sandbox: only what notebook code commonly imports."""

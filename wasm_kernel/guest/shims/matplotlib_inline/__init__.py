@@ -1,1 +1,0 @@
-"""Inline matplotlib figures for wasm-kernel (our own stand-in for the matplotlib-inline package)."""

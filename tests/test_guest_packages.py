@@ -79,7 +79,7 @@ def test_download_refuses_a_wheel_that_is_not_the_pinned_one(tmp_path: Path) -> 
     [comm] = [wheel for wheel in packages.wheels if wheel.name == "comm"]
     forged = dataclasses.replace(packages, wheels=(dataclasses.replace(comm, sha256="0" * 64),))
     with pytest.raises(
-        guest_packages.PackagesUnavailable, match="(?s)could not download.*Expected sha256 0{64}"
+        guest_packages.PackagesUnavailable, match=r"(?s)could not download.*Expected sha256 0{64}"
     ):
         guest_packages.download(forged, tmp_path / "wheels")
     assert not (tmp_path / "wheels" / comm.wheel).exists()

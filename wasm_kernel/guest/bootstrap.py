@@ -208,7 +208,7 @@ def complete(code, cursor):
     matches = [c.text for c in completions]
     # Without jedi, IPython completes `math.sq` as `.sqrt` from the dot; jedi (and so
     # ipykernel by default) as `sqrt` after it: drop the dotted part all matches share.
-    shared = os.path.commonprefix([code[start:cursor], *matches])
+    shared = os.path.commonprefix([code[start:cursor], *matches])  # noqa: RUF071 (text)
     dotted = shared[: shared.rfind(".") + 1]
     if dotted:
         start += len(dotted)

@@ -33,11 +33,12 @@ import re
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import TypeVar
 
 import platformdirs
 import wasmtime
@@ -59,6 +60,7 @@ ENGINE_SETTINGS: dict[str, object] = {
 }
 
 Progress = Callable[[str], AbstractContextManager[object]]
+T = TypeVar("T")
 
 
 def _no_progress(_: str) -> AbstractContextManager[object]:
@@ -70,6 +72,15 @@ def make_engine() -> wasmtime.Engine:
     for name, value in ENGINE_SETTINGS.items():
         setattr(config, name, value)
     return wasmtime.Engine(config)
+
+
+def exported(exports: Mapping[str, object], name: str, kind: type[T]) -> T:
+    """The export ``name`` of a wasm instance, checked to be a ``kind`` (a ``wasmtime.Func``,
+    ``wasmtime.Memory``...); a missing name raises KeyError, as indexing the exports does."""
+    value = exports[name]
+    if not isinstance(value, kind):
+        raise TypeError(f"export {name!r} is a {type(value).__name__}, not a {kind.__name__}")
+    return value
 
 
 def default_cache_dir() -> Path:

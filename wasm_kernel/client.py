@@ -93,8 +93,8 @@ def kernel_arguments(profile: str, settings: dict[str, Any]) -> list[str]:
     arguments = []
     for name, value in settings.items():
         if name not in known or name == "profile":
-            settings = ", ".join(sorted(known - {"profile"}))
-            raise SessionError(f"unknown setting {name!r}; the settings are: {settings}")
+            names = ", ".join(sorted(known - {"profile"}))
+            raise SessionError(f"unknown setting {name!r}; the settings are: {names}")
         if name == "mounts":
             if not PROFILES[profile].mounts:
                 raise SessionError(

@@ -30,6 +30,8 @@ from collections.abc import Callable
 
 import wasmtime
 
+from .cache import exported
+
 WASI = "wasi_snapshot_preview1"
 ERRNO_SUCCESS = 0
 ERRNO_BADF = 8
@@ -134,9 +136,7 @@ class GuestFiles:
         exports = linker.instantiate(store, adapter).exports(store)
         self._real = {}
         for name in SIGNATURES:
-            function = exports[name]
-            assert isinstance(function, wasmtime.Func), name  # the adapter's own exports
-            self._real[name] = function
+            self._real[name] = exported(exports, name, wasmtime.Func)
         self._memory = memory
         return adapter
 

@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 
 import wasmtime
 
-from .cache import CompiledRuntime, cache_key, writable
+from .cache import CompiledRuntime, cache_key, exported, writable
 from .mounts import Mount
 from .runtime import manifest_dir, sha256_file
 
@@ -228,16 +228,16 @@ def precompile_in_guest(compiled: CompiledRuntime, site: Path, guest_path: str) 
     try:
         exports = linker.instantiate(store, compiled.module).exports(store)
         if not compiled.runtime.preinitialized:
-            exports["_initialize"](store)
+            exported(exports, "_initialize", wasmtime.Func)(store)
         source = (
             "import compileall, py_compile, sys\n"
             f"ok = compileall.compile_dir({guest_path!r}, quiet=1, workers=1,"
             " invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)\n"
             "sys.exit(0 if ok else 1)\n"
         ).encode()
-        pointer = exports["host_alloc"](store, len(source))
-        exports["memory"].write(store, source, pointer)
-        status = exports["turn"](store, pointer, len(source))
+        pointer = exported(exports, "host_alloc", wasmtime.Func)(store, len(source))
+        exported(exports, "memory", wasmtime.Memory).write(store, source, pointer)
+        status = exported(exports, "turn", wasmtime.Func)(store, pointer, len(source))
     finally:
         store.close()
     if status != 0:

@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from copy import deepcopy
@@ -30,7 +30,8 @@ import platformdirs
 import psutil
 from ipykernel._version import kernel_protocol_version
 from ipykernel.kernelbase import Kernel
-from traitlets import List, TraitError, Unicode, default
+from jupyter_client.session import Session
+from traitlets import List, TraitError, TraitType, Unicode, default
 from traitlets.config import Config
 from traitlets.config.loader import DeferredConfig, LazyConfigValue
 
@@ -102,12 +103,19 @@ def _env_default(trait: str, fallback: Any) -> Any:
         if isinstance(value, (list, tuple)):
             given = [item.strip() for item in raw.split(";") if item.strip()]
         try:
-            return kernel.traits()[trait].validate(kernel, given)
+            return _validated(kernel.traits()[trait], kernel, given)
         except TraitError as exc:
             kernel._refuse_setting(trait, raw, f"the environment ({variable})", str(exc))
             return value
 
     return default(trait)(read)
+
+
+def _validated(trait: TraitType, kernel: WasmKernel, value: Any) -> Any:
+    """``value`` as ``trait`` accepts it, else TraitError. Every concrete trait type (Int,
+    Unicode, the kernel's own checked traits...) defines ``validate``; TraitType declares only
+    ``_validate``, which also lets None through and runs the owner's cross-validation."""
+    return trait.validate(kernel, value)  # type: ignore[attr-defined]  # see above
 
 
 def history_file(profile: str) -> str:
@@ -333,9 +341,9 @@ class WasmKernel(Kernel):
         if config is not None:
             kwargs["config"] = self._screened(config, parent)
         super().__init__(**kwargs)
-        self.session.pack = messages.pack  # guest text may hold what UTF-8 cannot
+        self.live_session.pack = messages.pack  # guest text may hold what UTF-8 cannot
         self.guest_output = messages.GuestPublisher(
-            self.session, self.iopub_thread, max(BACKLOG_FLOOR, 2 * self.output_limit)
+            self.live_session, self.iopub_thread, max(BACKLOG_FLOOR, 2 * self.output_limit)
         )
         _keep_working_folder_off_sys_path()
         _log_to_process_stderr()
@@ -395,7 +403,7 @@ class WasmKernel(Kernel):
                 continue
             given = value.get_value(trait) if isinstance(value, DeferredConfig) else value
             try:
-                trait.validate(self, given)
+                _validated(trait, self, given)
             except TraitError as exc:
                 del section[name]
                 self._refuse_setting(name, given, config_source(app, name), str(exc))
@@ -576,7 +584,14 @@ class WasmKernel(Kernel):
         return await boot
 
     @property
-    def kernel_info(self) -> dict[str, Any]:  # type: ignore[override]
+    def live_session(self) -> Session:
+        """ipykernel's ``session``: declared optional, but the kernel app always gives one."""
+        session = self.session
+        assert session is not None, "the kernel was started without a Jupyter session"
+        return session
+
+    @property
+    def kernel_info(self) -> dict[str, Any]:
         """ipykernel's version imports its debugger to offer it whenever debugpy is installed:
         the guest has none, and importing debugpy prints a warning about frozen modules that
         reaches clients as stderr output (``jupyter console`` shows it after the banner)."""
@@ -650,7 +665,7 @@ class WasmKernel(Kernel):
 
     # -- execution --------------------------------------------------------------------------------
 
-    async def do_execute(  # type: ignore[override]
+    async def do_execute(
         self,
         code: str,
         silent: bool,
@@ -871,7 +886,7 @@ class WasmKernel(Kernel):
             await super().history_request(stream, ident, parent)
 
     def _refuse_malformed(
-        self, stream: Any, ident: Any, parent: dict, reply_type: str, fields: dict[str, type]
+        self, stream: Any, ident: Any, parent: dict, reply_type: str, fields: Mapping[str, type]
     ) -> bool:
         """Send an error reply when the request's content is not what the protocol says."""
         content = parent.get("content")
@@ -892,15 +907,20 @@ class WasmKernel(Kernel):
                     problem = "the request's metadata must be an object"
         if problem is None:
             return False
-        reply = {"status": "error", "ename": "MalformedRequest", "evalue": problem, "traceback": []}
+        reply: dict[str, Any] = {
+            "status": "error",
+            "ename": "MalformedRequest",
+            "evalue": problem,
+            "traceback": [],
+        }
         if reply_type == "execute_reply":  # the protocol gives every execute_reply a count
             reply["execution_count"] = self.execution_count
-        self.session.send(stream, reply_type, reply, parent, ident=ident)
+        self.live_session.send(stream, reply_type, reply, parent, ident=ident)
         return True
 
     # -- introspection requests ------------------------------------------------------------
 
-    async def do_complete(self, code: str, cursor_pos: int | None) -> dict:  # type: ignore[override]
+    async def do_complete(self, code: str, cursor_pos: int | None) -> dict:
         code, cursor = _clean_request(code, cursor_pos)
         reply = await self._service("complete", code, cursor)
         types = (reply.get("metadata") or {}).get(COMPLETION_TYPES)
@@ -912,7 +932,7 @@ class WasmKernel(Kernel):
             "metadata": {COMPLETION_TYPES: _completion_types(types, len(code))},
         }
 
-    async def do_inspect(  # type: ignore[override]
+    async def do_inspect(
         self, code: str, cursor_pos: int | None, detail_level: int = 0, omit_sections: Any = ()
     ) -> dict:
         code, cursor = _clean_request(code, cursor_pos)
@@ -922,7 +942,7 @@ class WasmKernel(Kernel):
         data = ActiveOutput(self.active_output).inspect(data)  # active-output policy
         return {"status": "ok", "found": bool(reply.get("found")), "data": data, "metadata": {}}
 
-    async def do_is_complete(self, code: str) -> dict:  # type: ignore[override]
+    async def do_is_complete(self, code: str) -> dict:
         code, _ = _clean_request(code, 0)
         reply = await self._service("is_complete", code)
         status = reply.get("status")
@@ -933,7 +953,7 @@ class WasmKernel(Kernel):
             result["indent"] = str(reply.get("indent", ""))
         return result
 
-    async def do_history(  # type: ignore[override]
+    async def do_history(
         self,
         hist_access_type: str,
         output: bool = False,
@@ -968,7 +988,7 @@ class WasmKernel(Kernel):
             return {"status": "ok", "history": [(s, n_, (src, None)) for s, n_, src in entries]}
         return {"status": "ok", "history": entries}
 
-    async def do_shutdown(self, restart: bool) -> dict:  # type: ignore[override]
+    async def do_shutdown(self, restart: bool) -> dict:
         if self._boot.done() and not self._boot.exception():
             sandbox = self._boot.result()
             if not restart:
@@ -1100,7 +1120,7 @@ class CellHost:
 
     def __init__(self, kernel: WasmKernel, silent: bool, allow_stdin: bool):
         self.kernel = kernel
-        self.session = kernel.session
+        self.session = kernel.live_session
         self.parent = kernel.get_parent("shell")
         self.stdin_ident = kernel._get_shell_context_var(kernel._shell_parent_ident)
         self.silent = silent

@@ -66,7 +66,8 @@ def parse(raw: bytes) -> dict:
     _check(_is_str_dict(message), "message must be a JSON object")
     op = message.get("op")
     validator = _VALIDATORS.get(op) if isinstance(op, str) else None
-    _check(validator is not None, f"unknown operation {str(op)[:64]!r}")
+    if validator is None:
+        raise ProtocolError(f"unknown operation {str(op)[:64]!r}")
     return validator(message)
 
 
@@ -112,8 +113,10 @@ def _clear(message: dict) -> dict:
 def _error(message: dict) -> dict:
     ename, evalue, tb = message.get("ename"), message.get("evalue"), message.get("traceback")
     _check(isinstance(ename, str) and len(ename) < 1024, "ename must be a short string")
-    _check(isinstance(evalue, str), "evalue must be a string")
-    _check(isinstance(tb, list) and all(isinstance(line, str) for line in tb), "bad traceback")
+    if not isinstance(evalue, str):
+        raise ProtocolError("evalue must be a string")
+    if not (isinstance(tb, list) and all(isinstance(line, str) for line in tb)):
+        raise ProtocolError("bad traceback")
     publish = message.get("publish", True)
     _check(isinstance(publish, bool), "publish must be a boolean")
     return {
@@ -128,7 +131,8 @@ def _error(message: dict) -> dict:
 def _payload(message: dict) -> dict:
     """execute_reply payloads, as ipykernel's shell writes them; each checked by source."""
     payloads = message.get("payload")
-    _check(isinstance(payloads, list) and len(payloads) <= 16, "payload must be a short list")
+    if not (isinstance(payloads, list) and len(payloads) <= 16):
+        raise ProtocolError("payload must be a short list")
     checked = []
     for item in payloads:
         _check(_is_str_dict(item), "each payload must be an object")
@@ -158,13 +162,13 @@ def _input(message: dict) -> dict:
 
 def _sleep(message: dict) -> dict:
     seconds = message.get("seconds")
-    _check(
+    if not (
         isinstance(seconds, (int, float))
         and not isinstance(seconds, bool)
         and math.isfinite(seconds)
-        and seconds >= 0,
-        "seconds must be a finite, non-negative number",
-    )
+        and seconds >= 0
+    ):
+        raise ProtocolError("seconds must be a finite, non-negative number")
     return {"op": ops.SLEEP, "seconds": float(seconds)}
 
 

@@ -380,7 +380,7 @@ def decode(body: bytes) -> list[tuple[int, tuple[int, ...]]]:
     for _ in range(local_groups):
         _, pos = read_u32(body, pos)
         pos += 1
-    code = []
+    code: list[tuple[int, tuple[int, ...]]] = []
     while pos < len(body):
         opcode = body[pos]
         pos += 1
@@ -488,7 +488,7 @@ def find_interrupt_cells(wasm: bytes) -> InterruptCells:
                 window[2][1][0] + window[9][1][1],
                 window[7][1][0],
             )
-    if None in (handlers, tripped_offset, is_tripped, breaker):
+    if handlers is None or tripped_offset is None or is_tripped is None or breaker is None:
         raise UnsupportedModule("PyErr_SetInterruptEx does not have the expected shape")
     return InterruptCells(
         handler_tripped=handlers + 8 * SIGINT + tripped_offset,

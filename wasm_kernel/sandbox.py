@@ -36,7 +36,7 @@ from typing import Any, Protocol
 import wasmtime
 
 from . import guest_packages, images, protocol, scratch_folders
-from .cache import CompiledRuntime
+from .cache import CompiledRuntime, exported
 from .descriptors import GuestFiles
 from .guest.modules import _wasm_kernel_messages as ops
 from .mounts import SCRATCH, Mount
@@ -218,7 +218,7 @@ class Watchdog:
         try:
             yield
         finally:
-            if job is not None:
+            if job is not None and token is not None:  # a job implies its token
                 with self._ready:
                     self._jobs[token] = (time.monotonic() + left, job[1])
                     self._ready.notify()
@@ -401,11 +401,11 @@ class Sandbox:
         exports = instance.exports(store)
         self._instance_exports = exports
         self._store = store
-        self._memory: wasmtime.Memory = exports["memory"]
+        self._memory = exported(exports, "memory", wasmtime.Memory)
         self._adapter = files.bind(engine, store, self._memory, self._adapter)
         self._files = files
-        self._turn_func: wasmtime.Func = exports["turn"]
-        self._alloc: wasmtime.Func = exports["host_alloc"]
+        self._turn_func = exported(exports, "turn", wasmtime.Func)
+        self._alloc = exported(exports, "host_alloc", wasmtime.Func)
         named: dict[str, Any] = {
             export.name: exports[export.name] for export in self.compiled.module.exports
         }
@@ -416,7 +416,7 @@ class Sandbox:
             self._fresh = image.host.execution_count == 0
         else:
             if not self.compiled.runtime.preinitialized:
-                exports["_initialize"](store)
+                exported(exports, "_initialize", wasmtime.Func)(store)
             if self._call_turn(self._boot_source()) != 0:
                 raise RuntimeError("the guest bootstrap failed to load")
         self._state = None
@@ -497,8 +497,7 @@ class Sandbox:
     def save_image(self, host: images.HostState, mounts: list[str]) -> bytes:
         """This interpreter as an image file's bytes, taken between turns."""
         with self._turn_lock:
-            store = self._store
-            assert store is not None
+            store = self._live_store
             self._reply = None
             self._output.begin(lambda *_: None, MAX_MESSAGE, "")
             with self._metered(store, REPAIR_FUEL, REPAIR_SECONDS, interruptible=False):
@@ -545,8 +544,8 @@ class Sandbox:
             linker.define_wasi()
             i32 = wasmtime.ValType.i32()
             linker.define_func("host", "call", wasmtime.FuncType([i32] * 4, [i32]), lambda *_: -1)
-            memory = linker.instantiate(store, self.compiled.module).exports(store)["memory"]
-            assert isinstance(memory, wasmtime.Memory)
+            exports = linker.instantiate(store, self.compiled.module).exports(store)
+            memory = exported(exports, "memory", wasmtime.Memory)
             return ctypes.string_at(memory_address(memory, store), memory.data_len(store))
         finally:
             store.close()
@@ -563,7 +562,7 @@ class Sandbox:
             try:
                 self._start_interpreter(image)
                 if self._state is not None:
-                    self._take_checkpoint(self._store)  # type: ignore[arg-type]
+                    self._take_checkpoint(self._live_store)
             except BaseException:
                 if self._store is not kept["_store"] and self._store is not None:
                     self._store.close()
@@ -600,6 +599,14 @@ class Sandbox:
         self._free_interpreter()
         self._start_interpreter()
         self._fresh = True
+
+    @property
+    def _live_store(self) -> wasmtime.Store:
+        """The interpreter's store, which exists from its start until it is freed."""
+        store = self._store
+        if store is None:
+            raise RuntimeError("the sandbox has no running interpreter")
+        return store
 
     def _free_interpreter(self) -> None:
         if self._store is not None:
@@ -660,7 +667,7 @@ class Sandbox:
 
     def _call_turn(self, source: str) -> int:
         data = source.encode("utf-8", "surrogatepass")
-        store = self._store
+        store = self._live_store
         pointer = self._alloc(store, len(data))
         self._write(store, pointer, data)
         return self._turn_func(store, pointer, len(data))
@@ -697,8 +704,7 @@ class Sandbox:
         """One guest turn (a cell or a request: every one can write to /tmp, so every one is
         measured), and the recovery from a trap."""
         with self._turn_lock:
-            store = self._store
-            assert store is not None
+            store = self._live_store
             self._host = host
             self._turn_limits = limits
             self._time_limit_reported = False
@@ -712,6 +718,7 @@ class Sandbox:
                 if self._scratch.over_limit:  # no growth until files are deleted, not even
                     self._scratch.stop_writers()  # through files kept open from earlier cells
                 self._output.begin(host.stream, limits.output, self._output_notice(limits.output))
+                stopped: CellStopped | None
                 try:
                     status = self._call_turn(source)
                 except wasmtime.ExitTrap as exit_trap:
@@ -843,7 +850,7 @@ class Sandbox:
             return CellStopped(
                 "KernelSupportDamaged", "the interpreter refused to run further cells.", fresh=True
             )
-        if self._hit_memory_limit(self._store, memory_at_start, limits.memory):
+        if self._hit_memory_limit(self._live_store, memory_at_start, limits.memory):
             return CellStopped("MemoryLimitExceeded", memory_limit_text(limits.memory))
         return CellStopped(
             "KernelSupportDamaged",
@@ -935,7 +942,7 @@ class Sandbox:
                 "the cell overflowed the interpreter's native stack (very deep recursion in C"
                 " code, or a raised sys.setrecursionlimit).",
             )
-        if self._hit_memory_limit(self._store, memory_at_start, limits.memory):
+        if self._hit_memory_limit(self._live_store, memory_at_start, limits.memory):
             # an allocation failed at the limit, and then C code gave up (abort)
             return CellStopped("MemoryLimitExceeded", memory_limit_text(limits.memory))
         return CellStopped("GuestCrashed", f"the interpreter trapped: {trap.message}.")

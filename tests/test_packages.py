@@ -353,7 +353,11 @@ def test_packages_stay_importable_after_the_interpreter_restarts(
         + ["--WasmKernel.time_limit=1"]
     )
     ok(kernel.execute("%pip install wkt-dep"))
-    stopped = kernel.execute("while True: pass")
+    # a cell that ignores the time limit's interrupt is stopped hard (and, without rollback,
+    # its interpreter replaced)
+    stopped = kernel.execute(
+        "while True:\n    try:\n        while True: pass\n    except KeyboardInterrupt: pass"
+    )
     assert stopped.content["ename"] == "TimeLimitExceeded"
     assert "The interpreter was restarted" in stopped.content["evalue"]  # a fresh interpreter
     assert plain(ok(kernel.execute("import wkt_dep; wkt_dep.X"))) == 41

@@ -142,6 +142,18 @@ def shipped_distributions(stdlib_zip: Path, location: str) -> dict[str, Distribu
     return found
 
 
+def folder_distributions(folder: Path, location: str) -> dict[str, Distribution]:
+    """Distributions unpacked in a folder (the guest's own IPython packages), by their
+    ``.dist-info/METADATA``."""
+    found: dict[str, Distribution] = {}
+    for path in sorted(folder.glob("*.dist-info/METADATA")):
+        metadata = parse_metadata(path.read_bytes(), str(path.relative_to(folder)))
+        if metadata["Name"] and metadata["Version"]:
+            dist = Distribution(metadata["Name"], metadata["Version"], metadata, location)
+            found[dist.key] = dist
+    return found
+
+
 # -- pip, in its own process ------------------------------------------------------------------
 
 
@@ -330,6 +342,7 @@ class Packages:
         self.cache = cache
         self._stdlib_zip, self._shipped_location = stdlib_zip, shipped_location
         self._shipped: dict[str, Distribution] | None = None
+        self._shipped_folders: list[Mount] = []
         self.root = Path(tempfile.mkdtemp(prefix="wasm-kernel-packages-"))
         self.folder = WheelFolder(self.root, quota, GUEST_FOLDER)
 
@@ -341,7 +354,14 @@ class Packages:
     def shipped(self) -> dict[str, Distribution]:
         if self._shipped is None:  # read on first use: kernel start does not pay for it
             self._shipped = shipped_distributions(self._stdlib_zip, self._shipped_location)
+            for folder in self._shipped_folders:
+                self._shipped.update(folder_distributions(folder.host, folder.guest))
         return self._shipped
+
+    def ships_folder(self, folder: Mount) -> None:
+        """The distributions in ``folder`` come with the guest too: never installed over."""
+        self._shipped_folders.append(folder)
+        self._shipped = None
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

@@ -502,10 +502,8 @@ class Sandbox:
             self._output.begin(lambda *_: None, MAX_MESSAGE, "")
             with self._metered(store, REPAIR_FUEL, REPAIR_SECONDS, interruptible=False):
                 try:
-                    self._call_turn(
-                        f"__import__({GUEST_MODULE!r}).call_host('reply',"
-                        " content={'cwd': __import__('os').getcwd()})"
-                    )
+                    # a statement whose value is None: nothing reaches the display hook (and `_`)
+                    self._call_turn(f"__import__({GUEST_MODULE!r}).serve('working_folder')")
                 except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
                     raise images.ImageError(f"the interpreter could not be asked: {exc}") from None
                 finally:

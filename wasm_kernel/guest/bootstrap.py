@@ -247,8 +247,14 @@ def is_complete(code):
     return reply
 
 
+def working_folder():
+    """Where the session is, for an image of it."""
+    return {"cwd": os.getcwd()}
+
+
 SERVICES = types.MappingProxyType(  # read-only: _intact checks it is still this one
     {
+        "working_folder": working_folder,
         "complete": complete,
         "inspect_object": inspect_object,
         "is_complete": is_complete,

@@ -433,7 +433,14 @@ def create_shell(user_module, plain_tracebacks=False):
     config.IPCompleter.use_jedi = False  # seconds per completion in the guest
     config.InteractiveShell.colors = "nocolor" if plain_tracebacks else "neutral"
     os.environ.setdefault("MPLBACKEND", INLINE)
+    ipython_dir = os.path.expanduser("~/.ipython")  # HOME is the private /tmp
+    made = not os.path.exists(ipython_dir)
     shell = ZMQInteractiveShell.instance(config=config, user_module=user_module)
+    if made:  # the profile folder IPython makes at start holds nothing this kernel uses (no
+        # history file, no config): a fresh /tmp stays empty; IPython makes it again if needed
+        import shutil
+
+        shutil.rmtree(ipython_dir, ignore_errors=True)
     _fix_module_completion()
     _refuse_jpeg_without_encoder()
     shell.magics_manager.register(SandboxMagics)

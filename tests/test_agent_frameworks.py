@@ -15,6 +15,8 @@ from types import ModuleType
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each test takes seconds to minutes
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "examples"
 
 

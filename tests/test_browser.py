@@ -35,6 +35,8 @@ from jupyter_core.paths import jupyter_data_dir
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Page, expect, sync_playwright
 
+pytestmark = pytest.mark.slow  # each test takes seconds to minutes
+
 KERNEL_NAME = os.environ.get("WASM_KERNEL_TEST_KERNEL", "wasm-python")
 CHROMIUM = os.environ.get("WASM_KERNEL_CHROMIUM", "/usr/bin/chromium")
 REPO = Path(__file__).resolve().parent.parent

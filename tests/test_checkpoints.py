@@ -72,6 +72,7 @@ def mode_kernel(request, start_kernel) -> Kernel:
     return kernel
 
 
+@pytest.mark.slow
 def test_sandbox_magic_names_the_checkpoint_method(start_kernel) -> None:
     default = start_kernel()
     shown = ok(default.execute("%sandbox")).stream_text()
@@ -87,6 +88,7 @@ def test_sandbox_magic_names_the_checkpoint_method(start_kernel) -> None:
     )
 
 
+@pytest.mark.slow
 def test_partly_modified_array_comes_back_whole(mode_kernel: Kernel) -> None:
     """Scattered and contiguous writes into a large array, all undone; kept writes stay."""
     trap(mode_kernel, "a[::997] = -1\na[3_000_000:4_000_000] = 7\nlost = a.copy()\nblob = b''")
@@ -98,6 +100,7 @@ def test_partly_modified_array_comes_back_whole(mode_kernel: Kernel) -> None:
     assert "kept" in ok(mode_kernel.execute(check)).stream_text()
 
 
+@pytest.mark.slow
 def test_growth_in_a_rolled_back_cell_is_forgotten(mode_kernel: Kernel) -> None:
     """A cell grows memory by 500 MiB, fills it and traps; the same memory serves the next
     cells (see also test_memory_past_the_break_is_zero_after_a_rollback)."""
@@ -111,6 +114,7 @@ def test_growth_in_a_rolled_back_cell_is_forgotten(mode_kernel: Kernel) -> None:
     assert "intact" in ok(mode_kernel.execute(INTACT)).stream_text()
 
 
+@pytest.mark.slow
 def test_growth_kept_by_one_cell_survives_a_trap_in_the_next(mode_kernel: Kernel) -> None:
     """Memory grown and filled by a successful cell is part of the next checkpoint (in
     copy-on-write mode: mapped from the file after being written to it)."""
@@ -146,6 +150,7 @@ def sandbox(compiled, mode: str = "auto") -> Sandbox:
 
 
 @pytest.mark.skipif(COW_MISSING is not None, reason=str(COW_MISSING))
+@pytest.mark.slow
 def test_checkpoint_cost_follows_the_pages_a_cell_wrote(compiled) -> None:
     cow, copy = sandbox(compiled), sandbox(compiled, "copy")
     try:
@@ -165,6 +170,7 @@ def test_checkpoint_cost_follows_the_pages_a_cell_wrote(compiled) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.slow
 def test_memory_past_the_break_is_zero_after_a_rollback(compiled, mode: str) -> None:
     """sbrk promises zeroed memory, and a rollback must make memory the trapped cell grew
     into and filled read as zeros again (the guest's own calloc would hide a miss)."""
@@ -186,6 +192,7 @@ def test_memory_past_the_break_is_zero_after_a_rollback(compiled, mode: str) -> 
 
 
 @pytest.mark.skipif(COW_MISSING is not None, reason=str(COW_MISSING))
+@pytest.mark.slow
 def test_guest_memory_mapped_from_a_file_runs_the_interpreter_saved_in_it(
     compiled, tmp_path: Path
 ) -> None:
@@ -237,6 +244,7 @@ def open_checkpoint_files() -> int:
 
 
 @pytest.mark.skipif(COW_MISSING is not None, reason=str(COW_MISSING))
+@pytest.mark.slow
 def test_restarts_and_close_leave_no_checkpoint_file_open(compiled) -> None:
     before = open_checkpoint_files()
     box = sandbox(compiled)
@@ -306,6 +314,7 @@ CYCLES = 10
 HELD_SLACK = 120 << 20
 
 
+@pytest.mark.slow
 def test_memory_held_stays_flat_over_trap_and_rollback_cycles(mode_kernel: Kernel) -> None:
     """Each cycle keeps a cell that rewrites 50 MiB (so checkpoints have work), then traps in
     one that rewrites it again and grows memory by 200 MiB. Neither the process nor its

@@ -199,6 +199,7 @@ def notebook_with_csv(tmp_path: Path) -> Path:
     return folder / "report.ipynb"
 
 
+@pytest.mark.slow
 def test_run_from_another_folder_mounts_the_notebooks_folder(
     tmp_path: Path, notebook_with_csv: Path
 ) -> None:
@@ -210,6 +211,7 @@ def test_run_from_another_folder_mounts_the_notebooks_folder(
     assert "Parent appears to have exited" not in done.stderr  # the kernel was shut down
 
 
+@pytest.mark.slow
 def test_run_reports_a_missing_notebook_or_kernelspec(
     tmp_path: Path, notebook_with_csv: Path
 ) -> None:
@@ -249,6 +251,7 @@ def run_from_root(command: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.skipif(
     shutil.which("papermill", path=str(BIN)) is None, reason="papermill is in the test extra"
 )
+@pytest.mark.slow
 def test_readme_papermill_line_works_from_the_repository_root(tmp_path: Path) -> None:
     command = readme_command("papermill")
     output = command.split()[2]  # papermill IN OUT ...: written into tmp_path, not the repo
@@ -259,6 +262,7 @@ def test_readme_papermill_line_works_from_the_repository_root(tmp_path: Path) ->
     assert not errors
 
 
+@pytest.mark.slow
 def test_readme_jupyter_execute_line_works_from_the_repository_root() -> None:
     done = run_from_root(readme_command("jupyter execute"))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -276,6 +280,7 @@ def readme_examples() -> list[tuple[str, str]]:
     return rows
 
 
+@pytest.mark.slow
 def test_readme_list_of_what_works_is_true(start_kernel) -> None:
     """Each example succeeds or fails as its row says (how it fails is other tests' concern:
     the messages are being improved)."""

@@ -50,6 +50,7 @@ def strict() -> Session:
         yield session
 
 
+@pytest.mark.slow
 def test_run_gives_what_the_native_kernel_gives() -> None:
     runs = {}
     with Session(profile="strict") as sandboxed, Session(kernel_name=NATIVE) as native:
@@ -63,6 +64,7 @@ def test_run_gives_what_the_native_kernel_gives() -> None:
     assert "ValueError" in error.traceback and "raise ValueError" in error.traceback
 
 
+@pytest.mark.slow
 def test_callbacks_stream_while_the_cell_runs(strict: Session) -> None:
     seen: list[tuple[str, str, float]] = []
     start = time.monotonic()
@@ -192,6 +194,7 @@ def test_settings_reach_the_kernel(tmp_path) -> None:
     assert (data / "given.txt").read_text() == "from the host"
 
 
+@pytest.mark.slow
 def test_async_session_has_the_same_shape() -> None:
     async def main() -> None:
         async with AsyncSession(profile="strict", interrupt_grace=0.5) as session:

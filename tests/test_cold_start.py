@@ -12,6 +12,8 @@ import pytest
 
 from wasm_kernel.cache import default_cache_dir
 
+pytestmark = pytest.mark.slow  # each test takes seconds to minutes
+
 
 @pytest.mark.timeout(900)
 def test_empty_cache_answers_kernel_info_then_compiles_on_first_cell(start_kernel, tmp_path):

@@ -137,6 +137,7 @@ def test_strict_kernelspec_mounts_nothing_whatever_the_config_says(
     assert plain(ok(kernel.execute(cell))) == [False, False]
 
 
+@pytest.mark.slow
 def test_notebook_in_the_home_folder_is_not_mounted(start_kernel, tmp_path: Path) -> None:
     """The notebook profile would expose keys and settings; it says so once and starts in
     /tmp. A mount the operator sets explicitly is theirs to make."""
@@ -194,6 +195,7 @@ def test_command_line_wins_over_environment_for_mounts(start_kernel, tmp_path: P
     assert plain(ok(kernel.execute(cell))) == [False, True]
 
 
+@pytest.mark.slow
 def test_config_file_sets_profile_mounts_and_working_dir(start_kernel, tmp_path: Path) -> None:
     config = tmp_path / "config"
     config.mkdir()

@@ -248,6 +248,7 @@ def point_at_cache(route: str, cache_dir: Path, tmp_path: Path) -> dict[str, str
 
 
 @pytest.mark.parametrize("route", ["env", "config-file"])
+@pytest.mark.slow
 def test_kernel_runs_from_sealed_cache_with_sealed_home(
     tmp_path: Path, confinement: list[str], baked_cache: Path, sealed_home: Path, route: str
 ) -> None:
@@ -410,6 +411,7 @@ def _curve_available() -> bool:
     return bool(zmq.has("curve")) and "transport_encryption" in AsyncKernelManager.class_traits()
 
 
+@pytest.mark.slow
 def test_gateway_provisioner_launches_the_kernel(
     tmp_path: Path, baked_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -525,6 +527,7 @@ def _processes_naming(word: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_history_falls_back_to_memory_when_its_file_stays_locked(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -545,6 +545,7 @@ def test_scipy(kernel: Kernel) -> None:
     assert plain(run) == (9.0, 1.414213562)
 
 
+@pytest.mark.slow
 def test_matplotlib_renders_png(kernel: Kernel) -> None:
     run = ok(
         kernel.execute(
@@ -594,6 +595,7 @@ def test_execute_empty_code(kernel: Kernel, code: str) -> None:
 # -- restart and shutdown -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_restart_gives_fresh_interpreter(start_kernel: Any) -> None:
     own = start_kernel()
     ok(own.execute("survivor = 'from before the restart'"))

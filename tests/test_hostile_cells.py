@@ -968,6 +968,7 @@ while True:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+@pytest.mark.slow
 def test_hostile_cell(case: Case, host: HostWatch, request: pytest.FixtureRequest) -> None:
     watch: KernelWatch = request.getfixturevalue(case.kernel)
     ctx = host.context(watch)

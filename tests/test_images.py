@@ -123,6 +123,7 @@ def test_bad_names_and_actions_are_refused(start_kernel, tmp_path):
     assert plain(kernel.execute("1 + 1")) == 2
 
 
+@pytest.mark.slow
 def test_strict_profile_has_no_snapshots(start_kernel, prepared):
     kernel = start_kernel(kernel_name="wasm-python-strict", env=environment(prepared.folder))
     for line in ("list", "restore base", "save mine"):
@@ -190,6 +191,7 @@ def test_resume_by_path_with_other_mounts(start_kernel, prepared, tmp_path):
     assert plain(kernel.execute("os.getcwd()")) in ("/granted-now", "/tmp")
 
 
+@pytest.mark.slow
 def test_fork_two_kernels_from_one_image(start_kernel, prepared):
     forks = [
         start_kernel(["--WasmKernel.resume_from=base"], env=environment(prepared.folder))
@@ -211,6 +213,7 @@ def test_fork_two_kernels_from_one_image(start_kernel, prepared):
     assert draws[0] != draws[1]
 
 
+@pytest.mark.slow
 def test_rollback_and_interrupts_hold_after_resume(start_kernel, prepared):
     kernel = start_kernel(
         ["--WasmKernel.resume_from=base", "--WasmKernel.fuel=5e9"], env=environment(prepared.folder)
@@ -228,6 +231,7 @@ def test_rollback_and_interrupts_hold_after_resume(start_kernel, prepared):
     assert plain(kernel.execute(CHECK)) == prepared.check
 
 
+@pytest.mark.slow
 def test_hibernated_session_comes_back(start_kernel, tmp_path):
     session = {"JPY_SESSION_NAME": str(tmp_path / "notes.ipynb")}
     first = Kernel(env=environment(tmp_path, **session))
@@ -372,6 +376,7 @@ def test_bad_image_at_start_gives_a_fresh_kernel_that_says_why(start_kernel, pre
     assert plain(kernel.execute("1 + 1")) == 2
 
 
+@pytest.mark.slow
 def test_snapshot_command_lists_inspects_and_deletes(prepared, tmp_path):
     folder = copy_folder(prepared.folder, tmp_path / "snapshots")
 
@@ -422,6 +427,7 @@ def own_cache(tmp_path) -> Path:
     return copy
 
 
+@pytest.mark.slow
 def test_kernels_start_from_the_boot_image(own_cache, tmp_path):
     env = environment(tmp_path, WASM_KERNEL_CACHE_DIR=str(own_cache))
     argv = [f"--WasmKernel.cache_dir={own_cache}"]

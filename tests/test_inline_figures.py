@@ -60,6 +60,7 @@ def restore_format(kernel: Kernel) -> Iterator[None]:
 # -- one figure per cell ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_plot_without_show_sends_one_png(kernel: Kernel) -> None:
     """`plt.plot` alone is enough: one PNG of a plausible size, with a Figure text/plain."""
     _, (width, height) = one_png(kernel.execute(PLT + "plt.plot([1, 2, 3], [4, 1, 9])"))
@@ -154,6 +155,7 @@ def test_pandas_plot(kernel: Kernel) -> None:
     assert width > 100 and height > 100
 
 
+@pytest.mark.slow
 def test_seaborn_plot(kernel: Kernel) -> None:
     """A seaborn plot is shown inline like any matplotlib figure."""
     code = "import seaborn as sns\nsns.histplot([1, 2, 2, 3, 3, 3, 4]);"

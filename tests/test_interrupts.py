@@ -234,6 +234,7 @@ def test_interrupt_stops_a_swallowing_loop_hard_after_the_grace_period(kernel: K
     assert kernel.execute("x").result_text() == "'before the loop'"
 
 
+@pytest.mark.slow
 def test_hard_stop_restarts_the_interpreter_without_rollback(start_kernel) -> None:
     kernel = start_kernel(["--WasmKernel.rollback=False", "--WasmKernel.interrupt_grace=1"])
     assert kernel.execute("x = 'before the loop'").content["status"] == "ok"

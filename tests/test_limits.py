@@ -95,6 +95,7 @@ def test_fuel_exhaustion_rolls_the_cell_back(small_fuel_kernel: Kernel) -> None:
 
 
 @pytest.mark.parametrize("rollback", ["True", "False"])
+@pytest.mark.slow
 def test_trap_in_the_first_cell_rolls_back_to_the_fresh_interpreter(
     start_kernel, rollback: str
 ) -> None:
@@ -122,6 +123,7 @@ def test_trap_in_the_first_cell_rolls_back_to_the_fresh_interpreter(
     [{"extra_arguments": ["--WasmKernel.rollback=False"]}, {"env": {"WASM_KERNEL_ROLLBACK": "0"}}],
     ids=["argument", "environment"],
 )
+@pytest.mark.slow
 def test_fuel_exhaustion_restarts_the_interpreter_without_rollback(start_kernel, setting) -> None:
     """With rollback off a trap restarts the interpreter: the message says state is gone,
     and it really is."""
@@ -146,6 +148,7 @@ def test_fuel_exhaustion_restarts_the_interpreter_without_rollback(start_kernel,
     ["import time\nwhile True: time.sleep(0.1)", "while True: pass"],
     ids=["sleeping", "busy"],
 )
+@pytest.mark.slow
 def test_time_limit_interrupts_the_cell_and_keeps_its_effects(
     timed_kernel: Kernel, code: str
 ) -> None:
@@ -173,6 +176,7 @@ def test_time_limit_interrupts_the_cell_and_keeps_its_effects(
     assert state.result_text() == "({'n': 2}, True)"
 
 
+@pytest.mark.slow
 def test_time_limit_runs_the_cell_s_own_cleanup(timed_kernel: Kernel) -> None:
     """A cell that catches the interrupt finishes its cleanup and still fails the limit."""
     run = timed_kernel.execute(
@@ -185,6 +189,7 @@ def test_time_limit_runs_the_cell_s_own_cleanup(timed_kernel: Kernel) -> None:
     assert timed_kernel.execute("cleaned").result_text() == "True"
 
 
+@pytest.mark.slow
 def test_time_limit_stops_a_cell_that_ignores_it_hard_and_rolls_back(start_kernel) -> None:
     """Only a cell that ignores the interrupt for interrupt_grace is stopped hard, and then
     rolled back to its state before the cell."""
@@ -209,6 +214,7 @@ def test_time_limit_does_not_stop_a_short_cell(timed_kernel: Kernel) -> None:
 
 
 @pytest.mark.parametrize("after_answer", ["", "\nwhile True:\n    pass"])
+@pytest.mark.slow
 def test_time_limit_does_not_count_waiting_for_input(
     timed_kernel: Kernel, after_answer: str
 ) -> None:
@@ -249,6 +255,7 @@ def test_memory_bomb_raises_memory_limit_and_keeps_state(start_kernel) -> None:
     assert freed.result_text() == str(100 * 10**6)
 
 
+@pytest.mark.slow
 def test_huge_print_is_cut_at_the_output_limit(kernel: Kernel) -> None:
     limit = PROFILES[DEFAULT_PROFILE].output_limit  # the default kernelspec's profile
     run = kernel.execute("print('x' * (100 * 1024 * 1024))")
@@ -364,6 +371,7 @@ def test_scratch_limit_catches_a_quick_write(scratch_kernel: Kernel) -> None:
     assert run.content["status"] == "ok", run.content
 
 
+@pytest.mark.slow
 def test_scratch_limit_counts_allocated_blocks(scratch_kernel: Kernel) -> None:
     """A sparse file's apparent size is not disk used; many empty files are."""
     sparse = "f = open('/tmp/sparse', 'wb')\nf.seek(10**12)\nf.write(b'1')\nf.close()"

@@ -23,7 +23,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from conftest import Kernel
+
+pytestmark = pytest.mark.slow  # each test takes seconds to minutes
 
 SMALL_FUEL = 2_000_000_000
 CACHE_NOTICE = re.compile(r"\S*displayhook\.py:\d+: UserWarning: Output cache limit.*\n.*\n.*\n")

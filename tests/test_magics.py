@@ -245,6 +245,7 @@ def test_env_set_and_get(kernel: Kernel) -> None:
 # -- %matplotlib ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_matplotlib_inline_accepted(kernel: Kernel) -> None:
     """`%matplotlib inline` succeeds and selects the inline backend."""
     run = ok(kernel.execute("%matplotlib inline"))

@@ -414,6 +414,7 @@ def test_request_ids_are_unique() -> None:
     assert len({r.id for r in REQUESTS}) == len(REQUESTS)
 
 
+@pytest.mark.slow
 def test_huge_code_of_comments_runs(target: Kernel) -> None:
     """50 MB of ``#`` comment lines, then an expression: the cell runs and shows its value."""
     code = ("#" * 99 + "\n") * (HUGE_CODE_BYTES // 100) + "6 * 7"

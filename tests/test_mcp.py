@@ -57,6 +57,7 @@ def test_tools_are_listed_without_any_setting_a_model_could_change() -> None:
     serve([], check)
 
 
+@pytest.mark.slow
 def test_run_python_keeps_state_and_returns_text_and_images() -> None:
     async def check(session: ClientSession) -> None:
         first = await session.call_tool("run_python", {"code": "x = 20\nprint('hi')\nx * 2"})
@@ -78,6 +79,7 @@ def test_run_python_keeps_state_and_returns_text_and_images() -> None:
     serve([], check)
 
 
+@pytest.mark.slow
 def test_limits_come_from_the_command_line() -> None:
     async def check(session: ClientSession) -> None:
         result = await session.call_tool("run_python", {"code": "while True: pass"})
@@ -90,6 +92,7 @@ def test_limits_come_from_the_command_line() -> None:
     serve(["--set", "time_limit=1.5", "--set", "interrupt_grace=0.5"], check)
 
 
+@pytest.mark.slow
 def test_files_go_in_and_out() -> None:
     async def check(session: ClientSession) -> None:
         wrote = await session.call_tool(
@@ -133,6 +136,7 @@ def test_files_go_in_and_out() -> None:
     serve([], check)
 
 
+@pytest.mark.slow
 def test_the_kernel_ends_with_the_session() -> None:
     """The server's kernel is its child; when the client closes stdio, both are gone."""
     kernels: list[psutil.Process] = []
@@ -165,6 +169,7 @@ def test_an_unknown_setting_stops_the_server_with_a_reason() -> None:
     assert "unknown setting 'fule'" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_refused_value_is_the_tool_s_error() -> None:
     async def check(session: ClientSession) -> None:
         result = await session.call_tool("run_python", {"code": "1"})
@@ -174,6 +179,7 @@ def test_a_refused_value_is_the_tool_s_error() -> None:
     serve(["--set", "memory_limit=1"], check)
 
 
+@pytest.mark.slow
 def test_list_files_result_is_json_serialisable() -> None:
     """Structured content is what a host forwards to the model as JSON."""
 
@@ -194,6 +200,7 @@ def kernels_under(pid: int) -> list[psutil.Process]:
     ]
 
 
+@pytest.mark.slow
 def test_streamable_http_gives_each_session_its_own_kernel() -> None:
     from mcp.client.streamable_http import streamable_http_client
 

@@ -116,6 +116,7 @@ MISSING_MODULES = {
 
 
 @pytest.mark.parametrize("case", sorted(MISSING_MODULES))
+@pytest.mark.slow
 def test_missing_module_says_whether_the_runtime_ships_it(kernel: Kernel, case: str) -> None:
     code, name, explanation = MISSING_MODULES[case]
     error, text = failure(kernel, code)
@@ -200,6 +201,7 @@ def test_unencrypted_loopback_is_explained_at_the_info_level() -> None:
     assert "--KernelManager.transport_encryption=auto" in stderr, stderr
 
 
+@pytest.mark.slow
 def test_tour_shows_what_its_text_says() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "wasm_kernel", "run", str(REPOSITORY / "notebooks" / "tour.ipynb")],

@@ -22,6 +22,7 @@ def test_there_are_notebooks() -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+@pytest.mark.slow
 def test_notebook_runs_without_errors(path: Path) -> None:
     notebook = nbformat.read(path, as_version=4)
     client = NotebookClient(
@@ -46,6 +47,7 @@ def test_notebook_runs_without_errors(path: Path) -> None:
     assert unexpected == []
 
 
+@pytest.mark.slow
 def test_papermill_runs_the_tour_on_this_kernel(tmp_path: Path) -> None:
     """papermill picks the kernel by name (its -k / --kernel option) and records the outputs."""
     output = tmp_path / "tour-out.ipynb"

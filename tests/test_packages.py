@@ -115,6 +115,7 @@ def installed_files(kernel: Kernel) -> list[str]:
     return plain(ok(kernel.execute(f"import os; sorted(os.listdir({GUEST_FOLDER!r}))")))
 
 
+@pytest.mark.slow
 def test_install_with_dependency_imports_in_the_same_session(packaged: Kernel) -> None:
     missing = packaged.execute("import wkt_helper")
     assert missing.content["ename"] == "ModuleNotFoundError"
@@ -154,6 +155,7 @@ def test_shipped_package_is_already_there_with_its_version(packaged: Kernel) -> 
     assert "ships with the runtime" in failed(packaged.execute("%pip uninstall -y numpy"))
 
 
+@pytest.mark.slow
 def test_compiled_only_package_says_why(packaged: Kernel) -> None:
     evalue = failed(packaged.execute("%pip install wkt-compiled"))
     assert "only as compiled wheels" in evalue and "cp315-cp315" in evalue
@@ -162,6 +164,7 @@ def test_compiled_only_package_says_why(packaged: Kernel) -> None:
     assert "no wheel of wkt-nowhere" in missing
 
 
+@pytest.mark.slow
 def test_source_distributions_are_never_built(
     packaged: Kernel, wheelhouse: Path, tmp_path: Path
 ) -> None:
@@ -322,6 +325,7 @@ def test_dependencies_are_chosen_for_the_guest_platform(packaged: Kernel) -> Non
     assert guest_markers(guest["python_full_version"]) == guest  # what the host tells pip
 
 
+@pytest.mark.slow
 def test_upgrade_replaces_the_installed_version(packaged: Kernel) -> None:
     ok(packaged.execute("%pip install wkt-up==1.0"))
     assert "v1.py" in plain(ok(packaged.execute(f"import os; os.listdir('{GUEST_FOLDER}/wkt_up')")))
@@ -345,6 +349,7 @@ def test_a_wheel_may_not_overwrite_another_packages_files(packaged: Kernel) -> N
     )
 
 
+@pytest.mark.slow
 def test_packages_stay_importable_after_the_interpreter_restarts(
     start_kernel, wheelhouse: Path
 ) -> None:
@@ -368,6 +373,7 @@ def test_sandbox_magic_shows_the_setting(packaged: Kernel, wheelhouse: Path) -> 
     assert f"Packages: %pip install from the wheelhouse {wheelhouse}" in text
 
 
+@pytest.mark.slow
 def test_strict_profile_refuses_unless_a_wheelhouse_is_granted(
     start_kernel, wheelhouse: Path
 ) -> None:
@@ -422,6 +428,7 @@ def _simple_index(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_downloads_are_cached_per_user_and_shared(start_kernel, tmp_path: Path) -> None:
     index = _simple_index(tmp_path / "index")
     env = {
@@ -475,6 +482,7 @@ def stalling_index() -> Iterator[StallingIndex]:
     index.close()
 
 
+@pytest.mark.slow
 def test_pip_time_is_not_the_cells_and_an_interrupt_cancels_it(
     start_kernel, stalling_index: StallingIndex
 ) -> None:

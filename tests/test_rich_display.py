@@ -346,6 +346,7 @@ def test_image_repr_png_and_repr_jpeg(kernel: Kernel) -> None:
     assert run.stream_text() == "iVBORw0KGgoAAAAA None ('/9gAAAAA', {'height': 3}) None\n"
 
 
+@pytest.mark.slow
 def test_matplotlib_png_through_image_decodes(kernel: Kernel) -> None:
     run = ok(
         kernel.execute(

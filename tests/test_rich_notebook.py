@@ -44,6 +44,7 @@ def assert_cropped_to_content(size: tuple[int, int]) -> None:
     assert 300 < width <= 400 and 200 < height < 400, size
 
 
+@pytest.mark.slow
 def test_matplotlib_figure_is_a_png_of_the_configured_size(cells: list) -> None:
     outputs = cell_with(cells, "np.sin(x)").outputs
     figures = [out for out in outputs if out.output_type == "display_data"]

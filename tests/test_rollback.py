@@ -254,6 +254,7 @@ TRAPS = {
 
 
 @pytest.mark.parametrize("trap", list(TRAPS))
+@pytest.mark.slow
 def test_trapping_cell_leaves_the_namespace_as_it_was(
     request: pytest.FixtureRequest, trap: str
 ) -> None:
@@ -389,6 +390,7 @@ def interrupt(kernel: ModeKernel, code: str, allow_stdin: bool = False) -> Inter
 
 
 @pytest.mark.parametrize("case", list(SOFT_CASES))
+@pytest.mark.slow
 def test_interrupt_raises_keyboard_interrupt_that_user_code_handles(
     mode_kernel: ModeKernel, case: str
 ) -> None:
@@ -499,6 +501,7 @@ def cycle_kernel() -> Iterator[ModeKernel]:
     started.shutdown()
 
 
+@pytest.mark.slow
 def test_thirty_rollbacks_keep_memory_bounded(cycle_kernel: ModeKernel) -> None:
     kernel = cycle_kernel
     pid = kernel.manager.provisioner.process.pid

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from conftest import Kernel, ok
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -216,6 +217,7 @@ def test_refused_path_explains_the_sandbox(kernel: Kernel) -> None:
     assert "mounted folders" not in text(error)
 
 
+@pytest.mark.slow
 def test_plain_tracebacks_setting_drops_colours(start_kernel) -> None:
     """``plain_tracebacks`` (for programmatic clients) gives IPython's traceback uncoloured,
     from the command line or the environment; the default keeps ipykernel's colours."""

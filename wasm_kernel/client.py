@@ -397,13 +397,7 @@ class Session(_Base):
         timeout: float = FILE_OP_TIMEOUT,
     ) -> dict:
         """A silent request (no history, no execution count, no output); its shell reply."""
-        msg_id = self.client.execute(
-            code,
-            silent=True,
-            store_history=False,
-            user_expressions=user_expressions or {},
-            allow_stdin=False,
-        )
+        msg_id = _send_silent(self.client, code, user_expressions)
         collector = _Collector(msg_id, None, None, None)
         end = time.monotonic() + timeout
         while not collector.feed(_within(self.client.get_iopub_msg, end)):
@@ -544,13 +538,7 @@ class AsyncSession(_Base):
         user_expressions: dict[str, str] | None = None,
         timeout: float = FILE_OP_TIMEOUT,
     ) -> dict:
-        msg_id = self.client.execute(
-            code,
-            silent=True,
-            store_history=False,
-            user_expressions=user_expressions or {},
-            allow_stdin=False,
-        )
+        msg_id = _send_silent(self.client, code, user_expressions)
         collector = _Collector(msg_id, None, None, None)
         end = time.monotonic() + timeout
         while not collector.feed(await _within_async(self.client.get_iopub_msg, end)):
@@ -595,6 +583,18 @@ class AsyncSession(_Base):
         self.client.stop_channels()
         await self.manager.restart_kernel(now=False)
         await self._connect()
+
+
+def _send_silent(client: Any, code: str, user_expressions: dict[str, str] | None) -> str:
+    """Send a request that leaves no history, execution count or output; its msg_id (the
+    blocking and the asynchronous client send alike)."""
+    return client.execute(
+        code,
+        silent=True,
+        store_history=False,
+        user_expressions=user_expressions or {},
+        allow_stdin=False,
+    )
 
 
 def _left(end: float) -> float:

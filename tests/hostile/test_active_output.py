@@ -240,6 +240,7 @@ def test_updated_display_is_cleaned_too(blocked: Kernel) -> None:
     assert "<script>" in only(notices(run))
 
 
+@pytest.mark.slow
 def test_dataframe_and_styler_html_keep_their_structure(blocked: Kernel, allowed: Kernel) -> None:
     """pandas' table, its <style scoped> and class attributes, and a Styler's ids, classes and
     CSS survive the cleaning unchanged but for serialization, with no notice."""
@@ -288,6 +289,7 @@ def test_svg_passes_under_allow(allowed: Kernel) -> None:
     assert only(shown(run))["image/svg+xml"] == HOSTILE_SVG
 
 
+@pytest.mark.slow
 def test_matplotlib_svg_stays_valid(blocked: Kernel, allowed: Kernel) -> None:
     """A real matplotlib SVG: same elements (less its RDF metadata), no notice, well-formed."""
     cell = (
@@ -424,6 +426,7 @@ def test_plain_text_is_untouched_and_unnoticed(blocked: Kernel) -> None:
     assert run.stream_text("stderr") == ""
 
 
+@pytest.mark.slow
 def test_environment_and_strict_profile(start_kernel) -> None:
     """WASM_KERNEL_ACTIVE_OUTPUT=allow turns blocking off; the strict kernelspec blocks."""
     allowed_by_env = start_kernel(env={"WASM_KERNEL_ACTIVE_OUTPUT": "allow"})

@@ -65,6 +65,7 @@ def test_state_survives(shared: Kernel, breakage: Breakage) -> None:
     assert shared.execute("1 + 1").result_text() == "2"
 
 
+@pytest.mark.slow
 def test_running_out_of_memory_keeps_state(shared: Kernel) -> None:
     """The README's promise: state survives running out of memory."""
     run = shared.execute("for i in range(5 * 10**7):\n    ballast.append([ballast])", timeout=120)

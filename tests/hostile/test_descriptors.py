@@ -32,6 +32,7 @@ def process_descriptors(kernel: Kernel) -> int:
     return len(os.listdir(f"/proc/{kernel.manager.provisioner.process.pid}/fd"))
 
 
+@pytest.mark.slow
 def test_opening_until_refused_leaves_the_kernel_room(strict: Kernel) -> None:
     before = process_descriptors(strict)
     run = strict.execute(OPEN_UNTIL_REFUSED)
@@ -53,6 +54,7 @@ def test_opening_until_refused_leaves_the_kernel_room(strict: Kernel) -> None:
     ok(strict.execute("open('/tmp/one-more', 'w').close()"))
 
 
+@pytest.mark.slow
 def test_files_opened_by_a_rolled_back_cell_are_closed(strict: Kernel) -> None:
     ok(strict.execute("kept_file = open('/tmp/kept', 'w')"))
     before = process_descriptors(strict)

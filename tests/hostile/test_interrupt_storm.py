@@ -17,6 +17,8 @@ from conftest import Kernel, ok
 SETUP = "sentinel = {'kept': [1, 2, 3]}"
 SWALLOWING_LOOP = """
 import time
+
+pytestmark = pytest.mark.slow  # each test takes seconds to minutes
 while True:
     try:
         time.sleep(0.01)

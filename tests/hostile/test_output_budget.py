@@ -93,6 +93,7 @@ def test_output_after_a_dropped_large_image_is_kept(strict: Kernel) -> None:
     assert strict.execute("sentinel").result_text() == "'kept'"
 
 
+@pytest.mark.slow
 def test_output_waiting_for_a_client_that_does_not_read_is_bounded() -> None:
     """A subscriber that never reads IOPub: ZMQ would queue a thousand messages for it, here
     ~300 MiB of cell output, in the kernel's memory. What waits is bounded (64 MiB)."""

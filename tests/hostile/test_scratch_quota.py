@@ -55,12 +55,14 @@ def assert_full(strict: Kernel) -> None:
     assert "over its size limit" in "\n".join(run.content["traceback"])
 
 
+@pytest.mark.slow
 def test_writes_in_user_expressions_are_measured(strict: Kernel) -> None:
     grow = "open('/tmp/from-expressions', 'wb').write(bytes(100 << 20))"
     ok(strict.execute("1", user_expressions={"grow": grow}, timeout=120))
     assert_full(strict)
 
 
+@pytest.mark.slow
 def test_writes_during_completion_are_measured(strict: Kernel) -> None:
     ok(
         strict.execute(
@@ -74,6 +76,7 @@ def test_writes_during_completion_are_measured(strict: Kernel) -> None:
     assert_full(strict)
 
 
+@pytest.mark.slow
 def test_over_the_limit_nothing_grows_until_files_are_deleted(strict: Kernel) -> None:
     """A cell stopped past the limit leaves its files; later cells cannot add to them, not
     even through a file kept open from before, so the excess cannot pile up cell by cell."""

@@ -21,6 +21,8 @@ import pytest
 from conftest import KERNEL_NAME, Kernel
 from nbclient import NotebookClient
 
+pytestmark = pytest.mark.slow  # each test takes seconds to minutes
+
 NOTEBOOKS = Path(__file__).parent / "notebooks"
 NATIVE = "python3"
 

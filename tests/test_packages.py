@@ -286,6 +286,7 @@ def test_requirements_file_list_show_uninstall(
     assert set(listing[1].replace(" ", "")) == {"-"} and native[1].startswith("-")
 
     # %pip show as pip shows the same wheels installed natively (Location aside)
+    ok(packaged.execute("%pip install wkt-helper"))  # and its dependency wkt-dep (if not yet)
     shown = ok(packaged.execute("%pip show wkt-dep wkt-helper")).stream_text()
     native_site = tmp_path / "site"
     wheels = [str(next(wheelhouse.glob(f"{name}-*.whl"))) for name in ("wkt_dep", "wkt_helper")]

@@ -14,11 +14,11 @@ import time
 import pytest
 from conftest import Kernel, ok
 
+pytestmark = pytest.mark.slow  # each test takes seconds to minutes
+
 SETUP = "sentinel = {'kept': [1, 2, 3]}"
 SWALLOWING_LOOP = """
 import time
-
-pytestmark = pytest.mark.slow  # each test takes seconds to minutes
 while True:
     try:
         time.sleep(0.01)

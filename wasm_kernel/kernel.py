@@ -35,7 +35,7 @@ from traitlets import List, TraitError, TraitType, Unicode, default
 from traitlets.config import Config
 from traitlets.config.loader import DeferredConfig, LazyConfigValue
 
-from . import __version__, guest_packages, images, messages, scratch_folders
+from . import __version__, images, messages, scratch_folders
 from .active_output import ActiveOutput
 from .cache import RuntimeCache
 from .guest.modules import _wasm_kernel_messages as ops
@@ -482,6 +482,13 @@ class WasmKernel(Kernel):
     # -- sandbox start-up ---------------------------------------------------------------------
 
     def _start_sandbox(self) -> Sandbox:
+        sandbox = self._boot_sandbox()
+        if self.package_set is not None:  # IPython's packages are the guest's too, for %pip
+            self.package_set.ships_folder(sandbox.packages)
+        return sandbox
+
+    def _boot_sandbox(self) -> Sandbox:
+        """A booted or resumed sandbox, from the compiled-runtime cache."""
         for problem in (self._settings_error, self._mount_error):
             if problem is not None:  # raised in every cell; the kernel itself stays up
                 raise problem
@@ -494,9 +501,6 @@ class WasmKernel(Kernel):
 
         compiled = cache.load(self.runtime, progress=stage)
         self._boot_stage = "starting the interpreter"
-        if self.package_set is not None:  # IPython's packages are the guest's too, for %pip
-            with contextlib.suppress(guest_packages.PackagesUnavailable):  # Sandbox says so
-                self.package_set.ships_folder(guest_packages.site_mount(compiled))
         mounts, paths = list(self.granted), []
         if self.package_set is not None and self.package_set.source is not None:
             mounts.append(self.package_set.mount)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -136,6 +137,19 @@ def test_files_go_in_and_out() -> None:
     serve([], check)
 
 
+def kernels_under(pid: int) -> list[psutil.Process]:
+    """Live kernel processes below `pid`; one that has exited (a zombie not yet reaped) is gone."""
+    kernels = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            command = child.cmdline()
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            continue
+        if "wasm_kernel" in " ".join(command) and "-f" in command:
+            kernels.append(child)
+    return kernels
+
+
 @pytest.mark.slow
 def test_the_kernel_ends_with_the_session() -> None:
     """The server's kernel is its child; when the client closes stdio, both are gone."""
@@ -143,12 +157,7 @@ def test_the_kernel_ends_with_the_session() -> None:
 
     async def check(session: ClientSession) -> None:
         await session.call_tool("run_python", {"code": "1"})
-        me = psutil.Process()
-        kernels.extend(
-            child
-            for child in me.children(recursive=True)
-            if "wasm_kernel" in " ".join(child.cmdline()) and "-f" in child.cmdline()
-        )
+        kernels.extend(kernels_under(os.getpid()))
         assert len(kernels) == 1
 
     serve([], check)
@@ -190,14 +199,6 @@ def test_list_files_result_is_json_serialisable() -> None:
         assert listing.structured_content == {"result": [{"name": "d", "is_dir": True, "size": 0}]}
 
     serve([], check)
-
-
-def kernels_under(pid: int) -> list[psutil.Process]:
-    return [
-        child
-        for child in psutil.Process(pid).children(recursive=True)
-        if "wasm_kernel" in " ".join(child.cmdline()) and "-f" in child.cmdline()
-    ]
 
 
 @pytest.mark.slow

@@ -48,10 +48,18 @@ DURATION = re.compile(r"\d+(?:\.\d+)?\s*(?:ns|\u03bcs|\u00b5s|us|ms|s)\b")
 CELL_FILE = re.compile(r"/tmp/ipykernel_\d+/\d+\.py|<ipython-input-\d+-[0-9a-f]+>")
 SITE_PACKAGES = re.compile(r"\S*/site-packages/")  # the host's venv, the guest's folder
 BINARY = ("image/", "application/pdf")
+#: lines %time and %timeit print only when a run was slow (spread over 4x, compiling or
+#: parsing above a threshold): whether they appear depends on the machine's load
+LOAD_DEPENDENT = re.compile(
+    r"The slowest run took .*? times longer than the fastest\..*?\n"
+    r"|^(?:Compiler time|Compiler|Parser) *: .*\n",
+    re.MULTILINE,
+)
 
 
 def normalise(text: str) -> str:
     text = ANSI.sub("", text)
+    text = LOAD_DEPENDENT.sub("", text)
     text = ADDRESS.sub("0x?", text)
     text = CELL_FILE.sub("<cell>", text)
     text = SITE_PACKAGES.sub("<site-packages>/", text)

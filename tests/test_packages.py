@@ -523,3 +523,35 @@ def test_install_from_the_configured_index(start_kernel) -> None:
         b"xn--bcher-kva.example"
     )
     assert f"Location: {GUEST_FOLDER}" in ok(kernel.execute("%pip show idna")).stream_text()
+
+
+@pytest.mark.slow
+def test_images_carry_the_installed_packages(
+    start_kernel, wheelhouse: Path, tmp_path: Path
+) -> None:
+    """An image names its %pip packages; a restore or a resumed kernel installs them again
+    from its own source, and a kernel that may not install says which are missing."""
+    snapshots = [f"--WasmKernel.snapshot_dir={tmp_path}"]
+    kernel = start_kernel([f"--WasmKernel.packages={wheelhouse}", *snapshots])
+    ok(kernel.execute("%pip install wkt-dep"))
+    ok(kernel.execute("%snapshot save with-dep"))
+    ok(kernel.execute("%pip install wkt-listed\nimport wkt_listed"))
+    restored = ok(kernel.execute("%snapshot restore with-dep")).stream_text()
+    assert "Removed wkt-listed 1.0: the image does not have it." in restored
+    assert "wkt_listed.py" not in installed_files(kernel)
+    assert "wkt-listed" not in ok(kernel.execute("%pip list")).stream_text()
+
+    resumed = start_kernel(
+        [f"--WasmKernel.packages={wheelhouse}", "--WasmKernel.resume_from=with-dep", *snapshots]
+    )
+    first = ok(resumed.execute("import wkt_dep; wkt_dep.X"))
+    assert plain(first) == 41
+    assert "installed again: Successfully installed wkt-dep-0.7" in first.stream_text("stderr")
+    assert "wkt_dep.py" in installed_files(resumed)
+
+    barred = start_kernel(
+        ["--WasmKernel.packages=off", "--WasmKernel.resume_from=with-dep", *snapshots]
+    )
+    told = ok(barred.execute("1")).stream_text("stderr")
+    assert "the image's packages wkt-dep==0.7 are not installed" in told
+    assert barred.execute("import wkt_dep").content["ename"] == "ModuleNotFoundError"

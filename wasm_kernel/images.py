@@ -8,8 +8,9 @@ An image holds what a resumed guest needs and nothing that grants anything:
   and pandas session four times slower);
 - every exported mutable global (the stack pointer, the program break...);
 - the host side of the session: execution count, input history, the guest's working folder,
-  its clock readings (so that its clocks never run backwards) and the private ``/tmp`` as a
-  bounded tar archive;
+  its clock readings (so that its clocks never run backwards), the private ``/tmp`` as a
+  bounded tar archive, and the names and versions of its ``%pip`` packages (only those: the
+  resuming kernel installs them again from its own package source, or says it cannot);
 - a header naming what the image needs (runtime sha256, rewrite and guest-code versions,
   wasmtime version, machine) and, for information only, the mounts it was taken with: a
   resumed guest always gets the mounts of the kernel resuming it.
@@ -52,6 +53,7 @@ MAX_HISTORY = 64 << 20  # bytes of input history carried (uncompressed)
 MAX_HISTORY_ENTRIES = 1_000_000
 MAX_ARCHIVE_MEMBERS = 100_000
 MAX_GUEST_PATH = 4096
+MAX_PACKAGES = 1000  # %pip pins an image may name (the host parses each again)
 SUFFIX = ".wkimg"
 COMPRESSION = 1  # zstd level: saving fast matters more than the last few per cent
 
@@ -101,6 +103,7 @@ class HostState:
     history: list[tuple[int, str]] = field(default_factory=list)
     cwd: str = "/tmp"
     clocks: dict[int, int] = field(default_factory=dict)  # clock id -> guest reading, ns
+    packages: list[str] = field(default_factory=list)  # %pip pins, "name==version"
 
 
 @dataclass
@@ -206,6 +209,7 @@ def write_image(
             "execution_count": host.execution_count,
             "cwd": host.cwd,
             "clocks": {str(clock): value for clock, value in host.clocks.items()},
+            "packages": host.packages,
         },
         "history": len(history),
         "scratch": len(packed_scratch),
@@ -380,6 +384,13 @@ def _checked(
         and all(k in ("1", "2", "3") and _is_int(v, 0, 1 << 63) for k, v in clocks.items()),
         "bad clock readings",
     )
+    packages = host.get("packages", [])  # images from before %pip was carried have none
+    _require(
+        isinstance(packages, list)
+        and len(packages) <= MAX_PACKAGES
+        and all(isinstance(pin, str) and 0 < len(pin) <= 300 for pin in packages),
+        "bad package list",
+    )
     history_size, scratch_size = header["history"], header["scratch"]
     _require(_is_int(history_size, 1, len(body) - offset), "history passes the file's end")
     history = json.loads(_inflate(body[offset : offset + history_size], MAX_HISTORY, exact=False))
@@ -410,6 +421,7 @@ def _checked(
             history=[(line, source) for line, source in history],
             cwd=cwd,
             clocks={int(k): v for k, v in clocks.items()},
+            packages=packages,
         ),
         scratch=scratch,
         taken=str(header.get("taken", ""))[:64],

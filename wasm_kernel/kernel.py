@@ -532,6 +532,9 @@ class WasmKernel(Kernel):
         if source.name.startswith(images.ImageFolder.HIBERNATED):
             source.unlink(missing_ok=True)  # used up: a restart afterwards starts afresh
         self._resumed = image.host
+        self._resume_note += "".join(
+            f"wasm-kernel: {line}\n" for line in self._match_packages(image.host.packages)
+        )
         sandbox.checkpoint()  # so that a trap in the first cell rolls back to the image
         return sandbox
 
@@ -785,13 +788,29 @@ class WasmKernel(Kernel):
             f"Restored snapshot {name!r} (taken {image.taken or 'at an unknown time'}) in"
             f" {time.perf_counter() - began:.2f} s: the interpreter's state and the private"
             f" {SCRATCH} were replaced in place; what later cells did is gone."
-        )
+        ) + "".join(f"\n{line}" for line in self._match_packages(image.host.packages))
+
+    def _match_packages(self, pins: list[str]) -> list[str]:
+        """Give a resumed or restored guest the %pip packages its image names, from this
+        kernel's own package source; returns what the user should be told."""
+        if self.package_set is None or not (pins or self.package_set.pins()):
+            return []
+
+        def never_cancelled(seconds: float) -> bool:
+            time.sleep(seconds)
+            return False
+
+        try:
+            return self.package_set.match(pins, never_cancelled)
+        except PackageError as exc:
+            return [str(exc)]
 
     def _image_bytes(self, sandbox: Sandbox) -> bytes:
         entries = self.history.range(0, 0, None)
         host = images.HostState(
             execution_count=self.execution_count,
             history=[(line, source) for _, line, source in entries],
+            packages=self.package_set.pins() if self.package_set is not None else [],
         )
         return sandbox.save_image(host, [str(mount) for mount in self.granted])
 

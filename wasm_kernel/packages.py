@@ -479,7 +479,44 @@ class Packages:
         return "\n".join(lines)
 
     def install(self, args: list[str], upgrade: bool, cancelled: Callable[[float], bool]) -> str:
-        requirements = parse_requests(args)
+        return self._install(parse_requests(args), upgrade, cancelled)
+
+    def pins(self) -> list[str]:
+        """What %pip installed, as exact pins: what an image of this kernel carries."""
+        return sorted(f"{dist.name}=={dist.version}" for dist in self.folder.installed.values())
+
+    def match(self, pins: list[str], cancelled: Callable[[float], bool]) -> list[str]:
+        """Make the installed packages those an image names (after a resume or a restore):
+        others are removed, missing ones installed again from this kernel's own source (an
+        image grants nothing). Returns lines for the user; raises PackageError."""
+        wanted: dict[str, Requirement] = {}
+        for pin in pins:
+            (requirement,) = parse_requests([pin])
+            exact = [spec for spec in requirement.specifier if spec.operator == "=="]
+            if len(exact) != 1 or len(requirement.specifier) != 1:
+                raise PackageError(f"the image names {pin!r}, which is not an exact version")
+            wanted[canonicalize_name(requirement.name)] = requirement
+        told = []
+        for key, dist in list(self.folder.installed.items()):
+            kept = wanted.get(key)
+            if kept is None or not kept.specifier.contains(dist.version, prereleases=True):
+                self.folder.remove(dist)
+                told.append(f"Removed {dist.name} {dist.version}: the image does not have it.")
+        missing = [r for key, r in wanted.items() if key not in self.folder.installed]
+        if missing and self.source is None:
+            names = ", ".join(requirement_text(r) for r in missing)
+            raise PackageError(
+                f"the image's packages {names} are not installed: installing packages is off"
+                " in this kernel (WasmKernel.packages)"
+            )
+        if missing:
+            done = self._install(missing, False, cancelled)
+            told.append(f"The image's packages, installed again: {done.splitlines()[-1]}")
+        return told
+
+    def _install(
+        self, requirements: list[Requirement], upgrade: bool, cancelled: Callable[[float], bool]
+    ) -> str:
         if self.source is None:
             raise PackageError(
                 "installing packages is off in this kernel (WasmKernel.packages = 'off', the"

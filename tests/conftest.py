@@ -116,8 +116,10 @@ class Kernel:
         return reply["content"]["banner"]
 
     def shutdown(self) -> None:
-        self.client.stop_channels()
-        self.manager.shutdown_kernel(now=False)
+        """Stop the kernel (again is a no-op: a test may stop one the fixture stops too)."""
+        if self.manager.has_kernel:
+            self.client.stop_channels()
+            self.manager.shutdown_kernel(now=False)
 
 
 @pytest.fixture(scope="module")

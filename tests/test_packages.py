@@ -26,6 +26,7 @@ from conftest import Kernel, ok, plain
 from packaging.tags import platform_tags
 from wheelmaker import make_sdist, make_wheel, symlink_member
 
+from wasm_kernel.packages import WheelCache
 from wasm_kernel.wheels import guest_markers
 
 GUEST_FOLDER = "/usr/local/packages"
@@ -555,3 +556,50 @@ def test_images_carry_the_installed_packages(
     told = ok(barred.execute("1")).stream_text("stderr")
     assert "the image's packages wkt-dep==0.7 are not installed" in told
     assert barred.execute("import wkt_dep").content["ename"] == "ModuleNotFoundError"
+
+
+@pytest.mark.slow
+def test_a_users_kernels_share_one_package_quota(
+    start_kernel, wheelhouse: Path, tmp_path: Path
+) -> None:
+    """Two kernels of one user may not hold more unpacked packages than the per-user quota
+    together; when one stops, its share comes back."""
+    from wasm_kernel.cache import default_cache_dir
+
+    environment = {
+        "XDG_CACHE_HOME": str(tmp_path),
+        "WASM_KERNEL_CACHE_DIR": str(default_cache_dir()),
+    }
+    settings = [
+        f"--WasmKernel.packages={wheelhouse}",
+        f"--WasmKernel.packages_user_quota={2 << 20}",
+    ]
+    first = start_kernel(settings, env=environment)
+    ok(first.execute("%pip install wkt-big"))  # 1.5 MiB of the 2 MiB
+    second = start_kernel(settings, env=environment)
+    refused = failed(second.execute("%pip install wkt-big"))
+    assert f"per-user quota of {2 << 20:,} bytes" in refused
+    assert "wkt_big.bin" not in installed_files(second)
+    ok(second.execute("%pip install wkt-dep"))  # a small one still fits
+
+    first.shutdown()
+    ok(second.execute("%pip install wkt-big"))
+    assert "wkt_big.bin" in installed_files(second)
+
+
+def test_the_wheel_cache_is_trimmed_least_recently_used_first(tmp_path: Path) -> None:
+    cache = WheelCache(tmp_path)
+    kept = {}
+    for age, name in enumerate(("old", "used", "new")):
+        wheel = tmp_path / f"wkt_{name}-1.0-py3-none-any.whl"
+        wheel.write_bytes(name.encode() * 1000)
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        placed = cache.put(wheel, digest)
+        os.utime(placed, (1_000_000 + age, 1_000_000 + age))
+        kept[name] = (digest, wheel.name)
+    assert cache.get(*kept["used"]) is not None  # using it makes it the most recent
+    cache.trim(len("used") * 1000 + len("new") * 1000)
+    assert cache.get(*kept["old"]) is None
+    assert cache.get(*kept["used"]) is not None and cache.get(*kept["new"]) is not None
+    cache.trim(0)
+    assert list(tmp_path.glob("??/*/*.whl")) == []

@@ -265,6 +265,17 @@ class WasmKernel(Kernel):
         help="Bytes of unpacked packages one kernel may install with %pip."
         " Env: WASM_KERNEL_PACKAGES_QUOTA.",
     ).tag(config=True)
+    packages_user_quota = Limit(
+        integer=True,
+        low=MIN_PACKAGES_QUOTA,
+        high=INT64_MAX,
+        unit="bytes",
+        default_text="4 GiB",
+        help="Bytes of %pip packages one user may hold on the host: the unpacked packages of"
+        " all their running kernels together, plus the per-user cache of downloaded wheels"
+        " (trimmed, least recently used first, to what the kernels leave)."
+        " Env: WASM_KERNEL_PACKAGES_USER_QUOTA.",
+    ).tag(config=True)
     plain_tracebacks = CheckedBool(
         False,
         help="Tracebacks without colours (ANSI escapes), for programmatic clients that read"
@@ -324,6 +335,7 @@ class WasmKernel(Kernel):
     _active_output_default = _env_default("active_output", _from_profile("active_output"))
     _packages_default = _env_default("packages", _from_profile("packages"))
     _packages_quota_default = _env_default("packages_quota", _from_profile("packages_quota"))
+    _packages_user_quota_default = _env_default("packages_user_quota", 4 << 30)
     _history_file_default = _env_default(
         "history_file", lambda kernel: history_file(kernel.profile)
     )
@@ -450,6 +462,7 @@ class WasmKernel(Kernel):
         return Packages(
             source,
             self.packages_quota,
+            self.packages_user_quota,
             self.runtime.stdlib.path,
             self.runtime.stdlib_guest_path,
             WheelCache(wheels),

@@ -16,6 +16,7 @@ the kernel's package folder, which the guest sees read-only at ``GUEST_FOLDER`` 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -37,6 +38,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from . import scratch_folders
 from .mounts import Mount
 from .wheels import (
     Distribution,
@@ -273,7 +275,8 @@ class Pip:
 
 
 class WheelCache:
-    """Downloaded wheels, per user, by sha256: shared between kernels, checked on every use."""
+    """Downloaded wheels, per user, by sha256: shared between kernels, checked on every use,
+    and trimmed least recently used first to what the user's quota leaves."""
 
     def __init__(self, folder: Path):
         self.folder = folder
@@ -286,8 +289,29 @@ class WheelCache:
             return None
         path = self._place(sha256, filename)
         if path.is_file() and not path.is_symlink() and file_sha256(path) == sha256:
+            with contextlib.suppress(OSError):  # its time of last use, for trimming
+                os.utime(path)
             return path
         return None
+
+    def trim(self, limit: int) -> None:
+        """Remove the least recently used wheels until the cache holds at most ``limit``
+        bytes (another kernel reading one keeps its open file)."""
+        wheels = []
+        for path in self.folder.glob("??/*/*.whl"):
+            with contextlib.suppress(OSError):
+                wheels.append((path.stat().st_mtime, path.stat().st_size, path))
+        total = sum(size for _, size, _ in wheels)
+        for _, size, path in sorted(wheels):
+            if total <= limit:
+                break
+            try:
+                path.unlink()
+            except OSError:
+                continue
+            total -= size
+            with contextlib.suppress(OSError):
+                path.parent.rmdir()
 
     def put(self, path: Path, sha256: str) -> Path:
         """Copy a downloaded wheel in (atomically: another kernel may be reading)."""
@@ -332,6 +356,7 @@ class Packages:
         self,
         source: Source | None,
         quota: int,
+        user_quota: int,
         stdlib_zip: Path,
         shipped_location: str,
         cache: WheelCache,
@@ -343,8 +368,8 @@ class Packages:
         self._stdlib_zip, self._shipped_location = stdlib_zip, shipped_location
         self._shipped: dict[str, Distribution] | None = None
         self._shipped_folders: list[Mount] = []
-        self.root = Path(tempfile.mkdtemp(prefix="wasm-kernel-packages-"))
-        self.folder = WheelFolder(self.root, quota, GUEST_FOLDER)
+        self.root = scratch_folders.create(scratch_folders.PACKAGES_PREFIX)
+        self.folder = WheelFolder(self.root, quota, GUEST_FOLDER, user_quota)
 
     @property
     def mount(self) -> Mount:
@@ -364,14 +389,15 @@ class Packages:
         self._shipped = None
 
     def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        scratch_folders.remove(self.root)
 
     def describe(self) -> str:
         if self.source is None:
             return "off (WasmKernel.packages)"
         return (
             f"%pip install from {self.source} into {GUEST_FOLDER} (read-only),"
-            f" up to {self.folder.quota >> 20} MiB"
+            f" up to {self.folder.quota >> 20} MiB (all your kernels:"
+            f" {self.folder.user_quota >> 20} MiB)"
         )
 
     def run(
@@ -549,14 +575,29 @@ class Packages:
                 pip.write_stubs(self._all().values())
                 plan = self._resolve(pip, wanted, upgrade)
                 wheels = self._fetch(pip, plan)
-                done = self.folder.install(wheels)
+                others = self._others_held()
+                done = self.folder.install(
+                    wheels, self.folder.user_quota - others - self.folder.used
+                )
                 for wheel in wheels:
                     if wheel.path.is_relative_to(pip.work):  # downloaded, and it installed
                         self.cache.put(wheel.path, wheel.sha256)
+                self.cache.trim(self.folder.user_quota - others - self.folder.used)
             if done:
                 names = " ".join(f"{dist.name}-{dist.version}" for dist in done)
                 lines.append(f"Successfully installed {names}")
         return "\n".join(lines)
+
+    def _others_held(self) -> int:
+        """Bytes in the package folders of this user's other running kernels."""
+        held = 0
+        for root in scratch_folders.running(scratch_folders.PACKAGES_PREFIX):
+            if root != self.root:
+                for folder, _, files in os.walk(root):
+                    for name in files:
+                        with contextlib.suppress(OSError):
+                            held += os.lstat(os.path.join(folder, name)).st_size
+        return held
 
     def _resolve(self, pip: Pip, wanted: list[str], upgrade: bool) -> list[Planned]:
         report = pip.work / "report.json"

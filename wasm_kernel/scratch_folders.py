@@ -1,11 +1,13 @@
-"""The host folders behind each kernel's private /tmp: made, removed, and swept after kills.
+"""The host folders a kernel owns (its private /tmp, its %pip packages): made, removed, and
+swept after kills.
 
 A scratch folder holds whatever the guest wrote (graded work, hidden tests it copied, data),
-so it must not outlive its kernel. A clean shutdown removes it (``Sandbox.close``); SIGTERM,
-which ends a Python process without cleanup, removes it here first; SIGKILL leaves it, so
-every new sandbox sweeps the folders whose kernel is gone. Each folder's name carries its
-kernel's pid and start time, so a live kernel's folder is never taken for an orphan, even
-after the pid was reused.
+and a package folder up to a quota of unpacked packages, so neither may outlive its kernel. A
+clean shutdown removes them (``Sandbox.close``, ``Packages.close``); SIGTERM, which ends a
+Python process without cleanup, removes them here first; SIGKILL leaves them, so every new
+sandbox sweeps the folders whose kernel is gone. Each folder's name carries its kernel's pid
+and start time, so a live kernel's folder is never taken for an orphan, even after the pid
+was reused.
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ import re
 import shutil
 import signal
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-PREFIX = "wasm-kernel-tmp-"
-_NAME = re.compile(rf"{PREFIX}(\d+)-(\d+)-")
+PREFIX = "wasm-kernel-tmp-"  # a private /tmp
+PACKAGES_PREFIX = "wasm-kernel-packages-"  # a kernel's %pip packages
+_NAME = re.compile(rf"(?:{PREFIX}|{PACKAGES_PREFIX})(\d+)-(\d+)-")
 _LIVE: set[Path] = set()  # this process's folders, for the SIGTERM handler
 
 log = logging.getLogger(__name__)
@@ -37,10 +41,10 @@ def _started(pid: int) -> int | None:
         return None
 
 
-def create() -> Path:
+def create(prefix: str = PREFIX) -> Path:
     """A new private folder named after this process."""
     pid = os.getpid()
-    path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{pid}-{_started(pid) or 0}-"))
+    path = Path(tempfile.mkdtemp(prefix=f"{prefix}{pid}-{_started(pid) or 0}-"))
     _LIVE.add(path)
     return path
 
@@ -50,10 +54,8 @@ def remove(path: Path) -> None:
     _LIVE.discard(path)
 
 
-def sweep(folder: str | None = None) -> list[Path]:
-    """Remove the scratch folders of kernels that are gone (ours only: same owner, real
-    folders, named by ``create``); returns what was removed."""
-    removed = []
+def _ours(folder: str | None) -> Iterator[tuple[os.DirEntry, bool]]:
+    """This user's real folders named by ``create``, each with whether its kernel runs."""
     uid = os.getuid()
     with contextlib.suppress(OSError), os.scandir(folder or tempfile.gettempdir()) as entries:
         for entry in entries:
@@ -69,13 +71,29 @@ def sweep(folder: str | None = None) -> list[Path]:
             except OSError:
                 continue
             started = _started(int(match.group(1)))
-            if started is not None and abs(started - int(match.group(2))) <= 1:
-                continue  # its kernel still runs
+            yield entry, started is not None and abs(started - int(match.group(2))) <= 1
+
+
+def sweep(folder: str | None = None) -> list[Path]:
+    """Remove the folders of kernels that are gone (ours only: same owner, real folders,
+    named by ``create``); returns what was removed."""
+    removed = []
+    for entry, running in _ours(folder):
+        if not running:
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(Path(entry.path))
     if removed:
-        log.info("removed %d scratch folders left by kernels that were killed", len(removed))
+        log.info("removed %d folders left by kernels that were killed", len(removed))
     return removed
+
+
+def running(prefix: str, folder: str | None = None) -> list[Path]:
+    """This user's folders of one kind whose kernels still run."""
+    return [
+        Path(entry.path)
+        for entry, alive in _ours(folder)
+        if alive and entry.name.startswith(prefix)
+    ]
 
 
 def remove_on_sigterm() -> None:

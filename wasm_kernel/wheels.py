@@ -179,12 +179,13 @@ class Wheel:
 class WheelFolder:
     """This kernel's package folder: what is installed, and the quota it must stay within."""
 
-    def __init__(self, root: Path, quota: int, location: str):
+    def __init__(self, root: Path, quota: int, location: str, user_quota: int):
         self.root = root
         self.location = location  # the site folder's guest path
         self.site = root / "site"  # the folder the guest sees
         self.site.mkdir()
         self.quota = quota
+        self.user_quota = user_quota  # all of the user's kernels' package folders together
         self.installed: dict[str, Distribution] = {}
 
     @property
@@ -197,9 +198,10 @@ class WheelFolder:
                 return dist
         return None
 
-    def install(self, wheels: list[Wheel]) -> list[Distribution]:
+    def install(self, wheels: list[Wheel], user_room: int) -> list[Distribution]:
         """Unpack each wheel into a staging folder and check it; only when all pass do they
-        move in (replacing their earlier versions), so a refused one leaves nothing installed."""
+        move in (replacing their earlier versions), so a refused one leaves nothing installed.
+        ``user_room``: bytes the user's quota leaves for this folder to grow by."""
         staging = Path(tempfile.mkdtemp(prefix="staging-", dir=self.root))
         try:
             staged: list[tuple[Distribution, Path]] = []
@@ -208,10 +210,12 @@ class WheelFolder:
                 wheel.check_tags()
                 replacing = self.installed.get(wheel.name)
                 room += replacing.size if replacing else 0
+                user_room += replacing.size if replacing else 0
                 folder = staging / str(index)
                 folder.mkdir()
-                dist = self._unpack(wheel, folder, room)
+                dist = self._unpack(wheel, folder, room, user_room)
                 room -= dist.size
+                user_room -= dist.size
                 staged.append((dist, folder))
             self._check_owners([dist for dist, _ in staged])
             for dist, folder in staged:
@@ -251,14 +255,14 @@ class WheelFolder:
                 target.unlink(missing_ok=True)
         self.installed.pop(dist.key, None)
 
-    def _unpack(self, wheel: Wheel, staging: Path, room: int) -> Distribution:
+    def _unpack(self, wheel: Wheel, staging: Path, room: int, user_room: int) -> Distribution:
         stem = wheel.path.name
         try:
             archive = zipfile.ZipFile(wheel.path)
         except (zipfile.BadZipFile, OSError) as exc:
             raise PackageError(f"{stem} is not a valid wheel: {exc}") from None
         with archive:
-            members = self._checked_members(archive, wheel, room)
+            members = self._checked_members(archive, wheel, room, user_room)
             info_dir = self._info_dir(members, wheel)
             metadata = parse_metadata(self._read(archive, f"{info_dir}/METADATA"), "METADATA")
             self._check_metadata(metadata, wheel)
@@ -287,7 +291,7 @@ class WheelFolder:
         )
 
     def _checked_members(
-        self, archive: zipfile.ZipFile, wheel: Wheel, room: int
+        self, archive: zipfile.ZipFile, wheel: Wheel, room: int, user_room: int
     ) -> list[zipfile.ZipInfo]:
         members = archive.infolist()
         stem = wheel.path.name
@@ -318,6 +322,13 @@ class WheelFolder:
                 f"installing {wheel.name} {wheel.version} ({total:,} bytes unpacked) would take"
                 f" this kernel's packages past their quota of {self.quota:,} bytes"
                 f" ({self.used:,} used). The quota is --WasmKernel.packages_quota=BYTES."
+            )
+        if total > user_room:
+            raise PackageError(
+                f"installing {wheel.name} {wheel.version} ({total:,} bytes unpacked) would take"
+                f" the packages of all your running kernels past their per-user quota of"
+                f" {self.user_quota:,} bytes. Stop kernels you no longer use, or ask for a"
+                " larger --WasmKernel.packages_user_quota=BYTES."
             )
         return members
 

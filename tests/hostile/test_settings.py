@@ -39,6 +39,7 @@ BAD = {
     "active_output": ("sometimes", "['block']", "one of 'block', 'allow'"),
     "packages": ("/no/such/wheelhouse", "['index']", "'index', 'off' or the path of an existing"),
     "packages_quota": ("10", "-1", "an integer (bytes) from 1,048,576 (1 MiB) to"),
+    "packages_user_quota": ("-1", "1e30", "an integer (bytes) from 1,048,576 (1 MiB) to"),
     "checkpoint_mode": ("never", "'never'", "one of 'auto', 'copy'"),
 }
 SOURCE_TEXT = {

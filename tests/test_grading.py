@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import Kernel, ok
+from conftest import Kernel, ok, plain
 
 from wasm_kernel import scratch_folders
 
@@ -112,3 +113,30 @@ def test_a_notebook_kernel_does_not_say_so(start_kernel, tmp_path: Path) -> None
     content = kernel.execute("open('/elsewhere/data.csv').read()").content
     assert content["ename"] == "FileNotFoundError"
     assert "no host folder is mounted" not in content["evalue"]
+
+
+def what_exit_does(kernel_name: str, cell: str) -> tuple:
+    """What a client sees when ``cell`` ends a session: the reply, whether the kernel
+    process ends, and (if it lives on) whether the variables do."""
+    kernel = Kernel(kernel_name=kernel_name)
+    try:
+        ok(kernel.execute("x = 41"))
+        run = kernel.execute(cell)
+        process = kernel.manager.provisioner.process
+        try:
+            process.wait(timeout=20)
+            ended = True
+        except subprocess.TimeoutExpired:
+            ended = False
+        state = None if ended else plain(ok(kernel.execute("x + 1")))
+        content = run.content
+        return content["status"], content.get("payload"), ended, state
+    finally:
+        kernel.shutdown()
+
+
+@pytest.mark.parametrize("cell", ["exit()", "quit()", "exit", "exit(keep_kernel=True)"])
+def test_exit_does_what_it_does_under_ipykernel(cell: str) -> None:
+    ours = what_exit_does(STRICT, cell)
+    native = what_exit_does("python3", cell)
+    assert ours == native

@@ -347,6 +347,8 @@ class WasmKernel(Kernel):
     _plain_tracebacks_default = _env_default("plain_tracebacks", False)
 
     def __init__(self, **kwargs: Any):
+        self._ending: asyncio.Future | None = None  # exit() in a cell: the kernel's end
+        self._closed = False
         self._refused: list[str] = []  # settings refused at start, reported by every cell
         parent = kwargs.get("parent")
         config = kwargs.get("config") or getattr(parent, "config", None)
@@ -729,6 +731,8 @@ class WasmKernel(Kernel):
             if stop.recovered:  # the cell's changes stand: keep them
                 self._worker.submit(sandbox.checkpoint)
             return cell.fail(stop.ename, stop.evalue)
+        if any(item["source"] == "ask_exit" and not item["keepkernel"] for item in cell.payload):
+            self._end_after_reply()
         if cell.snapshot is not None:  # %snapshot save/restore: now that the turn is over
             try:
                 told = await loop.run_in_executor(
@@ -1027,10 +1031,28 @@ class WasmKernel(Kernel):
             return {"status": "ok", "history": [(s, n_, (src, None)) for s, n_, src in entries]}
         return {"status": "ok", "history": entries}
 
+    def _end_after_reply(self) -> None:
+        """exit() or quit() in a cell: as ipykernel does, the kernel process ends just after
+        the cell's reply is sent. The user ended the session, so it does not hibernate."""
+
+        async def end() -> None:
+            await asyncio.sleep(0.1)  # ipykernel's delay: the reply is sent meanwhile
+            await self._close(hibernate=False)
+            self.io_loop.add_callback(self.io_loop.stop)
+
+        self._ending = asyncio.ensure_future(end())
+
     async def do_shutdown(self, restart: bool) -> dict:
+        await self._close(hibernate=not restart)
+        return {"status": "ok", "restart": restart}
+
+    async def _close(self, hibernate: bool) -> None:
+        if self._closed:  # exit() and a shutdown request, both
+            return
+        self._closed = True
         if self._boot.done() and not self._boot.exception():
             sandbox = self._boot.result()
-            if not restart:
+            if hibernate:
                 hibernation = asyncio.wrap_future(self._worker.submit(self._hibernate, sandbox))
                 done, _ = await asyncio.wait([hibernation], timeout=HIBERNATE_SECONDS)
                 if not done:
@@ -1041,7 +1063,6 @@ class WasmKernel(Kernel):
         self.history.close()
         if self.package_set is not None:
             self.package_set.close()
-        return {"status": "ok", "restart": restart}
 
 
 def _size(count: int) -> str:

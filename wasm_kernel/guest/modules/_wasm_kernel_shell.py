@@ -21,12 +21,13 @@ import sys
 
 import _wasm_kernel_messages as ops
 import _wasm_kernel_sandbox
+from IPython.core.autocall import ZMQExitAutocall
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
-from traitlets import Type
+from traitlets import Type, default
 from traitlets.config import Config
 
 KERNEL_FILES = "<wasm-kernel"  # file names of the kernel's guest code: hidden in tracebacks
@@ -174,8 +175,16 @@ class ZMQInteractiveShell(InteractiveShell):
             {"source": "set_next_input", "text": text, "replace": bool(replace)}
         )
 
+    keepkernel_on_exit = False  # exit(keep_kernel=True) sets it, as under ipykernel
+
+    @default("exiter")
+    def _default_exiter(self):
+        return ZMQExitAutocall(self)  # exit, exit(), exit(keep_kernel=True): ipykernel's
+
     def ask_exit(self):
-        self.payload_manager.write_payload({"source": "ask_exit", "keepkernel": False})
+        """The host ends the kernel when the reply is out, unless keepkernel."""
+        keep = bool(self.keepkernel_on_exit)
+        self.payload_manager.write_payload({"source": "ask_exit", "keepkernel": keep})
 
     def _get_exc_info(self, exc_tuple=None):
         etype, value, tb = super()._get_exc_info(exc_tuple)

@@ -9,10 +9,12 @@ first cell's trap are in test_limits.py.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -140,3 +142,45 @@ def test_exit_does_what_it_does_under_ipykernel(cell: str) -> None:
     ours = what_exit_does(STRICT, cell)
     native = what_exit_does("python3", cell)
     assert ours == native
+
+
+@pytest.fixture(scope="module")
+def timed_kernel() -> Iterator[Kernel]:
+    kernel = Kernel(["--WasmKernel.time_limit=2"], kernel_name=STRICT)
+    yield kernel
+    kernel.shutdown()
+
+
+@pytest.mark.slow
+def test_time_limit_raises_time_limit_exceeded_past_except_exception(
+    timed_kernel: Kernel,
+) -> None:
+    """The guest raises the real class: ``except Exception`` does not swallow it, and the
+    traceback the client sees ends in it."""
+    run = timed_kernel.execute(
+        "try:\n    while True:\n        pass\nexcept Exception:\n    print('swallowed')",
+        timeout=60,
+    )
+    content = run.content
+    assert content["ename"] == "TimeLimitExceeded"
+    assert run.stream_text() == ""
+    assert [e["ename"] for e in run.of_type("error")] == ["TimeLimitExceeded"]
+    last_line = re.sub(r"\x1b\[[0-9;]*m", "", content["traceback"][-1])
+    assert last_line.startswith("TimeLimitExceeded: the cell ran longer"), last_line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wait", ["while True:\n        pass", "time.sleep(30)"])
+def test_a_cell_can_catch_time_limit_exceeded_by_name(timed_kernel: Kernel, wait: str) -> None:
+    """Importable by users; a KeyboardInterrupt; caught, the cell's cleanup runs and the cell
+    still fails the limit, its effects kept."""
+    run = timed_kernel.execute(
+        "import time\nfrom _wasm_kernel_sandbox import TimeLimitExceeded\n"
+        f"try:\n    {wait}\nexcept TimeLimitExceeded as exc:\n"
+        "    caught = (type(exc).__name__, isinstance(exc, KeyboardInterrupt), str(exc))",
+        timeout=60,
+    )
+    assert run.content["ename"] == "TimeLimitExceeded"
+    name, is_interrupt, text = plain(ok(timed_kernel.execute("caught")))
+    assert (name, is_interrupt) == ("TimeLimitExceeded", True)
+    assert "wall-clock limit of 2 s" in text

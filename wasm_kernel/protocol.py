@@ -182,6 +182,10 @@ def _describe(_message: dict) -> dict:
     return {"op": ops.DESCRIBE}
 
 
+def _interruption(_message: dict) -> dict:
+    return {"op": ops.INTERRUPTION}
+
+
 PIP_COMMANDS = ("install", "uninstall", "list", "show")
 MAX_PIP_ARGS = 1000
 
@@ -217,6 +221,7 @@ _VALIDATORS = {
     ops.SLEEP: _sleep,
     ops.REPLY: _reply,
     ops.DESCRIBE: _describe,
+    ops.INTERRUPTION: _interruption,
     ops.PIP: _pip,
     ops.SNAPSHOT: _snapshot,
 }

@@ -20,7 +20,6 @@ import ctypes
 import itertools
 import json
 import logging
-import re
 import shutil
 import struct
 import threading
@@ -61,7 +60,6 @@ REPAIR_FUEL = 2_000_000_000  # budget of the short guest turn after a rollback
 BOOT_FUEL = 20_000_000_000
 REPAIR_SECONDS = 2.0
 TIME_LIMIT_HINT = "Raise it with --WasmKernel.time_limit=SECONDS (0 for none)."
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
 
 @dataclass(frozen=True)
@@ -1028,9 +1026,11 @@ class Sandbox:
     def _dispatch(self, message: dict, size: int, caller: wasmtime.Caller) -> dict:
         op = message["op"]
         if op == ops.ERROR and self.interrupts.soft_reason == "time":
-            self._time_limit_reported = True
-            if message["ename"] == "KeyboardInterrupt":
-                self._as_time_limit(message)
+            self._time_limit_reported = True  # the cell's own error (TimeLimitExceeded) stands
+        if op == ops.INTERRUPTION:
+            if self.interrupts.soft_reason != "time":
+                return {}
+            return {"time_limit": self._time_limit_text(self._turn_limits)}
         if op == ops.ERROR and message["ename"] == "MemoryError":
             # host-side verdict (the guest cannot set it): was it the sandbox's memory limit?
             message["memory_limit"] = self._hit_memory_limit(
@@ -1057,23 +1057,12 @@ class Sandbox:
                 return host.message(message, self.interrupts)
         return host.message(message, self.interrupts)
 
-    def _as_time_limit(self, message: dict) -> None:
-        """The KeyboardInterrupt that the time limit raised, reported as the limit it is."""
-        message["ename"] = "TimeLimitExceeded"
-        message["evalue"] = self._time_limit_text(self._turn_limits)
-        lines = message["traceback"]
-        for index in range(len(lines) - 1, -1, -1):
-            if _ANSI.sub("", lines[index]).startswith("KeyboardInterrupt"):
-                lines[index] = f"TimeLimitExceeded: {message['evalue']}"
-                break
-        else:
-            lines.append(f"TimeLimitExceeded: {message['evalue']}")
-
     @staticmethod
     def _time_limit_text(limits: Limits) -> str:
         return (
             f"the cell ran longer than its wall-clock limit of {limits.seconds:g} s and was"
-            " interrupted (a KeyboardInterrupt inside it); what it did until then stays."
+            " interrupted (TimeLimitExceeded, a KeyboardInterrupt, inside it); what it did"
+            " until then stays."
             f" {TIME_LIMIT_HINT}"
         )
 

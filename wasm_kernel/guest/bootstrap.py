@@ -165,7 +165,21 @@ def sleep(seconds):
     if seconds < 0:
         raise ValueError("sleep length must be non-negative")
     if call_host("sleep", seconds=seconds).get("interrupted"):
-        raise KeyboardInterrupt
+        raise interruption()
+
+
+def interruption():
+    """What an interrupt raises: TimeLimitExceeded when the cell's time limit asked for it,
+    else KeyboardInterrupt. Asks without flushing streams: it may run in a signal handler."""
+    reply = json.loads(_host.call(json.dumps({"op": "interruption"}).encode()) or b"{}")
+    text = reply.get("time_limit")
+    if isinstance(text, str):
+        return sys.modules["_wasm_kernel_sandbox"].TimeLimitExceeded(text)
+    return KeyboardInterrupt()
+
+
+def _on_sigint(_signum, _frame):
+    raise interruption()
 
 
 # -- service requests -----------------------------------------------------------------------
@@ -356,9 +370,11 @@ def boot(packages, plain_tracebacks=False):
     builtins.input = input
     getpass.getpass = getpass_
     time.sleep = sleep
-    # The signal module gives SIGINT its default handler, so a KeyboardInterrupt is raised when
-    # the host trips CPython's signal flags (see the host's snapshot.SignalFlags).
-    import signal  # noqa: F401
+    # The host trips CPython's signal flags (see its snapshot.SignalFlags) to interrupt a cell:
+    # this handler raises KeyboardInterrupt there, or TimeLimitExceeded.
+    import signal
+
+    signal.signal(signal.SIGINT, _on_sigint)
 
     from _wasm_kernel_shell import ZMQInteractiveShell, create_shell
 

@@ -25,6 +25,11 @@ NO_THREADS = (
 )
 
 
+class TimeLimitExceeded(KeyboardInterrupt):
+    """Raised inside a cell that runs past its wall-clock limit. A KeyboardInterrupt, so
+    ``except Exception`` does not swallow it; a cell that ignores it is stopped hard."""
+
+
 class NetworkUnavailable(_socket.gaierror, ConnectionError):
     """Raised by every attempt to use the network. A gaierror and a ConnectionError (so an
     OSError), so code written for an offline machine handles it as it would there."""

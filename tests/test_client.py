@@ -13,6 +13,7 @@ import os
 import time
 
 import pytest
+from wheelmaker import make_wheel
 
 from wasm_kernel.client import (
     DOWNLOAD_CHUNK,
@@ -209,3 +210,93 @@ def test_async_session_has_the_same_shape() -> None:
             assert (await session.run("execution")).error.name == "NameError"
 
     asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_snapshot_restore_and_fork_diverge(tmp_path) -> None:
+    """snapshot/restore are the kernel's %snapshot; a fork resumes from an image of its
+    parent, and from then on the two sessions are separate."""
+    images = {"snapshots": True, "snapshot_dir": str(tmp_path)}
+    with Session(profile="strict", **images) as parent:
+        parent.run("shared = ['before']")
+        parent.snapshot("before-change")
+        parent.run("shared.append('parent only')")
+        parent.restore("before-change")
+        assert parent.run("shared").text == "['before']"
+        with parent.fork() as child:
+            child.run("shared.append('child')")
+            parent.run("shared.append('parent')")
+            assert child.run("shared").text == "['before', 'child']"
+            assert parent.run("shared").text == "['before', 'parent']"
+        assert sorted(path.name for path in tmp_path.iterdir() if "fork" in path.name) == []
+        with parent.fork("kept") as named:
+            assert named.run("shared").text == "['before', 'parent']"
+        with pytest.raises(SessionError, match="there is no snapshot named 'absent'"):
+            parent.restore("absent")
+        with pytest.raises(SessionError, match="is not a snapshot name"):
+            parent.snapshot("x\nimport os")
+        assert parent.run("shared").text == "['before', 'parent']"
+
+
+def test_snapshot_says_why_the_strict_profile_refuses(strict: Session) -> None:
+    with pytest.raises(SessionError, match="%snapshot is off in this kernel"):
+        strict.snapshot("refused")
+    with pytest.raises(SessionError, match="%snapshot is off in this kernel"):
+        strict.fork()
+
+
+@pytest.mark.slow
+def test_install_from_a_wheelhouse(tmp_path) -> None:
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    make_wheel(house, "wkc-tool", files={"wkc_tool.py": "ANSWER = 42\n"})
+    with Session(profile="notebook", packages=str(house)) as session:
+        session.install("wkc-tool>=0.1")
+        assert session.run("import wkc_tool; wkc_tool.ANSWER").text == "42"
+        with pytest.raises(SessionError, match=r"install failed: .*wkc-absent"):
+            session.install("wkc-absent")
+        with pytest.raises(SessionError, match="one line"):
+            session.install("wkc-tool\nimport os")
+
+
+def test_install_says_why_the_strict_profile_refuses(strict: Session) -> None:
+    with pytest.raises(SessionError, match=r"install failed: UsageError: .*"):
+        strict.install("anything")
+
+
+@pytest.mark.slow
+def test_async_session_snapshots_forks_and_installs(tmp_path) -> None:
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    make_wheel(house, "wkc-async", files={"wkc_async.py": "NAME = 'async'\n"})
+    settings = {"snapshots": True, "snapshot_dir": str(tmp_path / "images")}
+
+    async def main() -> None:
+        async with AsyncSession(profile="notebook", packages=str(house), **settings) as parent:
+            await parent.install("wkc-async")
+            await parent.run("import wkc_async; value = 1")
+            await parent.snapshot("one")
+            await parent.run("value = 2")
+            forked = await parent.fork()
+            async with forked:
+                await forked.run("value += 10")
+                assert (await forked.run("wkc_async.NAME, value")).text == "('async', 12)"
+            await parent.restore("one")
+            assert (await parent.run("value")).text == "1"
+
+    asyncio.run(main())
+
+
+def test_exit_ends_the_kernel_and_reset_starts_a_new_one() -> None:
+    with Session(profile="strict") as session:
+        session.run("x = 1")
+        assert session.run("exit()").error is None
+        deadline = time.monotonic() + 30
+        while session.manager.is_alive():
+            assert time.monotonic() < deadline, "exit() did not end the kernel"
+            time.sleep(0.1)
+        with pytest.raises(SessionError, match="the kernel process ended"):
+            session.run("x")
+        session.reset()
+        assert session.run("x").error.name == "NameError"
+        assert session.run("'alive'").text == "'alive'"

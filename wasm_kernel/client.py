@@ -6,6 +6,8 @@ passed as ``--WasmKernel.NAME=VALUE`` arguments that the kernel validates itself
 returns an ``Execution`` instead of a stream of Jupyter messages; a timeout interrupts the
 cell and the session goes on. Files move in and out through the kernel (silent cells and
 ``user_expressions``, base64 in bounded chunks), so the client never guesses host paths.
+``snapshot``, ``restore`` and ``install`` are the kernel's own ``%snapshot`` and ``%pip``, sent
+as silent cells; ``fork`` starts a second session that resumes from an image of this one.
 ``AsyncSession`` has the same shape on jupyter_client's asynchronous client.
 
 Everything the kernel sends back is the guest's: it is parsed as data (``ast.literal_eval``
@@ -20,13 +22,16 @@ import json
 import os
 import queue
 import re
+import shlex
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
 from jupyter_client.manager import AsyncKernelManager, KernelManager
 
+from . import images
 from .__main__ import KERNEL_NAME, kernelspec_name
 from .profiles import DEFAULT_PROFILE, PROFILES
 
@@ -37,6 +42,7 @@ START_TIMEOUT = 120.0  # seconds for a kernel to start (a first compile is repor
 STOP_MARGIN = 10.0  # seconds past interrupt_grace that an interrupted cell may take to end
 POLL = 1.0  # seconds between liveness checks while waiting for a cell
 FILE_OP_TIMEOUT = 60.0  # seconds for one chunk of a file transfer
+PIP_TIMEOUT = 600.0  # seconds for an install (downloads, and the kernel's own pip limits)
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
 Callback = Callable[[Any], None]
@@ -257,6 +263,32 @@ def _decoded(text: str, limit: int) -> bytes:
     return data
 
 
+def _snapshot_code(action: str, name: str) -> str:
+    """``%snapshot ACTION NAME``, the name checked first: it goes into a line of code."""
+    try:
+        return f"%snapshot {action} {images.check_name(name)}"
+    except (images.ImageError, TypeError) as exc:
+        raise SessionError(str(exc)) from None
+
+
+def _install_code(requirements: tuple[str, ...]) -> str:
+    """``%pip install`` with each requirement quoted, so none can add a line or an option
+    the magic would read as something else."""
+    if not requirements:
+        raise SessionError("install needs at least one requirement")
+    for requirement in requirements:
+        if not isinstance(requirement, str) or not requirement.strip():
+            raise SessionError(f"a requirement must be a non-empty string, not {requirement!r}")
+        if any(char in requirement for char in "\0\r\n"):
+            raise SessionError(f"a requirement must be one line: {requirement!r}")
+    return "%pip install " + " ".join(shlex.quote(item) for item in requirements)
+
+
+def _fork_name(name: str | None) -> tuple[str, bool]:
+    """The snapshot a fork resumes from, and whether it is the fork's own (to delete)."""
+    return (name, False) if name is not None else (f"fork-{uuid.uuid4().hex[:16]}", True)
+
+
 class _Base:
     """What both sessions share: settings, the kernel manager's arguments, the grace time."""
 
@@ -285,6 +317,22 @@ class _Base:
             self._launch["stdout"] = kernel_stdout
         self.startup_timeout = startup_timeout
         self.grace = float(settings.get("interrupt_grace", 1.0))
+        self._options: dict[str, Any] = {
+            "kernel_name": kernel_name,
+            "cwd": cwd,
+            "env": env,
+            "startup_timeout": startup_timeout,
+            "kernel_stdout": kernel_stdout,
+        }
+
+    @property
+    def started(self) -> bool:
+        return getattr(self, "manager", None) is not None
+
+    def _forked(self, image: str) -> Any:
+        """A session like this one (same class, profile, settings), resuming from ``image``."""
+        settings = {**self.settings, "resume_from": image}
+        return type(self)(self.profile, **self._options, **settings)
 
     def _file_reply_limit(self, length: int) -> int:
         return 4 * length // 3 + 64
@@ -299,7 +347,8 @@ class Session(_Base):
     """
 
     def __enter__(self) -> Self:
-        self.start()
+        if not self.started:  # a fork comes started
+            self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -443,13 +492,43 @@ class Session(_Base):
         self.manager.restart_kernel(now=False)
         self._connect()
 
+    def snapshot(self, name: str) -> None:
+        """Save this session's image as ``name`` (the kernel's ``%snapshot save``; the
+        ``snapshots`` setting must allow it, and the strict profile has it off)."""
+        _raise_for(self._request(_snapshot_code("save", name)), "snapshot failed")
+
+    def restore(self, name: str) -> None:
+        """Bring this session back to the image saved as ``name``."""
+        _raise_for(self._request(_snapshot_code("restore", name)), "restore failed")
+
+    def fork(self, name: str | None = None) -> Session:
+        """A new, started session that resumes from an image of this one, saved as ``name``
+        (kept), or under a name of its own that is deleted once the fork has started."""
+        image, own = _fork_name(name)
+        self.snapshot(image)
+        try:
+            forked = self._forked(image)
+            forked.start()
+        finally:
+            if own:
+                _raise_for(self._request(_snapshot_code("delete", image)), "delete failed")
+        return forked
+
+    def install(self, *requirements: str) -> None:
+        """Install packages into this session (the kernel's ``%pip install``, from the
+        index or wheelhouse its ``packages`` setting names; off in the strict profile)."""
+        _raise_for(
+            self._request(_install_code(requirements), timeout=PIP_TIMEOUT), "install failed"
+        )
+
 
 class AsyncSession(_Base):
     """``Session`` on jupyter_client's asynchronous client: ``async with AsyncSession(...)``,
     ``await s.run(code)``, ``await s.upload(...)``; the same arguments and results."""
 
     async def __aenter__(self) -> Self:
-        await self.start()
+        if not self.started:  # a fork comes started
+            await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -583,6 +662,32 @@ class AsyncSession(_Base):
         self.client.stop_channels()
         await self.manager.restart_kernel(now=False)
         await self._connect()
+
+    async def snapshot(self, name: str) -> None:
+        """As ``Session.snapshot``."""
+        _raise_for(await self._request(_snapshot_code("save", name)), "snapshot failed")
+
+    async def restore(self, name: str) -> None:
+        """As ``Session.restore``."""
+        _raise_for(await self._request(_snapshot_code("restore", name)), "restore failed")
+
+    async def fork(self, name: str | None = None) -> AsyncSession:
+        """As ``Session.fork``."""
+        image, own = _fork_name(name)
+        await self.snapshot(image)
+        try:
+            forked = self._forked(image)
+            await forked.start()
+        finally:
+            if own:
+                reply = await self._request(_snapshot_code("delete", image))
+                _raise_for(reply, "delete failed")
+        return forked
+
+    async def install(self, *requirements: str) -> None:
+        """As ``Session.install``."""
+        reply = await self._request(_install_code(requirements), timeout=PIP_TIMEOUT)
+        _raise_for(reply, "install failed")
 
 
 def _send_silent(client: Any, code: str, user_expressions: dict[str, str] | None) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 import pytest
+from wheelmaker import make_wheel
 
 mcp = pytest.importorskip("mcp")
 from mcp.client.session import ClientSession  # noqa: E402 (after the skip)
@@ -201,13 +202,28 @@ def test_list_files_result_is_json_serialisable() -> None:
     serve([], check)
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for_port(port: int) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, "the HTTP server did not start"
+            time.sleep(0.2)
+
+
 @pytest.mark.slow
 def test_streamable_http_gives_each_session_its_own_kernel() -> None:
     from mcp.client.streamable_http import streamable_http_client
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "wasm_kernel", "mcp", "--transport", "streamable-http"]
         + ["--port", str(port)],
@@ -231,14 +247,7 @@ def test_streamable_http_gives_each_session_its_own_kernel() -> None:
             assert text_of(await one.call_tool("run_python", {"code": "x + 1"})) == "2"
 
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the HTTP server did not start"
-                time.sleep(0.2)
+        wait_for_port(port)
         asyncio.run(main())
     finally:
         kernels = kernels_under(server.pid)
@@ -246,3 +255,106 @@ def test_streamable_http_gives_each_session_its_own_kernel() -> None:
         server.wait(timeout=30)
         _, alive = psutil.wait_procs(kernels, timeout=20)
         assert not alive, "kernels outlived the server"
+
+
+@pytest.mark.slow
+def test_snapshot_restore_and_install_where_the_operator_allows_them(tmp_path) -> None:
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    make_wheel(house, "wkm-tool", files={"wkm_tool.py": "WORD = 'installed'\n"})
+
+    async def check(session: ClientSession) -> None:
+        tools = {tool.name for tool in (await session.list_tools()).tools}
+        assert {"snapshot", "restore", "install_packages"} <= tools
+        installed = await session.call_tool("install_packages", {"requirements": ["wkm-tool"]})
+        assert not installed.is_error, text_of(installed)
+        await session.call_tool("run_python", {"code": "import wkm_tool; n = 1"})
+        saved = await session.call_tool("snapshot", {"name": "one"})
+        assert not saved.is_error, text_of(saved)
+        await session.call_tool("run_python", {"code": "n = 2"})
+        assert not (await session.call_tool("restore", {"name": "one"})).is_error
+        after = await session.call_tool("run_python", {"code": "wkm_tool.WORD, n"})
+        assert text_of(after) == "('installed', 1)"
+        missing = await session.call_tool("restore", {"name": "absent"})
+        assert missing.is_error and "there is no snapshot named 'absent'" in text_of(missing)
+        refused = await session.call_tool("install_packages", {"requirements": ["wkm-absent"]})
+        assert refused.is_error and "wkm-absent" in text_of(refused)
+
+    serve(
+        ["--set", "snapshots=yes", "--set", f"snapshot_dir={tmp_path / 'images'}"]
+        + ["--set", f"packages={house}"],
+        check,
+    )
+
+
+TOKEN = "a-test-token-0123456789"
+
+
+@pytest.mark.slow
+def test_streamable_http_requires_the_operator_s_token(tmp_path) -> None:
+    """Every request needs the bearer token: none or a wrong one is refused (401), before
+    any kernel starts; the right one works."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared.exceptions import MCPError
+
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "wasm_kernel", "mcp", "--transport", "streamable-http"]
+        + ["--port", str(port), "--token-file", str(token_file)],
+        stdin=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+
+    async def connect(headers: dict[str, str]) -> str:
+        async with (
+            httpx2.AsyncClient(headers=headers) as http,
+            streamable_http_client(url, http_client=http) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            return text_of(await session.call_tool("run_python", {"code": "6 * 7"}))
+
+    async def main() -> None:
+        for headers in ({}, {"Authorization": f"Bearer {TOKEN}x"}, {"Authorization": TOKEN}):
+            with pytest.raises(Exception) as refused:
+                await asyncio.wait_for(connect(headers), 60)
+            assert refused.group_contains(MCPError, match="error response", depth=None)
+            async with httpx2.AsyncClient(headers=headers) as http:
+                response = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+            assert response.status_code == 401
+        assert kernels_under(server.pid) == []
+        assert await connect({"Authorization": f"Bearer {TOKEN}"}) == "42"
+
+    try:
+        wait_for_port(port)
+        asyncio.run(main())
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.mark.parametrize(
+    "arguments, env, reason",
+    [
+        (["--host", "0.0.0.0"], {}, "reachable from other machines"),
+        (["--host", "127.0.0.1"], {"WASM_KERNEL_MCP_TOKEN": "short"}, "at least 16"),
+    ],
+)
+def test_an_exposed_or_weakly_guarded_http_server_does_not_start(
+    arguments: list[str], env: dict[str, str], reason: str
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "wasm_kernel", "mcp", "--transport", "streamable-http"]
+        + ["--port", str(free_port()), *arguments],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "WASM_KERNEL_MCP_TOKEN": "", **env},
+    )
+    assert result.returncode == 2, result.stderr
+    assert reason in result.stderr

@@ -4,8 +4,11 @@ Built on the official ``mcp`` SDK (``MCPServer``). Each MCP session gets its own
 (an ``AsyncSession``): over stdio the session is the server process, so the kernel lives and
 dies with it; over streamable HTTP kernels are kept per ``Mcp-Session-Id`` and shut down
 when their session has been idle for ``--idle-timeout`` seconds, and all of them when the
-server stops. The profile, limits and mounts come from the server's command line: no tool
-takes a setting, so the model cannot raise a limit.
+server stops; every HTTP request must carry the operator's bearer token (``--token-file`` or
+``WASM_KERNEL_MCP_TOKEN``), which is required unless the server listens on loopback only.
+The profile, limits and mounts come from the server's command line: no tool
+takes a setting, so the model cannot raise a limit. The ``snapshot``, ``restore`` and
+``install_packages`` tools exist only where those settings allow what they do.
 """
 
 import argparse
@@ -13,6 +16,9 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import hmac
+import ipaddress
+import os
 import subprocess
 import sys
 import time
@@ -22,12 +28,16 @@ from typing import Any, Literal
 
 from .client import AsyncSession, Execution, SessionError, kernel_arguments
 from .profiles import PROFILES
+from .settings import TRUE_WORDS
 
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 MAX_TEXT = 100_000  # characters of one run's text returned to the model; the rest is cut
 IDLE_TIMEOUT = 1800.0  # seconds an HTTP session's kernel is kept without requests
 SWEEP = 30.0  # seconds between idle checks
 MAX_SESSIONS = 8  # HTTP sessions at once: each runs a kernel process (~150 MB)
+TOKEN_ENV = "WASM_KERNEL_MCP_TOKEN"
+MIN_TOKEN = 16  # characters: shorter tokens can be guessed
+UNAUTHORIZED = b'{"error": "unauthorized: this server needs its bearer token"}'
 INSTRUCTIONS = (
     "run_python runs code in a persistent, sandboxed CPython 3.15 (WebAssembly): names stay"
     " between calls, numpy, pandas and matplotlib are there, figures come back as images. There"
@@ -77,6 +87,17 @@ class Kernels:
     async def close_all(self) -> None:
         for key in list(self.sessions):
             await self.close(key)
+
+    def allows(self, setting: str) -> bool:
+        """Does the kernels' ``snapshots`` or ``packages`` setting allow its tools? From
+        ``--set``, else the server's environment, else the profile, as the kernel reads it;
+        a value the kernel would refuse allows nothing."""
+        value = self.settings.get(setting, os.environ.get(f"WASM_KERNEL_{setting.upper()}"))
+        if value is None:
+            value = getattr(PROFILES[self.profile], setting)
+        if setting == "packages":
+            return str(value).strip() not in ("", "off")
+        return str(value).strip().lower() in TRUE_WORDS
 
 
 def content_of(execution: Execution) -> list[Any]:
@@ -180,6 +201,36 @@ def build_server(kernels: Kernels, idle_timeout: float = IDLE_TIMEOUT) -> Any:
             await session.reset()
         return "the sandbox was reset: no names, an empty /tmp"
 
+    if kernels.allows("snapshots"):
+
+        @server.tool()
+        async def snapshot(name: str, ctx: Context) -> str:
+            """Save the sandbox's state (names, /tmp, installed packages) as ``name``, to go
+            back to later with restore."""
+            session = await kernel(ctx)
+            with reported():
+                await session.snapshot(name)
+            return f"saved snapshot {name!r}"
+
+        @server.tool()
+        async def restore(name: str, ctx: Context) -> str:
+            """Bring the sandbox back to the state saved as ``name``."""
+            session = await kernel(ctx)
+            with reported():
+                await session.restore(name)
+            return f"restored snapshot {name!r}"
+
+    if kernels.allows("packages"):
+
+        @server.tool()
+        async def install_packages(requirements: list[str], ctx: Context) -> str:
+            """Install pure-Python packages into the sandbox (pip requirements such as
+            'tabulate' or 'attrs>=23'), from the package source the operator allows."""
+            session = await kernel(ctx)
+            with reported():
+                await session.install(*requirements)
+            return f"installed {', '.join(requirements)}"
+
     return server
 
 
@@ -240,6 +291,11 @@ def add_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument("--host", default="127.0.0.1", help="streamable HTTP address")
     command.add_argument("--port", type=int, default=8000, help="streamable HTTP port")
     command.add_argument(
+        "--token-file",
+        help=f"streamable HTTP: a file holding the bearer token every request must carry"
+        f" (or set {TOKEN_ENV}); required unless --host is a loopback address",
+    )
+    command.add_argument(
         "--idle-timeout",
         type=float,
         default=IDLE_TIMEOUT,
@@ -277,13 +333,92 @@ def serve(args: argparse.Namespace) -> int:
     if args.transport == "stdio":
         server.run("stdio")
         return 0
+    try:
+        token = bearer_token(args.token_file, args.host)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     import uvicorn
 
     app = server.streamable_http_app(
         host=args.host, session_idle_timeout=args.idle_timeout, max_sessions=args.max_sessions
     )
-    uvicorn.run(closing_kernels(app, kernels), host=args.host, port=args.port, log_level="warning")
+    app = closing_kernels(app, kernels)
+    if token is not None:
+        app = requiring_token(app, token)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
+
+
+def bearer_token(token_file: str | None, host: str) -> bytes | None:
+    """The operator's token, from ``token_file`` or the environment; None only on loopback.
+    Raises ValueError with the reason when it is missing where it is needed, or weak."""
+    if token_file is not None:
+        try:
+            with open(token_file, encoding="utf-8") as file:
+                token = file.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read the token file: {exc}") from None
+    else:
+        token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token:
+        if token_file is not None:
+            raise ValueError(f"the token file {token_file} is empty")
+        if not _is_loopback(host):
+            raise ValueError(
+                f"--host {host} is reachable from other machines: give a bearer token"
+                f" (--token-file FILE or {TOKEN_ENV}) or listen on 127.0.0.1"
+            )
+        return None
+    if len(token) < MIN_TOKEN or any(char.isspace() for char in token):
+        raise ValueError(f"the bearer token must be at least {MIN_TOKEN} characters, no spaces")
+    return token.encode()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def requiring_token(app: Any, token: bytes) -> Any:
+    """The HTTP app, refusing with 401 every request without ``Authorization: Bearer
+    <token>``. The SDK's auth (AuthSettings, TokenVerifier) is OAuth's, with an issuer and
+    resource metadata; an operator's static token needs only this constant-time check."""
+    expected = b"bearer " + token
+
+    async def checked(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await app(scope, receive, send)
+            return
+        given = b""
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                given = value
+        # the scheme is case-insensitive (RFC 9110); the token itself is compared exactly
+        given = given[:7].lower() + given[7:]
+        if hmac.compare_digest(given, expected):
+            await app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"www-authenticate", b"Bearer"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": UNAUTHORIZED})
+
+    return checked
 
 
 def closing_kernels(app: Any, kernels: Kernels) -> Any:

@@ -184,3 +184,33 @@ def test_a_cell_can_catch_time_limit_exceeded_by_name(timed_kernel: Kernel, wait
     name, is_interrupt, text = plain(ok(timed_kernel.execute("caught")))
     assert (name, is_interrupt) == ("TimeLimitExceeded", True)
     assert "wall-clock limit of 2 s" in text
+
+
+@pytest.mark.slow
+def test_a_cell_that_disarms_the_interrupt_is_still_stopped_by_the_limit(
+    timed_kernel: Kernel,
+) -> None:
+    """The guest's SIGINT handler is the guest's to replace; the limit does not depend on
+    it: ignored, the cell is stopped hard and rolled back, and its handler with it."""
+    run = timed_kernel.execute(
+        "import signal\nsignal.signal(signal.SIGINT, lambda *args: None)\n"
+        "disarmed = True\nwhile True:\n    pass",
+        timeout=60,
+    )
+    assert run.content["ename"] == "TimeLimitExceeded"
+    assert "did not stop within" in run.content["evalue"]
+    assert "NameError" in timed_kernel.execute("disarmed").content["ename"]
+    again = timed_kernel.execute("while True:\n    pass", timeout=60)
+    assert "did not stop within" not in again.content["evalue"]
+    assert again.content["ename"] == "TimeLimitExceeded"
+
+
+def test_a_forged_interruption_request_learns_nothing(timed_kernel: Kernel) -> None:
+    """Outside a time limit the host's answer is empty, whatever the request carries."""
+    run = timed_kernel.execute(
+        "import _host, json\n"
+        "[json.loads(_host.call(raw) or b'{}') for raw in"
+        ' (b\'{"op": "interruption"}\', b\'{"op": "interruption", "time_limit": 1}\')]'
+    )
+    assert plain(ok(run)) == [{}, {}]
+    assert plain(ok(timed_kernel.execute("'still here'"))) == "still here"

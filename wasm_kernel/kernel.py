@@ -44,7 +44,7 @@ from .mounts import SCRATCH, Mount, MountError, guest_cwd, holds_home, parse_mou
 from .packages import GUEST_FOLDER, INDEX, OFF, Cancelled, Packages, Source, WheelCache
 from .profiles import DEFAULT_PROFILE, PROFILES
 from .runtime import DEFAULT_RUNTIME, Runtime, RuntimeUnavailable, load_runtime
-from .sandbox import CellStopped, Interrupts, Limits, Sandbox, memory_limit_text
+from .sandbox import CellStopped, Interrupts, Limits, QuietHost, Sandbox, memory_limit_text
 from .settings import (
     INT64_MAX,
     MAX_GRACE,
@@ -1158,16 +1158,6 @@ class InterruptRelay:
 
 
 _DO_NOTHING = operator.is_  # a C function of two arguments: a signal handler with no frame
-
-
-class QuietHost:
-    """Guest host for service calls: their prints and messages are not shown."""
-
-    def stream(self, name: str, text: str) -> None:
-        pass
-
-    def message(self, message: dict, interrupts: Interrupts) -> dict:
-        return {}
 
 
 class CellHost:

@@ -82,6 +82,16 @@ class GuestHost(Protocol):
     def message(self, message: dict, interrupts: Interrupts) -> dict: ...
 
 
+class QuietHost:
+    """Guest host for service calls: their prints and messages are not shown."""
+
+    def stream(self, name: str, text: str) -> None:
+        pass
+
+    def message(self, message: dict, interrupts: Interrupts) -> dict:
+        return {}
+
+
 class CellStopped(Exception):
     """A turn ended in a trap; the interpreter was replaced by a fresh one."""
 
@@ -1140,6 +1150,7 @@ def build_boot_image(compiled: CompiledRuntime, limits: Limits, path: Path) -> i
     The image holds nothing of any session: no mounts, an empty /tmp, no history."""
     sandbox = Sandbox(compiled, limits, rollback=False)
     try:
+        sandbox.request("warm_up", host=QuietHost())
         data = sandbox.save_image(images.HostState(), [])
     finally:
         sandbox.close()

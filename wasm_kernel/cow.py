@@ -30,7 +30,7 @@ import os
 import platform
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from functools import cache
 
 import wasmtime
@@ -210,6 +210,22 @@ def file_mapped(base: int, start: int, end: int) -> Ranges:
     return parts
 
 
+def merged_across_gaps(ranges: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+    """Ordered ranges, merged across gaps of up to ``MERGE_GAP``: saving or dropping pages that
+    equal the checkpoint's too is harmless, and one system call per range is most of a
+    checkpoint's cost."""
+    pending: tuple[int, int] | None = None
+    for low, high in ranges:
+        if pending is not None and low - pending[1] <= MERGE_GAP:
+            pending = (pending[0], high)
+            continue
+        if pending is not None:
+            yield pending
+        pending = (low, high)
+    if pending is not None:
+        yield pending
+
+
 def drop_pages(address: int, length: int) -> None:
     """Forget private copies: a private file page reads the file again, anonymous memory zero."""
     _check(_libc.madvise(address, length, mmap.MADV_DONTNEED), "madvise")
@@ -230,22 +246,12 @@ class DirtyPages:
             os.close(self._pagemap)
             self._pagemap = -1
 
-    def ranges(self, start: int, end: int, present_only: bool = False) -> Iterator[tuple[int, int]]:
+    def ranges(self, start: int, end: int, present_only: bool = False) -> Iterable[tuple[int, int]]:
         """``(start, end)`` address ranges of the anonymous pages within ``[start, end)``,
-        merged across gaps of up to ``MERGE_GAP`` other pages (saving or dropping those too
-        is harmless, and one system call per range is most of a checkpoint's cost).
-        ``present_only``: not those swapped out, nor (the same to the kernel) the marks
-        userfaultfd write-protection leaves on pages that are not present."""
-        pending: tuple[int, int] | None = None
-        for low, high in self._scan(start, end, present_only):
-            if pending is not None and low - pending[1] <= MERGE_GAP:
-                pending = (pending[0], high)
-                continue
-            if pending is not None:
-                yield pending
-            pending = (low, high)
-        if pending is not None:
-            yield pending
+        merged across small gaps (``merged_across_gaps``). ``present_only``: not those
+        swapped out, nor (the same to the kernel) the marks userfaultfd write-protection
+        leaves on pages that are not present."""
+        return merged_across_gaps(self._scan(start, end, present_only))
 
     def _read_pagemap(self, start: int, end: int, present_only: bool) -> Iterator[tuple[int, int]]:
         entries = os.pread(self._pagemap, (end - start) // PAGE * 8, start // PAGE * 8)
@@ -322,9 +328,12 @@ class WrittenPages:
             "UFFDIO_WRITEPROTECT",
         )
 
-    def collect(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+    def collect(self, start: int, end: int) -> Iterable[tuple[int, int]]:
         """``(start, end)`` ranges of the pages written within ``[start, end)``, each marked
-        unwritten again as it is listed."""
+        unwritten again as it is listed, merged across small gaps (``merged_across_gaps``)."""
+        return merged_across_gaps(self._scan(start, end))
+
+    def _scan(self, start: int, end: int) -> Iterator[tuple[int, int]]:
         arguments = ScanArguments(
             size=ctypes.sizeof(ScanArguments),
             flags=PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
@@ -428,7 +437,7 @@ class CopyOnWriteMemory:
         self.mapped = end
         return saved
 
-    def _collect(self, base: int) -> Iterator[tuple[int, int]]:
+    def _collect(self, base: int) -> Iterable[tuple[int, int]]:
         if self._tracker is None or not self.mapped:
             return iter(())
         return self._tracker.collect(base, base + self.mapped)

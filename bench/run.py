@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import cell_phases
 import checkpoint as checkpoint_bench
 import nbformat
 import startup_roundtrip
@@ -62,6 +63,7 @@ SETTINGS = {
     "starts": (9, 3),
     "cold_native_starts": (3, 0),
     "trip_rounds": (3, 1),
+    "phase_cells": (200, 60),
     "trips_per_round": (100, 60),
     "notebook_cells": (1000, 1000),
     "notebook_reps": (3, 1),
@@ -342,7 +344,29 @@ def bench_roundtrip(cfg: dict, quick: bool) -> list[dict]:
         for name in (NATIVE, WASM)
     }
     cells = cfg["notebook_cells"]
-    return [
+    phases, method = cell_phases.phases(cfg["phase_cells"])
+    fuel = statistics.median(phases["fuel"]) / 1e6
+    in_process = [
+        row(
+            "roundtrip",
+            f"`x + 1` in process: {label}",
+            "ms",
+            None,
+            [s * 1e3 for s in samples],
+            note,
+        )
+        for label, samples, note in (
+            ("guest turn alone", phases["alone"], f"{fuel:.2f} M fuel; no native counterpart"),
+            (
+                "guest turn after a checkpoint",
+                phases["after"],
+                "the difference from the turn alone is re-touching the pages the checkpoint"
+                " handled",
+            ),
+            ("checkpoint", phases["checkpoint"], method),
+        )
+    ]
+    return in_process + [
         row(
             "roundtrip",
             "`x + 1` round trip through jupyter_client",

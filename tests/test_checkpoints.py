@@ -331,3 +331,48 @@ def test_memory_held_stays_flat_over_trap_and_rollback_cycles(mode_kernel: Kerne
     assert "intact" in ok(mode_kernel.execute(INTACT)).stream_text()
     print(f"\nheld after each cycle (MiB): {[h >> 20 for h in held]}")
     assert max(held) < held[0] + HELD_SLACK, [h >> 20 for h in held]
+
+
+@pytest.mark.skipif(not cow.write_protect_works(), reason="no userfaultfd write-protection here")
+@pytest.mark.slow
+def test_written_pages_left_in_place_roll_back_exactly(compiled) -> None:
+    """With write-protection a checkpoint leaves the pages a cell wrote in place, up to
+    KEPT_LIMIT, and drops them past it. Cells that each rewrite memory kept that way, or
+    enough to go past the limit, then trap, must find every byte of the last checkpoint."""
+    box = sandbox(compiled)
+    quiet = Quiet()
+    try:
+        box.run_cell("import hashlib\nkept = bytearray(8 << 20)\nbulk = bytearray(1)", 1, quiet)
+        box.checkpoint()
+        sizes = [1 << 20, 1 << 20, cow.KEPT_LIMIT + (16 << 20), 1 << 20]
+        for value, size in enumerate(sizes, start=1):
+            box.run_cell(
+                f"kept[::4096] = bytes([{value}]) * len(kept[::4096])\n"
+                f"bulk = bytearray([{value}]) * {size}\n"
+                "digest = hashlib.sha256(kept + bulk).hexdigest()",
+                value + 1,
+                quiet,
+            )
+            box.checkpoint()
+            if size < cow.KEPT_LIMIT:  # pages left in place are saved only once written again
+                assert box.checkpoint_stats.written < 32 << 20, box.checkpoint_stats
+            box.limits = Limits(fuel=2 * 10**9, seconds=0, memory=1 << 30, output=1 << 20)
+            with pytest.raises(CellStopped):
+                box.run_cell(
+                    "kept[:] = bytes(len(kept))\nbulk[:] = bytes(len(bulk))\nwhile True: pass",
+                    9,
+                    quiet,
+                )
+            box.limits = Limits(fuel=10**12, seconds=0, memory=1 << 30, output=1 << 20)
+            quiet.text.clear()
+            box.run_cell(
+                f"assert set(kept[::4096]) == {{{value}}} and set(bulk) == {{{value}}}\n"
+                "assert hashlib.sha256(kept + bulk).hexdigest() == digest\n"
+                "print('exact')",
+                10,
+                quiet,
+            )
+            assert "exact" in "".join(quiet.text), quiet.text
+            box.checkpoint()
+    finally:
+        box.close()

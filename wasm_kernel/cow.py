@@ -12,6 +12,13 @@ show them in ``/proc/self/pagemap``, read whole (8 bytes a page). So:
 - rollback: drop them; they read the checkpoint again. Past the mapping, dropping anonymous
   memory makes it read as zeros, which is what ``sbrk`` promises of fresh memory.
 
+Where userfaultfd's asynchronous write-protection works (Linux 6.7 and later, where
+userfaultfd is allowed), written pages are found by it instead, and a checkpoint keeps them
+in place, protected again, rather than dropping them: dropping made the next cell fault
+every one of them back in, copying it from the file, which cost more than the checkpoint
+itself (about 700 pages for a bare ``x + 1``). The copies kept this way are bounded
+(``KEPT_LIMIT``); past that they are dropped as above.
+
 Where the OS lacks any of this, ``copy_on_write_missing`` says what, and the caller copies.
 """
 
@@ -23,7 +30,7 @@ import os
 import platform
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from functools import cache
 
 import wasmtime
@@ -41,10 +48,26 @@ REGIONS_PER_CALL = 512
 # /proc/self/pagemap: the top byte of each page's entry has bit 7 "present", bit 6 "swapped",
 # bit 5 "file page or shared"; this table maps it to 1 for the process's own pages
 OWN_PAGE = bytes(int((top & 0xE0) in (0x80, 0x40)) for top in range(256))
+OWN_PRESENT_PAGE = bytes(int((top & 0xE0) == 0x80) for top in range(256))
 MERGE_GAP = 2 * PAGE
 # Pieces of guest memory left mapped from another file: each costs the process a mapping or
 # two (Linux allows ~65,000), so past this many the rest is copied into the checkpoint.
 MAX_FOREIGN_PARTS = 2048
+# Written pages a checkpoint leaves in place (private copies equal to the file's pages, so
+# held twice) rather than dropping: the pages cells keep rewriting (reference counts,
+# allocator state) stay, bulk data a cell wrote once is dropped as without write-protection.
+KEPT_LIMIT = 64 << 20
+# userfaultfd (linux/userfaultfd.h)
+SYS_USERFAULTFD = {"x86_64": 323, "aarch64": 282}
+UFFD_USER_MODE_ONLY = 1
+UFFD_API = 0xAA
+UFFD_FEATURE_WP_UNPOPULATED = 1 << 13
+UFFD_FEATURE_WP_ASYNC = 1 << 15
+UFFDIO_REGISTER_MODE_WP = 1 << 1
+UFFDIO_WRITEPROTECT_MODE_WP = 1 << 0
+PAGE_IS_WRITTEN = 1 << 1
+PM_SCAN_WP_MATCHING = 1 << 0
+PM_SCAN_CHECK_WPASYNC = 1 << 1
 
 
 class ScanArguments(ctypes.Structure):
@@ -75,7 +98,26 @@ class PageRegion(ctypes.Structure):
     ]
 
 
-PAGEMAP_SCAN = (3 << 30) | (ctypes.sizeof(ScanArguments) << 16) | (ord("f") << 8) | 16
+class UffdApi(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in ("api", "features", "ioctls")]
+
+
+class UffdRegister(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in ("start", "len", "mode", "ioctls")]
+
+
+class UffdWriteProtect(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in ("start", "len", "mode")]
+
+
+def _iowr(kind: int, number: int, size: int) -> int:
+    return (3 << 30) | (size << 16) | (kind << 8) | number
+
+
+PAGEMAP_SCAN = _iowr(ord("f"), 16, ctypes.sizeof(ScanArguments))
+UFFDIO_API = _iowr(UFFD_API, 0x3F, ctypes.sizeof(UffdApi))
+UFFDIO_REGISTER = _iowr(UFFD_API, 0x00, ctypes.sizeof(UffdRegister))
+UFFDIO_WRITEPROTECT = _iowr(UFFD_API, 0x06, ctypes.sizeof(UffdWriteProtect))
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -90,6 +132,7 @@ _libc.mmap.argtypes = [
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+_libc.syscall.restype = ctypes.c_long
 
 
 def _check(result: int | None, what: str) -> int:
@@ -167,6 +210,22 @@ def file_mapped(base: int, start: int, end: int) -> Ranges:
     return parts
 
 
+def merged_across_gaps(ranges: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+    """Ordered ranges, merged across gaps of up to ``MERGE_GAP``: saving or dropping pages that
+    equal the checkpoint's too is harmless, and one system call per range is most of a
+    checkpoint's cost."""
+    pending: tuple[int, int] | None = None
+    for low, high in ranges:
+        if pending is not None and low - pending[1] <= MERGE_GAP:
+            pending = (pending[0], high)
+            continue
+        if pending is not None:
+            yield pending
+        pending = (low, high)
+    if pending is not None:
+        yield pending
+
+
 def drop_pages(address: int, length: int) -> None:
     """Forget private copies: a private file page reads the file again, anonymous memory zero."""
     _check(_libc.madvise(address, length, mmap.MADV_DONTNEED), "madvise")
@@ -187,28 +246,21 @@ class DirtyPages:
             os.close(self._pagemap)
             self._pagemap = -1
 
-    def ranges(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+    def ranges(self, start: int, end: int, present_only: bool = False) -> Iterable[tuple[int, int]]:
         """``(start, end)`` address ranges of the anonymous pages within ``[start, end)``,
-        merged across gaps of up to ``MERGE_GAP`` other pages (saving or dropping those too
-        is harmless, and one system call per range is most of a checkpoint's cost)."""
-        pending: tuple[int, int] | None = None
-        for low, high in self._scan(start, end):
-            if pending is not None and low - pending[1] <= MERGE_GAP:
-                pending = (pending[0], high)
-                continue
-            if pending is not None:
-                yield pending
-            pending = (low, high)
-        if pending is not None:
-            yield pending
+        merged across small gaps (``merged_across_gaps``). ``present_only``: not those
+        swapped out, nor (the same to the kernel) the marks userfaultfd write-protection
+        leaves on pages that are not present."""
+        return merged_across_gaps(self._scan(start, end, present_only))
 
-    def _read_pagemap(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+    def _read_pagemap(self, start: int, end: int, present_only: bool) -> Iterator[tuple[int, int]]:
         entries = os.pread(self._pagemap, (end - start) // PAGE * 8, start // PAGE * 8)
-        own = entries[7::8].translate(OWN_PAGE)
+        own = entries[7::8].translate(OWN_PRESENT_PAGE if present_only else OWN_PAGE)
         for run in re.finditer(b"\x01+", own):
             yield start + run.start() * PAGE, start + run.end() * PAGE
 
-    def _ask_kernel(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+    def _ask_kernel(self, start: int, end: int, present_only: bool) -> Iterator[tuple[int, int]]:
+        wanted = PAGE_IS_PRESENT if present_only else PAGE_IS_PRESENT | PAGE_IS_SWAPPED
         arguments = ScanArguments(
             size=ctypes.sizeof(ScanArguments),
             vec=ctypes.addressof(self._regions),
@@ -216,8 +268,79 @@ class DirtyPages:
             # never the shared zero page (memory read but never written: it reads as zeros)
             category_inverted=PAGE_IS_PFNZERO | PAGE_IS_FILE,
             category_mask=PAGE_IS_PFNZERO | PAGE_IS_FILE,
-            category_anyof_mask=PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
-            return_mask=PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            category_anyof_mask=wanted,
+            return_mask=wanted,
+        )
+        while start < end:
+            arguments.start, arguments.end = start, end
+            found = _check(
+                _libc.ioctl(self._pagemap, PAGEMAP_SCAN, ctypes.byref(arguments)), "PAGEMAP_SCAN"
+            )
+            for region in self._regions[:found]:
+                yield region.start, region.end
+            if arguments.walk_end <= start:
+                raise OSError("PAGEMAP_SCAN made no progress")
+            start = arguments.walk_end
+
+
+class WrittenPages:
+    """Pages written since they were last protected, from userfaultfd's asynchronous
+    write-protection: a write to a protected page only clears its mark, in the kernel (no
+    thread waits on the userfaultfd), and ``PAGEMAP_SCAN`` lists and protects the marked
+    pages again in one call. Only ranges passed to ``watch`` are tracked."""
+
+    def __init__(self) -> None:
+        number = SYS_USERFAULTFD.get(platform.machine())
+        if number is None:
+            raise OSError(f"no userfaultfd system call known on {platform.machine()}")
+        self._fd = _check(
+            _libc.syscall(number, os.O_CLOEXEC | os.O_NONBLOCK | UFFD_USER_MODE_ONLY), "userfaultfd"
+        )
+        try:
+            wanted = UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_WP_UNPOPULATED
+            api = UffdApi(api=UFFD_API, features=wanted)
+            _check(_libc.ioctl(self._fd, UFFDIO_API, ctypes.byref(api)), "UFFDIO_API")
+            if api.features & wanted != wanted:
+                raise OSError("userfaultfd has no asynchronous write-protection here")
+            self._pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            os.close(self._fd)
+            raise
+        self._regions = (PageRegion * REGIONS_PER_CALL)()
+
+    def close(self) -> None:
+        """Stop tracking (closing the userfaultfd unregisters its ranges)."""
+        if self._fd >= 0:
+            os.close(self._pagemap)
+            os.close(self._fd)
+            self._fd = -1
+
+    def watch(self, start: int, end: int) -> None:
+        """Track ``[start, end)`` (all of it mapped; parts tracked already stay so)."""
+        register = UffdRegister(start=start, len=end - start, mode=UFFDIO_REGISTER_MODE_WP)
+        _check(_libc.ioctl(self._fd, UFFDIO_REGISTER, ctypes.byref(register)), "UFFDIO_REGISTER")
+
+    def protect(self, start: int, end: int) -> None:
+        """Mark ``[start, end)`` unwritten (pages not present too: their first write counts)."""
+        protect = UffdWriteProtect(start=start, len=end - start, mode=UFFDIO_WRITEPROTECT_MODE_WP)
+        _check(
+            _libc.ioctl(self._fd, UFFDIO_WRITEPROTECT, ctypes.byref(protect)),
+            "UFFDIO_WRITEPROTECT",
+        )
+
+    def collect(self, start: int, end: int) -> Iterable[tuple[int, int]]:
+        """``(start, end)`` ranges of the pages written within ``[start, end)``, each marked
+        unwritten again as it is listed, merged across small gaps (``merged_across_gaps``)."""
+        return merged_across_gaps(self._scan(start, end))
+
+    def _scan(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+        arguments = ScanArguments(
+            size=ctypes.sizeof(ScanArguments),
+            flags=PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
+            vec=ctypes.addressof(self._regions),
+            vec_len=REGIONS_PER_CALL,
+            category_mask=PAGE_IS_WRITTEN,
+            return_mask=PAGE_IS_WRITTEN,
         )
         while start < end:
             arguments.start, arguments.end = start, end
@@ -237,7 +360,7 @@ class CopyOnWriteMemory:
     guest has not written since: those pages stay that file's, shared with whoever else maps
     it, and move into the memfd when a checkpoint finds them written."""
 
-    def __init__(self) -> None:
+    def __init__(self, track_writes: bool = True) -> None:
         self._file = os.memfd_create("wasm-kernel-checkpoint", os.MFD_CLOEXEC)
         try:
             self._dirty = DirtyPages()
@@ -246,10 +369,16 @@ class CopyOnWriteMemory:
             raise
         self.mapped = 0  # bytes of guest memory that are a view of the checkpoint
         self._foreign: Ranges = []  # parts of it that are another file's view
+        self._tracker: WrittenPages | None = None  # on [0, mapped), where it works
+        if track_writes and write_protect_works():
+            self._tracker = WrittenPages()
+        self._kept = 0  # bytes of written pages left in place since they were last dropped
 
     def close(self) -> None:
         """Free the checkpoint (after the guest memory is gone or no longer needs it)."""
         self._dirty.close()
+        if self._tracker is not None:
+            self._tracker.close()
         if self._file >= 0:
             os.close(self._file)
             self._file = -1
@@ -271,7 +400,12 @@ class CopyOnWriteMemory:
         # Memory past the old end holds data where pages are present (absent anonymous pages
         # read as zeros, like the file's holes) or where another file is mapped.
         foreign = file_mapped(base, self.mapped, end)
-        written = self._written(base, 0, end)
+        tracker = self._tracker
+        if tracker is None:
+            written = self._written(base, 0, end)
+        else:  # the tracked part, then the grown part, which is not tracked yet
+            written = [(low - base, high - base) for low, high in self._collect(base)]
+            written += self._written(base, self.mapped, end)
         old_foreign = self._foreign
         if len(old_foreign) + len(foreign) > MAX_FOREIGN_PARTS:  # too many mappings: copy
             written = union(written + old_foreign + foreign)
@@ -279,23 +413,54 @@ class CopyOnWriteMemory:
             os.ftruncate(self._file, end)
         saved = sum(self._save(base, low, high) for low, high in written)
         self._foreign = subtract(old_foreign + foreign, written)
-        # Written pages read from the file again: dropped where it is mapped already, mapped
-        # where another file was. The grown part is mapped whole, less what stays foreign
-        # (its absent anonymous pages map the file's holes).
+        # Written pages read from the file again: where it is mapped already, dropped (or, if
+        # tracked, left in place, equal to the file now, and protected again); mapped where
+        # another file was. The grown part is mapped whole, less what stays foreign (its
+        # absent anonymous pages map the file's holes).
+        keep = tracker is not None and self._kept + saved <= KEPT_LIMIT
+        self._kept += saved if keep else 0
+        remapped = []
         for low, high, was_foreign in _pieces(intersect(written, [(0, self.mapped)]), old_foreign):
             if was_foreign:
                 map_file(base + low, high - low, self._file, low)
-            else:
+                remapped.append((low, high))
+            elif not keep:
                 drop_pages(base + low, high - low)
         for low, high in subtract(grown, self._foreign):
             map_file(base + low, high - low, self._file, low)
+        if tracker is not None and end > 0:
+            if not keep and self._kept:  # over the limit: drop the pages left earlier too
+                self._drop_kept(base)
+            tracker.watch(base, base + end)  # the new mappings, and what grew
+            for low, high in (*remapped, *grown, *(() if keep else written)):
+                tracker.protect(base + low, base + high)
         self.mapped = end
         return saved
 
+    def _collect(self, base: int) -> Iterable[tuple[int, int]]:
+        if self._tracker is None or not self.mapped:
+            return iter(())
+        return self._tracker.collect(base, base + self.mapped)
+
+    def _drop_kept(self, base: int) -> None:
+        """Drop every private page of the checkpointed memory (each equal to the file's) and
+        protect it again."""
+        assert self._tracker is not None
+        for start, stop in list(self._dirty.ranges(base, base + self.mapped, present_only=True)):
+            drop_pages(start, stop - start)
+            self._tracker.protect(start, stop)
+        self._kept = 0
+
     def restore(self, base: int, accessible: int) -> None:
         """Guest memory back to the checkpoint, and zeros from its end to ``accessible``."""
-        for start, stop in self._dirty.ranges(base, base + self.mapped):
+        if self._tracker is None:
+            changed = list(self._dirty.ranges(base, base + self.mapped))
+        else:  # pages left in place at the checkpoint are the file's unless written since
+            changed = list(self._collect(base))
+        for start, stop in changed:
             drop_pages(start, stop - start)
+            if self._tracker is not None:  # dropping forgets the mark: set it again
+                self._tracker.protect(start, stop)
         if accessible > self.mapped:
             drop_pages(base + self.mapped, accessible - self.mapped)
 
@@ -347,8 +512,41 @@ def pagemap_scan_works() -> bool:
         os.close(pagemap)
 
 
+@cache
+def write_protect_works() -> bool:
+    """Whether userfaultfd's asynchronous write-protection tracks writes here, tried for real
+    on a scratch file mapping: a written page must be listed, then no page."""
+    if not pagemap_scan_works():
+        return False
+    area = -1
+    fd = -1
+    tracker = None
+    try:
+        tracker = WrittenPages()
+        fd = os.memfd_create("wasm-kernel-probe", os.MFD_CLOEXEC)
+        os.ftruncate(fd, 4 * PAGE)
+        prot = mmap.PROT_READ | mmap.PROT_WRITE
+        area = _check(_libc.mmap(None, 4 * PAGE, prot, mmap.MAP_PRIVATE, fd, 0), "mmap")
+        tracker.watch(area, area + 4 * PAGE)
+        tracker.protect(area, area + 4 * PAGE)
+        ctypes.memset(area + 2 * PAGE, 1, 1)
+        first = list(tracker.collect(area, area + 4 * PAGE))
+        second = list(tracker.collect(area, area + 4 * PAGE))
+        return first == [(area + 2 * PAGE, area + 3 * PAGE)] and second == []
+    except OSError:  # no userfaultfd (a seccomp filter, an older kernel): pages are dropped
+        return False
+    finally:
+        if tracker is not None:
+            tracker.close()
+        if area not in (-1, None):
+            _libc.munmap(area, 4 * PAGE)
+        if fd >= 0:
+            os.close(fd)
+
+
 def dirty_page_finder() -> str:
-    return "PAGEMAP_SCAN" if pagemap_scan_works() else "/proc/self/pagemap"
+    finder = "PAGEMAP_SCAN" if pagemap_scan_works() else "/proc/self/pagemap"
+    return f"userfaultfd write-protection and {finder}" if write_protect_works() else finder
 
 
 @cache
@@ -361,7 +559,7 @@ def copy_on_write_missing() -> str | None:
     area = -1
     memory = None
     try:
-        memory = CopyOnWriteMemory()
+        memory = CopyOnWriteMemory(track_writes=False)  # write_protect_works tries that part
         length = 4 * PAGE
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
         area = _check(

@@ -26,15 +26,17 @@ def await_reply(client, msg_id: str, timeout: float = 120) -> None:
         pass
 
 
-def time_start(kernel_name: str, env: dict[str, str] | None = None, timeout: float = 120) -> float:
-    """Seconds from start_kernel() to the execute_reply of a first cell; ``env`` replaces the
-    kernel's environment (e.g. to point its caches at an empty folder)."""
+def time_start(
+    kernel_name: str, env: dict[str, str] | None = None, timeout: float = 120, code: str = "1"
+) -> float:
+    """Seconds from start_kernel() to the execute_reply of a first cell ``code``; ``env``
+    replaces the kernel's environment (e.g. to point its caches at an empty folder)."""
     manager = KernelManager(kernel_name=kernel_name)
     began = time.perf_counter()
     manager.start_kernel(**({"env": env} if env is not None else {}))
     client = manager.client()
     client.start_channels()
-    await_reply(client, client.execute("1"), timeout)
+    await_reply(client, client.execute(code), timeout)
     elapsed = time.perf_counter() - began
     client.stop_channels()
     manager.shutdown_kernel(now=True)

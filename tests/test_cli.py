@@ -55,6 +55,14 @@ def test_help_lists_our_commands_and_where_the_settings_are() -> None:
     assert "IPython kernel" not in shown  # ipykernel's own `install` is not offered
 
 
+@pytest.mark.parametrize("command", ["install", "precompile", "run", "mcp", "snapshot"])
+def test_every_command_has_help(command: str) -> None:
+    """Help texts are argparse format strings: a bare % in one (from a profile's summary,
+    '%pip') made --help crash."""
+    shown = cli(command, "--help").stdout
+    assert shown.startswith(f"usage: python -m wasm_kernel {command}")
+
+
 def test_help_all_shows_our_settings_first_with_real_defaults() -> None:
     """traitlets alone printed them last, with 0, [] and Undefined for dynamic defaults and
     private settings among them."""

@@ -353,7 +353,9 @@ def parser() -> argparse.ArgumentParser:
         " variables (install --env).",
     )
     commands = top.add_subparsers(dest="command", metavar="COMMAND", title="commands")
-    profiles_help = "; ".join(f"{p.name}: {p.summary}" for p in PROFILES.values())
+    profiles_help = "; ".join(f"{p.name}: {p.summary}" for p in PROFILES.values()).replace(
+        "%", "%%"
+    )  # argparse formats help with %
 
     cmd = commands.add_parser(
         "install",

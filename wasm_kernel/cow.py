@@ -226,6 +226,21 @@ def merged_across_gaps(ranges: Iterable[tuple[int, int]]) -> Iterator[tuple[int,
         yield pending
 
 
+def _scan_pages(
+    pagemap: int, arguments: ScanArguments, regions: ctypes.Array, start: int, end: int
+) -> Iterator[tuple[int, int]]:
+    """The regions ``PAGEMAP_SCAN`` lists for ``arguments`` within ``[start, end)``, asked in
+    as many calls as ``regions`` needs."""
+    while start < end:
+        arguments.start, arguments.end = start, end
+        found = _check(_libc.ioctl(pagemap, PAGEMAP_SCAN, ctypes.byref(arguments)), "PAGEMAP_SCAN")
+        for region in regions[:found]:
+            yield region.start, region.end
+        if arguments.walk_end <= start:
+            raise OSError("PAGEMAP_SCAN made no progress")
+        start = arguments.walk_end
+
+
 def drop_pages(address: int, length: int) -> None:
     """Forget private copies: a private file page reads the file again, anonymous memory zero."""
     _check(_libc.madvise(address, length, mmap.MADV_DONTNEED), "madvise")
@@ -271,16 +286,7 @@ class DirtyPages:
             category_anyof_mask=wanted,
             return_mask=wanted,
         )
-        while start < end:
-            arguments.start, arguments.end = start, end
-            found = _check(
-                _libc.ioctl(self._pagemap, PAGEMAP_SCAN, ctypes.byref(arguments)), "PAGEMAP_SCAN"
-            )
-            for region in self._regions[:found]:
-                yield region.start, region.end
-            if arguments.walk_end <= start:
-                raise OSError("PAGEMAP_SCAN made no progress")
-            start = arguments.walk_end
+        yield from _scan_pages(self._pagemap, arguments, self._regions, start, end)
 
 
 class WrittenPages:
@@ -342,16 +348,7 @@ class WrittenPages:
             category_mask=PAGE_IS_WRITTEN,
             return_mask=PAGE_IS_WRITTEN,
         )
-        while start < end:
-            arguments.start, arguments.end = start, end
-            found = _check(
-                _libc.ioctl(self._pagemap, PAGEMAP_SCAN, ctypes.byref(arguments)), "PAGEMAP_SCAN"
-            )
-            for region in self._regions[:found]:
-                yield region.start, region.end
-            if arguments.walk_end <= start:
-                raise OSError("PAGEMAP_SCAN made no progress")
-            start = arguments.walk_end
+        yield from _scan_pages(self._pagemap, arguments, self._regions, start, end)
 
 
 class CopyOnWriteMemory:

@@ -84,6 +84,7 @@ DEFAULT_SNAPSHOT_DIR = str(Path(platformdirs.user_data_dir("wasm-kernel")) / "sn
 MIN_SNAPSHOT_QUOTA = 16 << 20  # smaller holds no image at all: a unit slip
 SESSION_ENV = "JPY_SESSION_NAME"  # the notebook's path, set by Jupyter Server
 HIBERNATE_SECONDS = 60.0  # longest a shutdown waits for a running cell before it hibernates
+IMAGE_PACKAGES_SECONDS = 120  # longest a resume or restore spends installing its %pip packages
 
 
 def _env_default(trait: str, fallback: Any) -> Any:
@@ -812,15 +813,21 @@ class WasmKernel(Kernel):
         kernel's own package source; returns what the user should be told."""
         if self.package_set is None or not (pins or self.package_set.pins()):
             return []
+        deadline = time.monotonic() + IMAGE_PACKAGES_SECONDS  # no cell to interrupt it
 
-        def never_cancelled(seconds: float) -> bool:
+        def past_deadline(seconds: float) -> bool:
             time.sleep(seconds)
-            return False
+            return time.monotonic() > deadline
 
         try:
-            return self.package_set.match(pins, never_cancelled)
+            return self.package_set.match(pins, past_deadline)
         except PackageError as exc:
             return [str(exc)]
+        except Cancelled:
+            return [
+                f"installing the image's packages ({', '.join(pins)}) took longer than"
+                f" {IMAGE_PACKAGES_SECONDS} s and was stopped; %pip install them again"
+            ]
 
     def _image_bytes(self, sandbox: Sandbox) -> bytes:
         entries = self.history.range(0, 0, None)

@@ -300,7 +300,8 @@ class WheelCache:
         wheels = []
         for path in self.folder.glob("??/*/*.whl"):
             with contextlib.suppress(OSError):
-                wheels.append((path.stat().st_mtime, path.stat().st_size, path))
+                status = path.stat()
+                wheels.append((status.st_mtime, status.st_size, path))
         total = sum(size for _, size, _ in wheels)
         for _, size, path in sorted(wheels):
             if total <= limit:

@@ -432,10 +432,18 @@ def test_kernels_start_from_the_boot_image(own_cache, tmp_path):
     env = environment(tmp_path, WASM_KERNEL_CACHE_DIR=str(own_cache))
     argv = [f"--WasmKernel.cache_dir={own_cache}"]
     kernels = [Kernel(argv, env=env) for _ in range(2)]
+    [memory_file] = own_cache.rglob("boot-*" + images.MEMORY_SUFFIX)
     try:
         for kernel in kernels:
             described = ok(kernel.execute("%sandbox")).stream_text()
             assert "Interpreter: from the boot image" in described
+            # the guest's memory is the cache's file, mapped copy-on-write, not a copy of it
+            maps = Path(f"/proc/{kernel.manager.provisioner.process.pid}/maps").read_text()
+            assert str(memory_file) in maps
+        # numpy and pandas come loaded: a first import of them costs nothing
+        assert plain(kernels[0].execute("import sys; 'pandas' in sys.modules")) is True
+        ok(kernels[0].execute("import numpy as np, pandas as pd"))
+        assert plain(kernels[0].execute("int(pd.Series(np.arange(4)).sum())")) == 6
         # each start reseeds: kernels from one boot image do not share their random numbers
         ok(kernels[0].execute("import random, os"))
         ok(kernels[1].execute("import random, os"))
@@ -448,7 +456,18 @@ def test_kernels_start_from_the_boot_image(own_cache, tmp_path):
     finally:
         for kernel in kernels:
             kernel.shutdown()
-    for boot in own_cache.rglob("boot-*" + images.SUFFIX):
+    # a damaged memory file (here: cut short) is never mapped; the kernel boots without it.
+    # Replaced, not truncated in place: the copy's files are hard links to the real cache's.
+    data = memory_file.read_bytes()
+    memory_file.unlink()
+    memory_file.write_bytes(data[: len(data) // 2])
+    cut = Kernel(argv, env=env)
+    try:
+        assert "Interpreter: from a fresh boot" in cut.execute("%sandbox").stream_text()
+        assert plain(cut.execute("6 * 7")) == 42
+    finally:
+        cut.shutdown()
+    for boot in own_cache.rglob("boot-*"):
         boot.unlink()
     plain_boot = Kernel(argv, env=env)
     try:
@@ -465,3 +484,19 @@ def test_kernels_start_from_the_boot_image(own_cache, tmp_path):
     )
     assert built.returncode == 0, built.stderr
     assert len(list(own_cache.rglob("boot-*" + images.SUFFIX))) == 1
+    assert len(list(own_cache.rglob("boot-*" + images.MEMORY_SUFFIX))) == 1
+
+
+def test_a_boot_image_is_not_resumed_as_a_snapshot(own_cache, tmp_path):
+    """A boot image's memory is a file beside it, which only the kernel's own boot path maps:
+    named as an image to resume, it is refused (an image never names host files)."""
+    [boot] = own_cache.rglob("boot-*" + images.SUFFIX)
+    env = environment(tmp_path, WASM_KERNEL_CACHE_DIR=str(own_cache))
+    kernel = Kernel([f"--WasmKernel.resume_from={boot}"], env=env)
+    try:
+        first = kernel.execute("x = 1")
+        assert "keeps its memory in a file of its own" in first.stream_text("stderr")
+        ok(first)
+        assert plain(kernel.execute("x + 1")) == 2
+    finally:
+        kernel.shutdown()

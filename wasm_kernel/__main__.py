@@ -104,13 +104,13 @@ def make_boot_image(compiled: Any, entry: Path) -> None:
     from .sandbox import Limits, build_boot_image
 
     path = images.boot_image_path(entry)
-    if path.exists():
+    if path.exists() and images.boot_memory_path(path).exists():
         return
     if not writable(entry):
         print(f"{entry} is read-only: no boot image; kernels boot without one", file=sys.stderr)
         return
-    for stale in entry.glob("boot-*" + images.SUFFIX):
-        stale.unlink()  # made for other guest code
+    for stale in entry.glob("boot-*"):
+        stale.unlink()  # made for other guest code (a kernel mapping one keeps reading it)
     profile = PROFILES[DEFAULT_PROFILE]
     limits = Limits(
         fuel=profile.fuel,

@@ -55,6 +55,7 @@ MAX_ARCHIVE_MEMBERS = 100_000
 MAX_GUEST_PATH = 4096
 MAX_PACKAGES = 1000  # %pip pins an image may name (the host parses each again)
 SUFFIX = ".wkimg"
+MEMORY_SUFFIX = ".memory"
 COMPRESSION = 1  # zstd level: saving fast matters more than the last few per cent
 
 
@@ -118,6 +119,8 @@ class Image:
     host: HostState
     scratch: bytes  # a tar archive of /tmp
     taken: str = ""
+    memory_elsewhere: bool = False  # a boot image's: raw pages in a file beside it
+    memory_file: Path | None = None  # that file, in this kernel's cache (see boot_memory_path)
 
     @property
     def stored_pages(self) -> int:
@@ -188,22 +191,27 @@ def write_image(
     host: HostState,
     scratch: bytes,
     taken: str,
+    memory_file: Path | None = None,
 ) -> bytes:
-    """The image file's bytes."""
+    """The image file's bytes. With ``memory_file`` (a boot image), the memory goes there as
+    raw pages instead, for kernels to map, and the image only says that it lives elsewhere."""
     blobs: list[bytes] = []
     extents = []
     view = memoryview(memory)
-    for first, count in changed_extents(memory, base):
-        packed = _pack(view[first * PAGE : (first + count) * PAGE])
-        extents.append([first, count, len(packed)])
-        blobs.append(packed)
+    if memory_file is not None:
+        write_memory_file(memory_file, view)
+    else:
+        for first, count in changed_extents(memory, base):
+            packed = _pack(view[first * PAGE : (first + count) * PAGE])
+            extents.append([first, count, len(packed)])
+            blobs.append(packed)
     history = _pack(json.dumps(host.history).encode())
     packed_scratch = _pack(scratch)
     header = {
         "needs": needs,
         "mounts": mounts,
         "taken": taken,
-        "memory": {"size": len(memory), "extents": extents},
+        "memory": {"size": len(memory), "extents": extents, "separate": memory_file is not None},
         "globals": globals_,
         "host": {
             "execution_count": host.execution_count,
@@ -224,10 +232,34 @@ def write_image(
 # -- reading -----------------------------------------------------------------------------------
 
 
+def write_memory_file(path: Path, memory: memoryview) -> None:
+    """Raw pages, zero pages left as holes (the file is sparse), written under a temporary name
+    and renamed: a kernel mapping the previous file keeps reading that one."""
+    staging = path.with_name(f".{path.name}.partial")
+    zero = bytes(PAGE)
+    with staging.open("wb") as out:
+        for start in range(0, len(memory), PAGE):
+            page = memory[start : start + PAGE]
+            if bytes(page) == zero:  # memcmp, where a memoryview compares item by item
+                out.seek(PAGE, io.SEEK_CUR)
+            else:
+                out.write(page)
+        out.truncate(len(memory))
+    staging.chmod(0o644)  # shared by every user of the cache, as the compiled module is
+    staging.replace(path)
+
+
 def read_image(
-    path: Path, *, needs: dict[str, object], memory_limit: int, scratch_limit: int
+    path: Path,
+    *,
+    needs: dict[str, object],
+    memory_limit: int,
+    scratch_limit: int,
+    memory_file: Path | None = None,
 ) -> Image:
-    """Read and check the image at ``path`` against this kernel; raises ImageError."""
+    """Read and check the image at ``path`` against this kernel; raises ImageError.
+    ``memory_file`` is where a boot image's memory is (the kernel's own cache, never a name
+    an image gives): an image whose memory lives elsewhere is refused without one."""
     try:
         size = path.stat().st_size
         # the largest sound image: all memory and all of /tmp barely compressible, and history
@@ -240,7 +272,22 @@ def read_image(
         data = path.read_bytes()
     except OSError as exc:
         raise ImageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    return parse_image(data, needs=needs, memory_limit=memory_limit, scratch_limit=scratch_limit)
+    image = parse_image(data, needs=needs, memory_limit=memory_limit, scratch_limit=scratch_limit)
+    if image.memory_elsewhere:
+        if memory_file is None:
+            raise ImageError(
+                "this image keeps its memory in a file of its own, as only a boot image does"
+            )
+        try:
+            found = memory_file.stat().st_size
+        except OSError as exc:
+            raise ImageError(f"cannot read {memory_file}: {exc.strerror or exc}") from None
+        if found != image.memory_size:  # mapped past its end, the guest's reads would fault
+            raise ImageError(
+                f"{memory_file.name} holds {found} bytes, not the image's {image.memory_size}"
+            )
+        image.memory_file = memory_file
+    return image
 
 
 def parse_image(
@@ -351,6 +398,8 @@ def _checked(
             f"the image holds {memory_size >> 20} MiB of memory, more than this kernel's memory"
             f" limit of {memory_limit >> 20} MiB (--WasmKernel.memory_limit)"
         )
+    separate = memory.get("separate", False)  # images from before boot images were mapped
+    _require(isinstance(separate, bool) and not (separate and memory["extents"]), "bad memory")
     extents: list[tuple[int, bytes]] = []
     next_free = 0
     for entry in memory["extents"]:
@@ -425,6 +474,7 @@ def _checked(
         ),
         scratch=scratch,
         taken=str(header.get("taken", ""))[:64],
+        memory_elsewhere=separate,
     )
 
 
@@ -500,6 +550,12 @@ def boot_image_path(entry: Path) -> Path:
     """Where the boot image of a compiled-runtime cache entry lives: named by the guest code's
     version, so that a change of guest code needs (and finds) a new one."""
     return entry / f"boot-{guest_code_version()[:24]}{SUFFIX}"
+
+
+def boot_memory_path(image_path: Path) -> Path:
+    """The raw memory file beside a boot image: every kernel maps it copy-on-write, so a
+    start reads only the pages its guest touches, and the page cache holds them once."""
+    return image_path.with_suffix(MEMORY_SUFFIX)
 
 
 # -- the images folder ---------------------------------------------------------------------------

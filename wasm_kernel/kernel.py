@@ -561,7 +561,7 @@ class WasmKernel(Kernel):
         if not path.exists() or self.plain_tracebacks:  # the image's shell colours them
             return start()
         try:
-            image = self._read_image(path)
+            image = self._read_image(path, memory_file=images.boot_memory_path(path))
             image.host.cwd = self.start_dir  # a boot image has no folder of its own
             sandbox = start(image=image)
             self._started_from = "the boot image"
@@ -587,12 +587,13 @@ class WasmKernel(Kernel):
                 return hibernated
         return None
 
-    def _read_image(self, path: Path) -> images.Image:
+    def _read_image(self, path: Path, memory_file: Path | None = None) -> images.Image:
         return images.read_image(
             path,
             needs=images.identity(self.runtime.module.sha256),
             memory_limit=self.limits.memory,
             scratch_limit=self.limits.scratch,
+            memory_file=memory_file,
         )
 
     async def _sandbox(self, notify: Any) -> Sandbox:

@@ -36,6 +36,7 @@ import wasmtime
 
 from . import guest_packages, images, protocol, scratch_folders
 from .cache import CompiledRuntime, exported
+from .cow import map_copy_on_write
 from .descriptors import GuestFiles
 from .guest.modules import _wasm_kernel_messages as ops
 from .mounts import SCRATCH, Mount
@@ -326,6 +327,8 @@ class Sandbox:
         self._adapter: wasmtime.Module | None = None  # compiled once, reused by restarts
         # added to the host's clocks so that a resumed guest's never run backwards
         self._clock_offsets = dict.fromkeys(_CLOCKS, 0)
+        # a boot image (memory mapped from the cache) also serves restarts: no second boot
+        self._boot_image = image if image is not None and image.memory_file is not None else None
         try:
             self._start_interpreter(image)
         except BaseException:
@@ -459,6 +462,8 @@ class Sandbox:
             self._memory.grow(store, (image.memory_size - current) // images.PAGE)
         except wasmtime.WasmtimeError:
             raise images.ImageError(memory_limit_text(self.limits.memory)) from None
+        if image.memory_file is not None:
+            self._load_memory_file(store, image.memory_file, image.memory_size)
         base = memory_address(self._memory, store)
         for first, data in image.extents:
             ctypes.memmove(base + first * images.PAGE, data, len(data))
@@ -502,8 +507,28 @@ class Sandbox:
         if status != 0:
             raise images.ImageError("the resumed interpreter could not run the kernel's code")
 
-    def save_image(self, host: images.HostState, mounts: list[str]) -> bytes:
-        """This interpreter as an image file's bytes, taken between turns."""
+    def _load_memory_file(self, store: wasmtime.Store, path: Path, size: int) -> None:
+        """Guest memory from a boot image's raw memory file: mapped copy-on-write where the
+        system allows (the guest reads only the pages it touches, shared with every kernel
+        mapping the file, and writes private copies), else read into place."""
+        try:
+            map_copy_on_write(self._memory, store, path, 0, size)
+            return
+        except (OSError, ValueError):
+            pass
+        target = (ctypes.c_char * size).from_address(memory_address(self._memory, store))
+        try:
+            with path.open("rb", buffering=0) as file:
+                if file.readinto(target) != size:
+                    raise images.ImageError(f"{path.name} is shorter than the image's memory")
+        except OSError as exc:
+            raise images.ImageError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+    def save_image(
+        self, host: images.HostState, mounts: list[str], memory_file: Path | None = None
+    ) -> bytes:
+        """This interpreter as an image file's bytes, taken between turns (its memory as a raw
+        file at ``memory_file`` instead, for a boot image)."""
         with self._turn_lock:
             store = self._live_store
             self._reply = None
@@ -539,6 +564,7 @@ class Sandbox:
                 host=host,
                 scratch=images.archive_folder(self._tmp, self.limits.scratch),
                 taken=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                memory_file=memory_file,
             )
 
     def _fresh_memory(self) -> bytes:
@@ -603,6 +629,14 @@ class Sandbox:
     def restart(self) -> None:
         """Replace the interpreter with a fresh one (same private /tmp)."""
         self._free_interpreter()
+        if self._boot_image is not None:
+            try:
+                self._start_interpreter(self._boot_image)
+                self._fresh = True
+                return
+            except images.ImageError as exc:
+                log.warning("restarting without the boot image: %s", exc)
+                self._free_interpreter()
         self._start_interpreter()
         self._fresh = True
 
@@ -1151,14 +1185,15 @@ def build_boot_image(compiled: CompiledRuntime, limits: Limits, path: Path) -> i
     sandbox = Sandbox(compiled, limits, rollback=False)
     try:
         sandbox.request("warm_up", host=QuietHost())
-        data = sandbox.save_image(images.HostState(), [])
+        memory_file = images.boot_memory_path(path)
+        data = sandbox.save_image(images.HostState(), [], memory_file=memory_file)
     finally:
         sandbox.close()
     staging = path.with_name(f".{path.name}.partial")
     staging.write_bytes(data)
     staging.chmod(0o644)  # shared by every user of the cache, as the compiled module is
-    staging.replace(path)
-    return len(data)
+    staging.replace(path)  # after the memory file: a kernel that finds the image finds both
+    return len(data) + memory_file.stat().st_blocks * 512
 
 
 _CLOCKS = {0: time.time_ns, 1: time.monotonic_ns, 2: time.process_time_ns, 3: time.thread_time_ns}

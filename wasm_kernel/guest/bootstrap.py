@@ -267,10 +267,15 @@ def working_folder():
 
 
 def warm_up():
-    """Format a traceback once, for the boot image: kernels started from it then show their
-    first error without first importing and priming IPython's traceback machinery and its
-    syntax highlighting (about 0.4 s in the guest). The failing code has source in linecache,
-    as a cell's has, so that highlighting runs too."""
+    """Work done once, for the boot image, so that kernels started from it need not:
+
+    - format a traceback whose code has source in linecache, as a cell's has: IPython's
+      traceback machinery and syntax highlighting cost about 0.4 s of guest time on first use;
+    - run a cell that stores no history and shows nothing: the first cell paid about 10 ms
+      for what IPython sets up on first use;
+    - import numpy and pandas (most of a second in the guest): the image's memory is mapped, so a
+      kernel pays only for the pages it touches, and a first `import pandas` is immediate.
+    """
     import linecache
 
     source, name = "1 / 0\n", "<wasm-kernel warm-up>"
@@ -281,6 +286,10 @@ def warm_up():
         shell.InteractiveTB.structured_traceback(type(exc), exc, exc.__traceback__)
     finally:
         linecache.cache.pop(name, None)
+    shell.run_cell("None", store_history=False)
+    import numpy  # noqa: F401
+    import pandas  # noqa: F401
+
     return {}
 
 

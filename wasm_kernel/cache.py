@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -89,10 +90,16 @@ def default_cache_dir() -> Path:
     return Path(override) if override else Path(platformdirs.user_cache_dir("wasm-kernel"))
 
 
+@functools.cache
+def wasmtime_version() -> str:
+    """Read once: each look-up in the installed distributions' metadata costs ~2 ms."""
+    return metadata.version("wasmtime")
+
+
 def cache_key(runtime: Runtime) -> str:
     identity = {
         "runtime": runtime.key,
-        "wasmtime": metadata.version("wasmtime"),
+        "wasmtime": wasmtime_version(),
         "machine": platform.machine(),
         "engine": ENGINE_SETTINGS,
         "rewrite": rewrite.VERSION if runtime.restorable else None,

@@ -28,6 +28,7 @@ own business: a guest could write any of those bytes itself.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -36,12 +37,13 @@ import re
 import struct
 import tarfile
 from dataclasses import dataclass, field
-from importlib import metadata, resources
+from importlib import resources
 from pathlib import Path, PurePosixPath
 
 import zstandard
 
 from . import guest_packages, rewrite
+from .cache import wasmtime_version
 from .runtime import manifest_dir
 
 MAGIC = b"WKIMAGE\n"
@@ -63,6 +65,7 @@ class ImageError(Exception):
     """An image that this kernel cannot or will not resume; the message says why."""
 
 
+@functools.cache
 def guest_code_version() -> str:
     """sha256 over the guest's own sources: an image holds them as loaded, so an image taken
     with other guest code would run that code against this host."""
@@ -82,7 +85,7 @@ def identity(runtime_sha256: str) -> dict[str, object]:
         "runtime_sha256": runtime_sha256,
         "rewrite": rewrite.VERSION,
         "guest_code": guest_code_version(),
-        "wasmtime": metadata.version("wasmtime"),
+        "wasmtime": wasmtime_version(),
         "machine": platform.machine(),
     }
 

@@ -7,9 +7,9 @@ import os
 from collections.abc import Generator
 from typing import Any
 
-from ipykernel.kernelapp import IPKernelApp
+from ipykernel.kernelapp import IPKernelApp, kernel_aliases, kernel_flags
 from jupyter_core.paths import jupyter_config_path
-from traitlets import Type
+from traitlets import Dict, Type
 from traitlets.config import Application, Configurable
 from traitlets.utils.text import indent, wrap_paragraphs
 
@@ -29,6 +29,8 @@ UNUSED_CLASSES = (
     "InteractiveShellApp",
     "ProfileDir",
 )
+# what the shortcuts of ipykernel's command line may set that no class here configures
+IGNORED_TARGETS = {"InteractiveShell", "PlainTextFormatter", "ProfileDir"}
 SETTINGS_INTRO = (
     "Set them in the kernelspec's argv (--WasmKernel.fuel=1e11), in"
     " jupyter_wasm_kernel_config.py on the Jupyter config path (`jupyter --paths`;"
@@ -100,10 +102,24 @@ def _class_help(cls: type[Configurable]) -> str:
     return "\n".join(lines)
 
 
+def _applies(*targets: Any) -> bool:
+    """Whether a command-line shortcut sets only classes this application configures."""
+    names = [target[0] if isinstance(target, tuple) else target for target in targets]
+    return not any(
+        str(getattr(name, "__name__", name)).split(".")[0] in IGNORED_TARGETS for name in names
+    )
+
+
 class WasmKernelApp(IPKernelApp):
     name = "wasm-kernel"
     description = "A Jupyter kernel running Python in a WebAssembly sandbox."
-    classes = [*IPKernelApp.classes, WasmKernel]
+    # Without the unused IPython classes: traitlets turned their few hundred settings into
+    # command-line options at every start (~20 ms). Options naming them still parse, as ever to
+    # no effect; their shortcuts (--colors, --pdb, --profile-dir...) are ignored like any unknown
+    # option.
+    classes = [*(c for c in IPKernelApp.classes if c.__name__ not in UNUSED_CLASSES), WasmKernel]
+    aliases = Dict({name: alias for name, alias in kernel_aliases.items() if _applies(alias)})
+    flags = Dict({name: flag for name, flag in kernel_flags.items() if _applies(*flag[0])})
     kernel_class = Type(WasmKernel, klass="ipykernel.kernelbase.Kernel").tag(  # type: ignore[assignment]
         config=True
     )
@@ -143,7 +159,7 @@ class WasmKernelApp(IPKernelApp):
         yield from wrap_paragraphs(
             "The kernel runs in ipykernel's application. IPython's shell settings (and flags"
             " such as --pylab) have no effect: cells run in the sandbox, not in an IPython"
-            " shell; their classes are left out below.",
+            " shell; their classes and their shortcuts are left out below.",
             80,
         )
         yield ""

@@ -32,14 +32,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from email.message import Message
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from . import scratch_folders
 from .mounts import Mount
+
+if TYPE_CHECKING:
+    from packaging.requirements import Requirement
 from .wheels import (
     Distribution,
     PackageError,
@@ -90,6 +93,10 @@ class Cancelled(Exception):
 def parse_requests(texts: Iterable[object]) -> list[Requirement]:
     """The guest's requirement strings as requirements: a name, extras and version specifiers
     only. URLs, paths, markers and options are refused (each would reach the host's pip)."""
+    # imported on first use, as everywhere in this module: packaging's requirement parser
+    # (with its markers) took ~11 ms of every kernel start, which needs none of it
+    from packaging.requirements import InvalidRequirement, Requirement
+
     texts = list(texts)
     if not texts:
         raise PackageError("You must give at least one requirement to install")
@@ -664,6 +671,8 @@ class Packages:
     def _explain(self, pip: Pip, errors: str, wanted: list[str]) -> str:
         """pip's refusal, said for this sandbox: a shipped package that would have to be
         replaced, a compiled-only package, wheels refused, or pip's own last word."""
+        from packaging.requirements import InvalidRequirement, Requirement
+
         match = NOT_FOUND.search(errors)
         requirement = None
         if match:

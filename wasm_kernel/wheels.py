@@ -26,8 +26,6 @@ from email.message import Message
 from email.parser import BytesParser
 from pathlib import Path
 
-from packaging.markers import UndefinedComparison, UndefinedEnvironmentName
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.tags import Tag
 from packaging.utils import (
     InvalidWheelFilename,
@@ -72,6 +70,9 @@ class Distribution:
     def requires(self, markers: dict[str, str]) -> list[str]:
         """Names this distribution needs where ``markers`` hold (extras' needs left out), as
         pip show lists them."""
+        from packaging.markers import UndefinedComparison, UndefinedEnvironmentName
+        from packaging.requirements import InvalidRequirement, Requirement  # see parse_requests
+
         names = set()
         for text in self.metadata.get_all("Requires-Dist") or []:
             try:

@@ -10,7 +10,8 @@ in the same run, reported as min / median over repetitions and as wasm/native ra
 minimums and of the medians; a ratio above 1 means wasm-kernel is slower or larger):
 
 1. start: kernel start to the first execute_reply, warm caches, of a trivial first cell and
-   of ``import numpy, pandas``; and with cold caches
+   of ``import numpy, pandas``; the same for an ipykernel kernel that runs nothing
+   (``bench/null_kernel.py``: the floor for any kernel built on ipykernel); and with cold caches
    (wasm: an empty ``WASM_KERNEL_CACHE_DIR``, so the runtime is compiled, once; native: an
    empty ``PYTHONPYCACHEPREFIX``, so every module is compiled to bytecode). ``--quick``
    skips the cold start.
@@ -291,6 +292,7 @@ def bench_start(cfg: dict, quick: bool) -> list[dict]:
                 [s * 1e3 for s in samples[WASM]],
             )
         )
+    rows.append(floor_row(cfg))
     if quick:
         return rows
     cold: dict[str, list[float]] = {NATIVE: [], WASM: []}
@@ -316,6 +318,40 @@ def bench_start(cfg: dict, quick: bool) -> list[dict]:
         )
     )
     return rows
+
+
+def floor_row(cfg: dict) -> dict:
+    """The native kernel against an ipykernel kernel that runs nothing (null_kernel.py): what
+    ipykernel's own start costs any kernel built on it, wasm-kernel included."""
+    with tempfile.TemporaryDirectory(prefix="bench-null-kernel-") as folder:
+        spec = Path(folder) / "kernels" / "null"
+        spec.mkdir(parents=True)
+        script = Path(__file__).with_name("null_kernel.py")
+        argv = [sys.executable, str(script), "-f", "{connection_file}"]
+        (spec / "kernel.json").write_text(json.dumps({"argv": argv, "language": "python"}))
+        saved = os.environ.get("JUPYTER_PATH")
+        os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, (folder, saved)))
+        try:
+            samples: dict[str, list[float]] = {NATIVE: [], "null": []}
+            for name in samples:
+                startup_roundtrip.time_start(name)
+            for i in range(cfg["starts"]):
+                for name in (NATIVE, "null") if i % 2 else ("null", NATIVE):
+                    samples[name].append(startup_roundtrip.time_start(name))
+        finally:
+            if saved is None:
+                del os.environ["JUPYTER_PATH"]
+            else:
+                os.environ["JUPYTER_PATH"] = saved
+    return row(
+        "start",
+        "kernel start to the execute_reply of a first cell `1`: an ipykernel kernel that runs"
+        " nothing (the floor for kernels built on ipykernel)",
+        "ms",
+        [s * 1e3 for s in samples[NATIVE]],
+        [s * 1e3 for s in samples["null"]],
+        "the wasm column is bench/null_kernel.py, not wasm-kernel",
+    )
 
 
 # -- 2. round trip and nbclient throughput ----------------------------------------------------

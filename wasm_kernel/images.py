@@ -232,9 +232,6 @@ def write_image(
     return body + hashlib.sha256(body).digest()
 
 
-# -- reading -----------------------------------------------------------------------------------
-
-
 def write_memory_file(path: Path, memory: memoryview) -> None:
     """Raw pages, zero pages left as holes (the file is sparse), written under a temporary name
     and renamed: a kernel mapping the previous file keeps reading that one."""
@@ -250,6 +247,9 @@ def write_memory_file(path: Path, memory: memoryview) -> None:
         out.truncate(len(memory))
     staging.chmod(0o644)  # shared by every user of the cache, as the compiled module is
     staging.replace(path)
+
+
+# -- reading -----------------------------------------------------------------------------------
 
 
 def read_image(

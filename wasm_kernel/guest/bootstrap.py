@@ -27,8 +27,14 @@ ERROR_TEXT_LIMIT = 256 * 1024  # characters of an error's value and traceback se
 DAMAGED = 86  # exit status of a turn after which the host must roll the interpreter back
 NO_NETWORK = "there is no network in this sandbox"  # as in socket.NetworkUnavailable's text
 
+# Bytes held back from the user's code: when a cell fills memory up to the sandbox's limit and
+# keeps it (a MemoryError it caught, or objects it left referenced), the reserve is given back
+# so that the error can still be formatted and the next cell can run, and free that memory.
+MEMORY_RESERVE = 8 << 20
+
 shell = None  # IPython's shell, created by boot()
 _reported = False  # the running cell has reported its error
+_reserve = None  # the held-back bytes; None once given back, until memory allows again
 
 
 class StdinNotImplementedError(NotImplementedError):
@@ -115,6 +121,8 @@ def run_cell(source, execution_count, store_history=True, silent=False):
         if error is not None and not _reported:  # shown by IPython already (a UsageError)
             report(type(error).__name__, str(error), [], publish=False)
     except BaseException as exc:
+        if isinstance(exc, MemoryError):
+            release_reserve()
         _report(exc)
     try:
         payloads = shell.payload_manager.read_payload()
@@ -131,8 +139,33 @@ def run_cell(source, execution_count, store_history=True, silent=False):
     for name in ("stdout", "stderr"):
         if not hasattr(sys, name):  # deleted: the interpreter's end of turn cannot do without
             setattr(sys, name, getattr(sys, f"__{name}__"))
+    hold_reserve()
     if not _intact():
         raise SystemExit(DAMAGED)
+
+
+def release_reserve():
+    """Memory ran out (the host calls this after a turn that hit the limit, the shell when it
+    formats a MemoryError): give the reserve back, for the error and the next cell."""
+    global _reserve
+    _reserve = None
+
+
+def hold_reserve():
+    """Take the reserve back once memory allows, at the end of a cell: only where twice its
+    size is free, so that memory still full keeps the room it was given."""
+    global _reserve
+    if _reserve is not None:
+        return
+    try:
+        room = bytearray(2 * MEMORY_RESERVE)
+    except MemoryError:
+        return
+    del room
+    try:
+        _reserve = bytearray(MEMORY_RESERVE)
+    except MemoryError:
+        pass
 
 
 # -- input, getpass and sleep that talk to the kernel ---------------------------------------
@@ -410,6 +443,7 @@ def boot(packages, plain_tracebacks=False):
 
     signal.signal(signal.SIGINT, _on_sigint)
 
+    hold_reserve()
     from _wasm_kernel_shell import ZMQInteractiveShell, create_shell
 
     if ZMQInteractiveShell.initialized():

@@ -317,6 +317,13 @@ class ZMQInteractiveShell(InteractiveShell):
             exc.__traceback__ = _without_kernel_frames(exc.__traceback__)
         return etype, value, _without_kernel_frames(tb)
 
+    def showtraceback(self, exc_tuple=None, *args, **kwargs):
+        """Out of memory, the guest's reserve is given back first: formatting the error needs
+        room, and so does the next cell."""
+        if isinstance((exc_tuple or sys.exc_info())[1], MemoryError):
+            _kernel().release_reserve()
+        super().showtraceback(exc_tuple, *args, **kwargs)
+
     def _showtraceback(self, etype, evalue, stb):
         hint = sandbox_hint(evalue)
         lines = list(stb) + ([hint] if hint else [])

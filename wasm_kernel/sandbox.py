@@ -776,22 +776,10 @@ class Sandbox:
                 )
             if cell and (stopped is None or stopped.recovered):
                 self._fresh = False  # this cell's changes stand
-                if self._hit_memory_limit(store, memory_at_start, limits.memory):
-                    self._release_reserve(store)
             if stopped is not None:
                 if not (self._closing or stopped.recovered):
                     stopped.evalue += " " + self._recover(store, stopped.fresh)
                 raise stopped
-
-    def _release_reserve(self, store: wasmtime.Store) -> None:
-        """The cell ran into the memory limit and what it did stays (an ordinary MemoryError,
-        perhaps caught, with memory still full): the guest gives back the memory it held in
-        reserve, so that the next cell has room to run, and to free what filled memory."""
-        with self._metered(store, REPAIR_FUEL, REPAIR_SECONDS, interruptible=False):
-            try:
-                self._call_turn(f"__import__({GUEST_MODULE!r}).release_reserve()")
-            except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
-                log.warning("the guest could not give back its memory reserve: %s", exc)
 
     def _recover(self, store: wasmtime.Store, fresh: bool) -> str:
         """Make the interpreter usable after a failed turn; returns what became of the user's

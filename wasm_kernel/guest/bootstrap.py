@@ -15,6 +15,7 @@ the interpreter back if not.
 import builtins
 import gc
 import getpass
+import io
 import json
 import os
 import sys
@@ -31,6 +32,7 @@ NO_NETWORK = "there is no network in this sandbox"  # as in socket.NetworkUnavai
 # keeps it (a MemoryError it caught, or objects it left referenced), the reserve is given back
 # so that the error can still be formatted and the next cell can run, and free that memory.
 MEMORY_RESERVE = 8 << 20
+MEMORY_LOW = 1 << 20  # less room than this at the end of a cell gives the reserve back
 
 shell = None  # IPython's shell, created by boot()
 _reported = False  # the running cell has reported its error
@@ -145,27 +147,39 @@ def run_cell(source, execution_count, store_history=True, silent=False):
 
 
 def release_reserve():
-    """Memory ran out (the host calls this after a turn that hit the limit, the shell when it
-    formats a MemoryError): give the reserve back, for the error and the next cell."""
+    """Memory ran out (the shell formats a MemoryError, or a cell ended with memory nearly
+    full): give the reserve back, for the error and the next cell."""
     global _reserve
     _reserve = None
 
 
 def hold_reserve():
-    """Take the reserve back once memory allows, at the end of a cell: only where twice its
-    size is free, so that memory still full keeps the room it was given."""
+    """At the end of a cell: give the reserve back if memory is nearly full (a cell that caught
+    its MemoryError, or keeps what filled memory; it is done here, in a turn that is running
+    already, since a new turn could not even compile its source), or take it again where twice
+    its size is free, so that memory still full keeps the room it was given."""
     global _reserve
     if _reserve is not None:
+        if not _room_for(MEMORY_LOW):
+            release_reserve()
         return
-    try:
-        room = bytearray(2 * MEMORY_RESERVE)
-    except MemoryError:
+    if not _room_for(2 * MEMORY_RESERVE):
         return
-    del room
     try:
         _reserve = bytearray(MEMORY_RESERVE)
     except MemoryError:
         pass
+
+
+def _room_for(size):
+    """Whether ``size`` bytes can be allocated now, asked without writing them: a buffered
+    reader's buffer is allocated and not filled, where a bytearray would be zeroed (pages a
+    checkpoint then has to save)."""
+    try:
+        io.BufferedReader(io.BytesIO(), buffer_size=size)
+    except MemoryError:
+        return False
+    return True
 
 
 # -- input, getpass and sleep that talk to the kernel ---------------------------------------

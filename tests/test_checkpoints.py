@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import mmap
 import os
 from pathlib import Path
 
 import pytest
 from conftest import Kernel, ok
 
-from wasm_kernel import cow
+from wasm_kernel import cow, images
 from wasm_kernel.cache import RuntimeCache
 from wasm_kernel.cow import copy_on_write_missing, map_copy_on_write, page_up
 from wasm_kernel.rewrite import BRK_EXPORT
@@ -287,6 +288,106 @@ def test_pages_of_another_file_are_kept_or_copied_exactly(
             box.run_cell("kept[:] = -1\nimport json, wave\nwhile True: pass", 2, Quiet())
         box._state.restore(box._store)  # again: the kernel's repair turn ran since
         assert ctypes.string_at(base, size) == before
+    finally:
+        box.close()
+
+
+@pytest.mark.skipif(not cow.write_protect_works(), reason="no userfaultfd write-protection here")
+def test_pages_left_in_place_are_dropped_beside_pages_mapped_anew(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The checkpoint that goes past KEPT_LIMIT drops the pages left in place and protects
+    them again; where two of them lie either side of a page of another file written in the
+    same cell (mapped from the checkpoint file by that checkpoint), the range protected spans
+    the new mapping too, which must be tracked by then. Memory as in a guest started from a
+    boot image: pages 4-7 of 16 a copy-on-write view of another file."""
+    monkeypatch.setattr(cow, "KEPT_LIMIT", 2 * cow.PAGE)
+    pages = 16
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    area = mmap.mmap(-1, pages * cow.PAGE, flags=flags)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(area))
+    image = os.memfd_create("boot-image-like")
+    memory = cow.CopyOnWriteMemory()
+    try:
+        os.write(image, bytes([7]) * (4 * cow.PAGE))
+        cow.map_file(base + 4 * cow.PAGE, 4 * cow.PAGE, image, 0)
+        memory.take(base, pages * cow.PAGE)
+
+        def cell(*written: int) -> None:
+            for page in written:
+                area[page * cow.PAGE] = page + 10
+            memory.take(base, pages * cow.PAGE)
+
+        cell(5)  # page 5 moves into the checkpoint file
+        cell(5)  # left in place
+        cell(3)  # left in place: the limit is reached
+        assert memory._kept == 2 * cow.PAGE
+        cell(4, 12)  # past it: 3 and 5 dropped, 4 moves into the file between them
+        assert memory._kept == 0
+        area[4 * cow.PAGE + 1] = 99  # written after the checkpoint: rolled back
+        memory.restore(base, pages * cow.PAGE)
+        expected = {3: 13, 4: 14, 5: 15, 6: 7, 12: 22}
+        assert {page: area[page * cow.PAGE] for page in expected} == expected
+        assert area[4 * cow.PAGE + 1] == 7
+    finally:
+        memory.close()
+        os.close(image)
+        area.close()
+
+
+@pytest.mark.skipif(not cow.write_protect_works(), reason="no userfaultfd write-protection here")
+@pytest.mark.slow
+def test_a_long_session_from_the_boot_image_keeps_copy_on_write(
+    compiled, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A guest started from the boot image (its memory a copy-on-write view of the cache's
+    file) writes some of those pages in each cell; every so often the pages left in place go
+    past KEPT_LIMIT and are dropped, in the same checkpoint that maps freshly written pages
+    from the checkpoint file. Checkpoints must stay copy-on-write through that (they once fell
+    back to copying all memory after every cell), pages rewritten by every cell count once
+    towards the limit, and a trap still rolls back exactly."""
+    boot = images.boot_image_path(RuntimeCache().entry_dir(compiled.runtime))
+    assert boot.exists(), "run `python -m wasm_kernel precompile`"
+    image = images.read_image(
+        boot,
+        needs=images.identity(compiled.runtime.module.sha256),
+        memory_limit=1 << 30,
+        scratch_limit=0,
+        memory_file=images.boot_memory_path(boot),
+    )
+    image.host.cwd = "/tmp"
+    limits = Limits(fuel=10**12, seconds=0, memory=1 << 30, output=1 << 20)
+    box = Sandbox(compiled, limits, image=image)
+    quiet = Quiet()
+    cell = "x = {}\nimport pandas\npandas.DataFrame({{'a': [x]}})"
+    try:
+        box.checkpoint()
+        kept = []
+        for count in range(1, 30):
+            # pandas' pages came from the boot image: each cell writes a few more of them, so
+            # what is left in place grows slowly; the limit is set to be reached soon
+            box.run_cell(cell.format(count), count, quiet)
+            box.checkpoint()
+            kept.append(box._state._cow._kept)
+            if count == 3:
+                monkeypatch.setattr(cow, "KEPT_LIMIT", kept[-1] + (64 << 10))
+        assert box.checkpoint_method.startswith(COPY_ON_WRITE), box.checkpoint_method
+        assert 0 in kept[3:] and max(kept) <= cow.KEPT_LIMIT, kept  # reached, and dropped
+        monkeypatch.setattr(cow, "KEPT_LIMIT", 1 << 30)
+        box.run_cell("x = 1", 40, quiet)
+        box.checkpoint()
+        before = box._state._cow._kept
+        box.run_cell("x = 1", 41, quiet)
+        box.checkpoint()
+        # the pages the same cell rewrites are not counted twice
+        assert box._state._cow._kept - before < box.checkpoint_stats.written / 4
+        box.limits = Limits(fuel=2 * 10**9, seconds=0, memory=1 << 30, output=1 << 20)
+        with pytest.raises(CellStopped):
+            box.run_cell("x = -1\nwhile True: pass", 42, quiet)
+        box.limits = limits
+        quiet.text.clear()
+        box.run_cell("print(x, pandas.DataFrame({'a': [x]}).a.sum())", 43, quiet)
+        assert "".join(quiet.text).split() == ["1", "1"], quiet.text
     finally:
         box.close()
 

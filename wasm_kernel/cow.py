@@ -30,6 +30,7 @@ import os
 import platform
 import re
 import sys
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from functools import cache
 
@@ -50,6 +51,7 @@ REGIONS_PER_CALL = 512
 OWN_PAGE = bytes(int((top & 0xE0) in (0x80, 0x40)) for top in range(256))
 OWN_PRESENT_PAGE = bytes(int((top & 0xE0) == 0x80) for top in range(256))
 MERGE_GAP = 2 * PAGE
+GUEST_SPAN = 1 << 32  # all a 32-bit guest memory can ever be
 # Pieces of guest memory left mapped from another file: each costs the process a mapping or
 # two (Linux allows ~65,000), so past this many the rest is copied into the checkpoint.
 MAX_FOREIGN_PARTS = 2048
@@ -168,17 +170,19 @@ def union(ranges: Ranges) -> Ranges:
 
 
 def _pieces(a: Ranges, b: Ranges) -> Iterator[tuple[int, int, bool]]:
-    """``a`` (merged) cut at the bounds of ``b`` (merged): ``(low, high, inside b)``, in order."""
-    others = union(b)
-    index = 0
-    for low, high in union(a):
+    """``a`` cut at the bounds of ``b``: ``(low, high, inside b)``, in order. Both merged
+    (ordered, disjoint); each range of ``a`` finds its place in ``b`` by bisection, so a few
+    ranges against many cost little."""
+    starts = [low for low, _ in b]
+    for low, high in a:
+        index = max(bisect_right(starts, low) - 1, 0)
         while low < high:
-            while index < len(others) and others[index][1] <= low:
+            while index < len(b) and b[index][1] <= low:
                 index += 1
-            if index == len(others) or others[index][0] >= high:
+            if index == len(b) or b[index][0] >= high:
                 yield low, high, False
                 break
-            other_low, other_high = others[index]
+            other_low, other_high = b[index]
             if other_low > low:
                 yield low, other_low, False
                 low = other_low
@@ -186,14 +190,28 @@ def _pieces(a: Ranges, b: Ranges) -> Iterator[tuple[int, int, bool]]:
             low = min(high, other_high)
 
 
+def _cut_out(ranges: Ranges, pieces: Ranges) -> Ranges:
+    """Merged ``ranges`` less ordered ``pieces``, each within one of them (found by bisection:
+    cheap for a few pieces)."""
+    result = list(ranges)
+    starts = [low for low, _ in ranges]
+    for low, high in reversed(pieces):  # from the end: the places found stay right
+        index = bisect_right(starts, low) - 1
+        outer_low, outer_high = result[index]
+        result[index : index + 1] = [
+            (start, stop) for start, stop in ((outer_low, low), (high, outer_high)) if start < stop
+        ]
+    return result
+
+
 def intersect(a: Ranges, b: Ranges) -> Ranges:
     """The parts of ranges ``a`` within ranges ``b``."""
-    return union([(low, high) for low, high, inside in _pieces(a, b) if inside])
+    return union([(low, high) for low, high, inside in _pieces(union(a), union(b)) if inside])
 
 
 def subtract(a: Ranges, b: Ranges) -> Ranges:
     """The parts of ranges ``a`` outside ranges ``b``."""
-    return union([(low, high) for low, high, inside in _pieces(a, b) if not inside])
+    return union([(low, high) for low, high, inside in _pieces(union(a), union(b)) if not inside])
 
 
 def file_mapped(base: int, start: int, end: int) -> Ranges:
@@ -364,25 +382,44 @@ class CopyOnWriteMemory:
         except OSError:
             os.close(self._file)
             raise
+        # The file shared over all the address space a guest can have (only its first
+        # ``mapped`` bytes exist): a checkpoint copies written pages in with no system call,
+        # holding the GIL for a memory copy only.
+        shared = mmap.MAP_SHARED | getattr(mmap, "MAP_NORESERVE", 0)
+        prot = mmap.PROT_READ | mmap.PROT_WRITE
+        self._view_address = _libc.mmap(None, GUEST_SPAN, prot, shared, self._file, 0)
+        if self._view_address in (None, MAP_FAILED):
+            self._dirty.close()
+            os.close(self._file)
+            _check(-1, "mmap")
+        self._view = memoryview((ctypes.c_char * GUEST_SPAN).from_address(self._view_address))
+        self._view = self._view.cast("B")
         self.mapped = 0  # bytes of guest memory that are a view of the checkpoint
         self._foreign: Ranges = []  # parts of it that are another file's view
         self._tracker: WrittenPages | None = None  # on [0, mapped), where it works
         if track_writes and write_protect_works():
             self._tracker = WrittenPages()
-        self._kept = 0  # bytes of written pages left in place since they were last dropped
+        # Pages left in place written since they were last dropped, a byte per page of
+        # [0, mapped): a page rewritten by every cell counts once towards KEPT_LIMIT.
+        self._kept_pages = bytearray()
+        self._kept = 0  # bytes of those pages
 
     def close(self) -> None:
         """Free the checkpoint (after the guest memory is gone or no longer needs it)."""
         self._dirty.close()
         if self._tracker is not None:
             self._tracker.close()
+        if self._view_address is not None:
+            self._view.release()
+            _libc.munmap(self._view_address, GUEST_SPAN)
+            self._view_address = None
         if self._file >= 0:
             os.close(self._file)
             self._file = -1
 
-    def _save(self, base: int, start: int, end: int) -> int:
-        view = (ctypes.c_char * (end - start)).from_address(base + start)
-        return os.pwrite(self._file, memoryview(view).cast("B"), start)
+    def _save(self, guest: memoryview, start: int, end: int) -> int:
+        self._view[start:end] = guest[start:end]
+        return end - start
 
     def _written(self, base: int, start: int, end: int) -> Ranges:
         return [
@@ -408,31 +445,49 @@ class CopyOnWriteMemory:
             written = union(written + old_foreign + foreign)
         if grown:
             os.ftruncate(self._file, end)
-        saved = sum(self._save(base, low, high) for low, high in written)
-        self._foreign = subtract(old_foreign + foreign, written)
+        guest = memoryview((ctypes.c_char * end).from_address(base)).cast("B")
+        saved = sum(self._save(guest, low, high) for low, high in written)
         # Written pages read from the file again: where it is mapped already, dropped (or, if
         # tracked, left in place, equal to the file now, and protected again); mapped where
         # another file was. The grown part is mapped whole, less what stays foreign (its
         # absent anonymous pages map the file's holes).
-        keep = tracker is not None and self._kept + saved <= KEPT_LIMIT
-        self._kept += saved if keep else 0
-        remapped = []
-        for low, high, was_foreign in _pieces(intersect(written, [(0, self.mapped)]), old_foreign):
-            if was_foreign:
-                map_file(base + low, high - low, self._file, low)
-                remapped.append((low, high))
-            elif not keep:
+        within = [(low, min(high, self.mapped)) for low, high in written if low < self.mapped]
+        pieces = list(_pieces(within, old_foreign))
+        remapped = [(low, high) for low, high, was_foreign in pieces if was_foreign]
+        staying = [(low, high) for low, high, was_foreign in pieces if not was_foreign]
+        self._foreign = _cut_out(old_foreign, remapped)
+        if foreign:
+            self._foreign = union(self._foreign + subtract(foreign, written))
+        keep = tracker is not None and self._kept + self._not_kept(staying) <= KEPT_LIMIT
+        for low, high in remapped:
+            map_file(base + low, high - low, self._file, low)
+        if not keep:
+            for low, high in staying:
                 drop_pages(base + low, high - low)
-        for low, high in subtract(grown, self._foreign):
+        for low, high in subtract(grown, self._foreign) if grown else ():
             map_file(base + low, high - low, self._file, low)
         if tracker is not None and end > 0:
-            if not keep and self._kept:  # over the limit: drop the pages left earlier too
+            if remapped or grown:  # new mappings are tracked first: protecting any part of
+                tracker.watch(base, base + end)  # a mapping that is not tracked fails
+            if keep:
+                self._mark_kept(staying)
+            elif self._kept:  # over the limit: drop the pages left earlier too
                 self._drop_kept(base)
-            tracker.watch(base, base + end)  # the new mappings, and what grew
             for low, high in (*remapped, *grown, *(() if keep else written)):
                 tracker.protect(base + low, base + high)
         self.mapped = end
+        self._kept_pages.extend(bytes(end // PAGE - len(self._kept_pages)))
         return saved
+
+    def _not_kept(self, ranges: Ranges) -> int:
+        """Bytes of ``ranges`` (within ``[0, mapped)``) not left in place already."""
+        kept = self._kept_pages
+        return PAGE * sum(kept.count(0, low // PAGE, high // PAGE) for low, high in ranges)
+
+    def _mark_kept(self, ranges: Ranges) -> None:
+        self._kept += self._not_kept(ranges)
+        for low, high in ranges:
+            self._kept_pages[low // PAGE : high // PAGE] = b"\x01" * ((high - low) // PAGE)
 
     def _collect(self, base: int) -> Iterable[tuple[int, int]]:
         if self._tracker is None or not self.mapped:
@@ -446,6 +501,7 @@ class CopyOnWriteMemory:
         for start, stop in list(self._dirty.ranges(base, base + self.mapped, present_only=True)):
             drop_pages(start, stop - start)
             self._tracker.protect(start, stop)
+        self._kept_pages = bytearray(len(self._kept_pages))
         self._kept = 0
 
     def restore(self, base: int, accessible: int) -> None:

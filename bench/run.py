@@ -407,7 +407,11 @@ def bench_roundtrip(cfg: dict, quick: bool) -> list[dict]:
                 "the difference from the turn alone is re-touching the pages the checkpoint"
                 " handled",
             ),
-            ("checkpoint", phases["checkpoint"], method),
+            (
+                "checkpoint",
+                phases["checkpoint"],
+                f"{statistics.median(phases['written']) / 1024:.0f} KiB written per cell; {method}",
+            ),
         )
     ]
     return in_process + [

@@ -959,6 +959,15 @@ while True:
         HOST_CALL_SETUP + '_host.call(b\'{"op": "sleep", "seconds": 1e300}\')',
         host_call_refused,
     ),
+    Case(  # only the boot image's build may make objects immortal (never freed)
+        "host-call-immortalize",
+        HOST_CALL_SETUP + "import base64, json, struct, sys\n"
+        "x = object()\n"
+        "addresses = base64.b64encode(struct.pack('<I', id(x))).decode()\n"
+        "reply = _host.call(json.dumps({'op': 'immortalize', 'addresses': addresses}).encode())\n"
+        "print(json.dumps([json.loads(reply), sys._is_immortal(x)]))",
+        prints_json([{"immortal": 0}, False]),
+    ),
     Case("host-call-str", HOST_CALL_SETUP + '_host.call(\'{"op": "clear"}\')', host_call_refused),
     Case("host-call-none", HOST_CALL_SETUP + "_host.call(None)", host_call_refused),
     Case("host-call-int", HOST_CALL_SETUP + "_host.call(12345)", host_call_refused),

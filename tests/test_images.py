@@ -512,3 +512,15 @@ def test_a_trap_in_the_first_cell_restarts_from_the_boot_image(start_kernel, tmp
     assert plain(kernel.execute("import sys; 'pandas' in sys.modules")) is True
     maps = Path(f"/proc/{kernel.manager.provisioner.process.pid}/maps").read_text()
     assert images.MEMORY_SUFFIX in maps
+
+
+def test_the_boot_image_holds_immortal_objects(start_kernel):
+    """What the boot image holds is immortal (using it writes no reference counts), except
+    the memory reserve, which must be freed when memory runs out; new objects are not."""
+    kernel = start_kernel()
+    probe = (
+        "import sys, pandas, _wasm_kernel\n"
+        "sys._is_immortal(get_ipython()), sys._is_immortal(pandas.DataFrame),"
+        " sys._is_immortal(_wasm_kernel._reserve), sys._is_immortal(object())"
+    )
+    assert plain(kernel.execute(probe)) == (True, True, False, False)

@@ -7,6 +7,7 @@ and sizes. Anything else is refused before it can reach Jupyter messages.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
@@ -186,6 +187,18 @@ def _interruption(_message: dict) -> dict:
     return {"op": ops.INTERRUPTION}
 
 
+def _immortalize(message: dict) -> dict:
+    addresses = message.get("addresses")
+    if not isinstance(addresses, str):
+        raise ProtocolError("addresses must be a base64 string")
+    try:
+        raw = base64.b64decode(addresses, validate=True)
+    except ValueError:
+        raise ProtocolError("addresses must be a base64 string") from None
+    _check(len(raw) % 4 == 0, "addresses must be 32-bit")
+    return {"op": ops.IMMORTALIZE, "addresses": raw}
+
+
 PIP_COMMANDS = ("install", "uninstall", "list", "show")
 MAX_PIP_ARGS = 1000
 
@@ -224,4 +237,5 @@ _VALIDATORS = {
     ops.INTERRUPTION: _interruption,
     ops.PIP: _pip,
     ops.SNAPSHOT: _snapshot,
+    ops.IMMORTALIZE: _immortalize,
 }

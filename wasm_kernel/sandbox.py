@@ -39,6 +39,7 @@ from .cache import CompiledRuntime, exported
 from .cow import map_copy_on_write
 from .descriptors import GuestFiles
 from .guest.modules import _wasm_kernel_messages as ops
+from .immortal import make_immortal
 from .mounts import SCRATCH, Mount
 from .output import OutputPump
 from .rewrite import BRK_EXPORT, GLOBAL_EXPORT_PREFIX, RESET_PREOPENS_EXPORT
@@ -324,6 +325,7 @@ class Sandbox:
         self._turn_limits = limits
         self._time_limit_reported = False
         self._memory_at_start = 0
+        self._making_boot_image = False  # only then may the guest make objects immortal
         self._adapter: wasmtime.Module | None = None  # compiled once, reused by restarts
         # added to the host's clocks so that a resumed guest's never run backwards
         self._clock_offsets = dict.fromkeys(_CLOCKS, 0)
@@ -1067,6 +1069,12 @@ class Sandbox:
             if self.interrupts.soft_reason != "time":
                 return {}
             return {"time_limit": self._time_limit_text(self._turn_limits)}
+        if op == ops.IMMORTALIZE:
+            if not self._making_boot_image:  # a session's guest runs user code: not there
+                return {"immortal": 0}
+            memory = self._memory.data_len(caller)
+            view = (ctypes.c_char * memory).from_address(memory_address(self._memory, caller))
+            return {"immortal": make_immortal(memoryview(view).cast("B"), message["addresses"])}
         if op == ops.ERROR and message["ename"] == "MemoryError":
             # host-side verdict (the guest cannot set it): was it the sandbox's memory limit?
             message["memory_limit"] = self._hit_memory_limit(
@@ -1176,6 +1184,7 @@ def build_boot_image(compiled: CompiledRuntime, limits: Limits, path: Path) -> i
     The image holds nothing of any session: no mounts, an empty /tmp, no history."""
     sandbox = Sandbox(compiled, limits, rollback=False)
     try:
+        sandbox._making_boot_image = True
         sandbox.request("warm_up", host=QuietHost())
         memory_file = images.boot_memory_path(path)
         data = sandbox.save_image(images.HostState(), [], memory_file=memory_file)

@@ -17,6 +17,7 @@ DESCRIBE = "describe"  # %sandbox: the kernel's description of the sandbox
 PIP = "pip"  # %pip: a command and package names for the host's pip (command, args, upgrade)
 SNAPSHOT = "snapshot"  # %snapshot: save, restore, list or delete an image (action, name)
 INTERRUPTION = "interruption"  # why the cell is interrupted; the reply holds time_limit or not
+IMMORTALIZE = "immortalize"  # boot image only: objects to make immortal (addresses, base64 u32)
 
 #: sources of execute_reply payloads, as ipykernel's shell writes them
 PAYLOAD_SOURCES = ("page", "set_next_input", "ask_exit")

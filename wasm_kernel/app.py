@@ -9,7 +9,7 @@ from typing import Any
 
 from ipykernel.kernelapp import IPKernelApp, kernel_aliases, kernel_flags
 from jupyter_core.paths import jupyter_config_path
-from traitlets import Dict, Type
+from traitlets import Dict, DottedObjectName, Type
 from traitlets.config import Application, Configurable
 from traitlets.utils.text import indent, wrap_paragraphs
 
@@ -124,6 +124,11 @@ class WasmKernelApp(IPKernelApp):
         config=True
     )
     subcommands: dict = {}  # ours (install, precompile, run) are python -m wasm_kernel's
+    # The process's own stdout and stderr stay the kernel log: cells' output never passes
+    # through them, and ipykernel's OutStream would send whatever host code writes there to
+    # every client as the notebook's output (and make each flush around a cell a round trip
+    # to the IOPub thread).
+    outstream_class = DottedObjectName(None, allow_none=True)
 
     def emit_help(self, classes: bool = False) -> Generator[str, None, None]:
         """Our commands and settings first, with their real defaults; ipykernel's after.

@@ -31,7 +31,7 @@ import psutil
 from ipykernel._version import kernel_protocol_version
 from ipykernel.kernelbase import Kernel
 from jupyter_client.session import Session
-from traitlets import List, TraitError, TraitType, Unicode, default
+from traitlets import Float, List, TraitError, TraitType, Unicode, default
 from traitlets.config import Config
 from traitlets.config.loader import DeferredConfig, LazyConfigValue
 
@@ -156,6 +156,10 @@ class WasmKernel(Kernel):
     implementation_version = __version__
     language = "python"
     help_links = [{"text": "Python", "url": "https://docs.python.org/3/"}]
+    # ipykernel sleeps this long before each execute_reply so that output its OutStream holds
+    # reaches the clients first; cells' output here never passes through an OutStream (the
+    # sandbox publishes it) and the kernel process has none (see WasmKernelApp).
+    _execute_sleep = Float(0.0)
 
     profile = CheckedEnum(
         sorted(PROFILES),
@@ -401,7 +405,7 @@ class WasmKernel(Kernel):
         self._resume_note = ""  # why an image could not be resumed, told on the first cell
         self._started_from = "a fresh boot"  # or the boot image, or a saved image
         self._interrupt_relay = InterruptRelay(self._interrupt_sandbox)
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wasm-kernel-guest")
+        self._worker = GuestThread()
         self._boot_stage = "starting"
         self._boot: Future[Sandbox] = self._worker.submit(self._start_sandbox)
 
@@ -732,7 +736,7 @@ class WasmKernel(Kernel):
             )
         except CellStopped as stop:
             if stop.recovered:  # the cell's changes stand: keep them
-                self._worker.submit(sandbox.checkpoint)
+                self._worker.defer(sandbox.checkpoint)
             return cell.fail(stop.ename, stop.evalue)
         if any(item["source"] == "ask_exit" and not item["keepkernel"] for item in cell.payload):
             self._end_after_reply()
@@ -747,8 +751,9 @@ class WasmKernel(Kernel):
                 self.log.exception("the snapshot %s failed", cell.snapshot[0])
                 return cell.fail("SnapshotError", f"{type(exc).__name__}: {exc}")
             cell.stream("stdout", told + "\n")
-        # Checkpoint while the user reads the output; the next cell queues behind it.
-        self._worker.submit(sandbox.checkpoint)
+        # Checkpoint once the client has the reply and the kernel is idle (see dispatch_shell),
+        # while the user reads the output; the next cell queues behind it.
+        self._worker.defer(sandbox.checkpoint)
         if cell.error:
             return cell.reply()
         expressions = {}
@@ -895,6 +900,12 @@ class WasmKernel(Kernel):
     # -- malformed requests -----------------------------------------------------------------
     # ipykernel's handlers drop requests whose content lacks what they read (no reply at all,
     # so the client waits forever). These wrappers answer them with an error reply instead.
+
+    async def dispatch_shell(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            await super().dispatch_shell(*args, **kwargs)
+        finally:  # the reply and idle are sent: now the checkpoint holds nothing up
+            self._worker.run_deferred()
 
     async def execute_request(self, stream: Any, ident: Any, parent: dict) -> None:
         if not self._refuse_malformed(stream, ident, parent, "execute_reply", {"code": str}):
@@ -1126,6 +1137,30 @@ def _completion_types(types: Any, length: int) -> list[dict]:
 def _clamp(value: Any, fallback: int, upper: int) -> int:
     valid = isinstance(value, int) and not isinstance(value, bool)
     return min(max(value, 0), upper) if valid else fallback
+
+
+class GuestThread(ThreadPoolExecutor):
+    """The one thread that runs the guest: every turn, checkpoint and image in order. A job
+    can be deferred (the checkpoint after a cell, so that the execute_reply and the idle
+    status do not wait behind it); it runs when :meth:`run_deferred` is called or before the
+    next job submitted, whichever comes first. Used from the event loop's thread only."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1, thread_name_prefix="wasm-kernel-guest")
+        self._deferred: Callable[[], Any] | None = None
+
+    def defer(self, job: Callable[[], Any]) -> None:
+        self.run_deferred()
+        self._deferred = job
+
+    def run_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            super().submit(deferred)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        self.run_deferred()
+        return super().submit(fn, *args, **kwargs)
 
 
 class InterruptRelay:

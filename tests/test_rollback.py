@@ -26,6 +26,8 @@ from conftest import KERNEL_NAME, CellRun, Kernel, ok
 from jupyter_client.manager import KernelManager
 from test_interrupts import MARKER, SOFT_BOUND, SWALLOWING_CELL, Interrupted, run_and_interrupt
 
+from wasm_kernel.kernel import GuestThread
+
 FUEL = 15_000_000_000  # imports of pandas and matplotlib.pyplot fit; a busy loop runs out in ~2 s
 GRACE = 1.0
 MEMORY_LIMIT = 512 << 20
@@ -530,3 +532,21 @@ def test_thirty_rollbacks_keep_memory_bounded(cycle_kernel: ModeKernel) -> None:
     assert run_ok(kernel, "kept").result_text() == str(list(range(10)))
     after = run_ok(kernel, "_hog = np.ones((600 << 20) // 8)\nprint(_hog.nbytes >> 20)\ndel _hog")
     assert after.stream_text() == "600\n", "memory of the rolled-back cells was not given back"
+
+
+def test_a_deferred_checkpoint_runs_before_the_next_guest_job() -> None:
+    """The kernel defers a cell's checkpoint until its reply is sent; whatever reaches the
+    guest next (a cell, a completion, an image) must still find it taken."""
+    worker = GuestThread()
+    order: list[str] = []
+    try:
+        worker.defer(lambda: order.append("checkpoint 1"))
+        worker.submit(order.append, "cell 2").result()
+        worker.defer(lambda: order.append("checkpoint 2"))
+        worker.defer(lambda: order.append("checkpoint 3"))  # the one before is queued first
+        worker.run_deferred()
+        worker.run_deferred()  # nothing left: runs nothing twice
+        worker.submit(order.append, "cell 4").result()
+    finally:
+        worker.shutdown()
+    assert order == ["checkpoint 1", "cell 2", "checkpoint 2", "checkpoint 3", "cell 4"]

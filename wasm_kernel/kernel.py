@@ -1143,24 +1143,32 @@ class GuestThread(ThreadPoolExecutor):
     """The one thread that runs the guest: every turn, checkpoint and image in order. A job
     can be deferred (the checkpoint after a cell, so that the execute_reply and the idle
     status do not wait behind it); it runs when :meth:`run_deferred` is called or before the
-    next job submitted, whichever comes first. Used from the event loop's thread only."""
+    next job submitted, whichever comes first. Thread-safe: subshells dispatch on threads of
+    their own."""
 
     def __init__(self) -> None:
         super().__init__(max_workers=1, thread_name_prefix="wasm-kernel-guest")
         self._deferred: Callable[[], Any] | None = None
+        self._order = threading.Lock()  # a deferred job is queued before anything after it
 
     def defer(self, job: Callable[[], Any]) -> None:
-        self.run_deferred()
-        self._deferred = job
+        with self._order:
+            self._queue_deferred()
+            self._deferred = job
 
     def run_deferred(self) -> None:
+        with self._order:
+            self._queue_deferred()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        with self._order:
+            self._queue_deferred()
+            return super().submit(fn, *args, **kwargs)
+
+    def _queue_deferred(self) -> None:
         deferred, self._deferred = self._deferred, None
         if deferred is not None:
             super().submit(deferred)
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
-        self.run_deferred()
-        return super().submit(fn, *args, **kwargs)
 
 
 class InterruptRelay:

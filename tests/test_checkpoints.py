@@ -335,6 +335,82 @@ def test_pages_left_in_place_are_dropped_beside_pages_mapped_anew(
         area.close()
 
 
+def _writable_pages(memory: cow.CopyOnWriteMemory, base: int, pages: int) -> set[int]:
+    """The pages userfaultfd reports written (not protected again), without changing that."""
+    assert memory._tracker is not None
+    found = memory._tracker.written(base, base + pages * cow.PAGE)
+    return {
+        page
+        for low, high in found
+        for page in range((low - base) // cow.PAGE, (high - base) // cow.PAGE)
+    }
+
+
+@pytest.mark.skipif(not cow.write_protect_works(), reason="no userfaultfd write-protection here")
+def test_pages_written_checkpoint_after_checkpoint_stay_writable_and_roll_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A page found written by two checkpoints in a row is left writable: every checkpoint
+    saves it from then on, written or not, a rollback puts it back exactly, and every
+    HOT_REVIEW checkpoints it is protected again until it is written twice more."""
+    monkeypatch.setattr(cow, "HOT_REVIEW", 5)
+    pages = 16
+    area = mmap.mmap(-1, pages * cow.PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(area))
+    memory = cow.CopyOnWriteMemory()
+    try:
+        memory.take(base, pages * cow.PAGE)  # checkpoint 1
+
+        def cell(value: int, *written: int) -> int:
+            for page in written:
+                area[page * cow.PAGE] = value
+            return memory.take(base, pages * cow.PAGE)
+
+        cell(1, 3, 12)  # 2: found once, protected again
+        assert _writable_pages(memory, base, pages) == set()
+        cell(2, 3, 12)  # 3: found twice in a row: left writable
+        assert {3, 12} <= _writable_pages(memory, base, pages)
+        assert cell(3) >= 2 * cow.PAGE  # 4: nothing written, the writable pages saved anyway
+        area[3 * cow.PAGE + 1] = 5
+        area[12 * cow.PAGE] = 9
+        memory.restore(base, pages * cow.PAGE)
+        assert (area[3 * cow.PAGE], area[3 * cow.PAGE + 1], area[12 * cow.PAGE]) == (2, 0, 2)
+        assert _writable_pages(memory, base, pages) == set()  # rolled back: all protected
+        cell(4, 3)  # 5: the review: protected again
+        assert _writable_pages(memory, base, pages) == set()
+        cell(5, 3)  # 6
+        cell(6, 3)  # 7: twice in a row again
+        assert 3 in _writable_pages(memory, base, pages)
+        area[3 * cow.PAGE] = 7
+        memory.restore(base, pages * cow.PAGE)
+        assert area[3 * cow.PAGE] == 6
+    finally:
+        memory.close()
+        area.close()
+
+
+@pytest.mark.skipif(not cow.write_protect_works(), reason="no userfaultfd write-protection here")
+def test_pages_left_writable_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past HOT_LIMIT, pages written checkpoint after checkpoint are protected again."""
+    monkeypatch.setattr(cow, "HOT_LIMIT", 4 * cow.PAGE)
+    pages = 64
+    area = mmap.mmap(-1, pages * cow.PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(area))
+    memory = cow.CopyOnWriteMemory()
+    try:
+        memory.take(base, pages * cow.PAGE)
+        for value in (1, 2):
+            area[2 * cow.PAGE] = value  # fits
+            memory.take(base, pages * cow.PAGE)
+        for value in (1, 2):
+            area[30 * cow.PAGE : 40 * cow.PAGE] = bytes([value]) * (10 * cow.PAGE)  # does not
+            memory.take(base, pages * cow.PAGE)
+        assert _writable_pages(memory, base, pages) == {2}
+    finally:
+        memory.close()
+        area.close()
+
+
 @pytest.mark.skipif(not cow.write_protect_works(), reason="no userfaultfd write-protection here")
 @pytest.mark.slow
 def test_a_long_session_from_the_boot_image_keeps_copy_on_write(

@@ -17,7 +17,8 @@ userfaultfd is allowed), written pages are found by it instead, and a checkpoint
 in place, protected again, rather than dropping them: dropping made the next cell fault
 every one of them back in, copying it from the file, which cost more than the checkpoint
 itself (about 700 pages for a bare ``x + 1``). The copies kept this way are bounded
-(``KEPT_LIMIT``); past that they are dropped as above.
+(``KEPT_LIMIT``); past that they are dropped as above. The pages every cell writes are not
+even protected again (``HotPages``): each protected page costs the next cell a write fault.
 
 Where the OS lacks any of this, ``copy_on_write_missing`` says what, and the caller copies.
 """
@@ -50,7 +51,7 @@ REGIONS_PER_CALL = 512
 # bit 5 "file page or shared"; this table maps it to 1 for the process's own pages
 OWN_PAGE = bytes(int((top & 0xE0) in (0x80, 0x40)) for top in range(256))
 OWN_PRESENT_PAGE = bytes(int((top & 0xE0) == 0x80) for top in range(256))
-MERGE_GAP = 2 * PAGE
+MERGE_GAP = 8 * PAGE
 GUEST_SPAN = 1 << 32  # all a 32-bit guest memory can ever be
 # Pieces of guest memory left mapped from another file: each costs the process a mapping or
 # two (Linux allows ~65,000), so past this many the rest is copied into the checkpoint.
@@ -59,6 +60,10 @@ MAX_FOREIGN_PARTS = 2048
 # held twice) rather than dropping: the pages cells keep rewriting (reference counts,
 # allocator state) stay, bulk data a cell wrote once is dropped as without write-protection.
 KEPT_LIMIT = 64 << 20
+# Pages found written by two checkpoints in a row are left writable (see HotPages), up to
+# this many bytes; every HOT_REVIEW checkpoints all are protected again and must requalify.
+HOT_LIMIT = 4 << 20
+HOT_REVIEW = 32
 # userfaultfd (linux/userfaultfd.h)
 SYS_USERFAULTFD = {"x86_64": 323, "aarch64": 282}
 UFFD_USER_MODE_ONLY = 1
@@ -121,7 +126,10 @@ UFFDIO_API = _iowr(UFFD_API, 0x3F, ctypes.sizeof(UffdApi))
 UFFDIO_REGISTER = _iowr(UFFD_API, 0x00, ctypes.sizeof(UffdRegister))
 UFFDIO_WRITEPROTECT = _iowr(UFFD_API, 0x06, ctypes.sizeof(UffdWriteProtect))
 
-_libc = ctypes.CDLL(None, use_errno=True)
+# Called holding the GIL (PyDLL): each of these system calls takes microseconds, and a
+# checkpoint makes dozens; letting go of the GIL at each let the kernel's other threads in
+# between, and the checkpoint, which the next cell waits for, took twice as long.
+_libc = ctypes.PyDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = [
     ctypes.c_void_p,
@@ -355,18 +363,83 @@ class WrittenPages:
     def collect(self, start: int, end: int) -> Iterable[tuple[int, int]]:
         """``(start, end)`` ranges of the pages written within ``[start, end)``, each marked
         unwritten again as it is listed, merged across small gaps (``merged_across_gaps``)."""
-        return merged_across_gaps(self._scan(start, end))
+        return merged_across_gaps(self._scan(start, end, PM_SCAN_WP_MATCHING))
 
-    def _scan(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+    def written(self, start: int, end: int) -> Iterable[tuple[int, int]]:
+        """As ``collect``, but the pages stay marked written (``protect`` marks them)."""
+        return merged_across_gaps(self._scan(start, end, 0))
+
+    def _scan(self, start: int, end: int, flags: int) -> Iterator[tuple[int, int]]:
         arguments = ScanArguments(
             size=ctypes.sizeof(ScanArguments),
-            flags=PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
+            flags=flags | PM_SCAN_CHECK_WPASYNC,
             vec=ctypes.addressof(self._regions),
             vec_len=REGIONS_PER_CALL,
             category_mask=PAGE_IS_WRITTEN,
             return_mask=PAGE_IS_WRITTEN,
         )
         yield from _scan_pages(self._pagemap, arguments, self._regions, start, end)
+
+
+class HotPages:
+    """Which written pages a checkpoint leaves writable instead of protecting them again.
+
+    Most pages a cell writes are written by every cell (reference counts, allocator state,
+    the interpreter's counters in the code that runs each cell): protected again at each
+    checkpoint, each costs the next cell a write fault. A page found written by two
+    checkpoints in a row is left writable, so it faults no more; userfaultfd then reports it
+    written at every checkpoint, which saves it whether it changed or not: a copy of a page
+    costs less than a fault. Bounded by ``HOT_LIMIT``; every ``HOT_REVIEW`` checkpoints all
+    are protected again, and only pages still written qualify anew.
+    """
+
+    def __init__(self) -> None:
+        self._hot = bytearray()  # a byte per page: 1 where left writable
+        self._hot_pages = 0
+        self._cold_before: Ranges = []  # what the previous checkpoint protected again
+        self._checkpoints = 0
+
+    def settle(self, found: Ranges, pages: int) -> Ranges:
+        """Of ``found`` (ordered, within ``pages`` pages), the written pages that stay in
+        place, the ranges to protect again; the rest stay writable."""
+        self._checkpoints += 1
+        if self._checkpoints % HOT_REVIEW == 0:
+            self.forget()
+            self._cold_before = found
+            return found
+        if len(self._hot) < pages:
+            self._hot.extend(bytes(pages - len(self._hot)))
+        cold = self._cold_parts(found)
+        rising = intersect(cold, self._cold_before)
+        count = sum(high - low for low, high in rising) // PAGE
+        if rising and (self._hot_pages + count) * PAGE <= HOT_LIMIT:
+            for low, high in rising:
+                self._hot[low // PAGE : high // PAGE] = b"\x01" * ((high - low) // PAGE)
+            self._hot_pages += count
+            cold = subtract(cold, rising)
+        self._cold_before = cold
+        return cold
+
+    def _cold_parts(self, ranges: Ranges) -> Ranges:
+        """The parts of ordered ``ranges`` not left writable (one search per range that has
+        none, as most have once the pages every cell writes are known)."""
+        hot = self._hot
+        cold = []
+        for low, high in ranges:
+            last = high // PAGE
+            page = hot.find(0, low // PAGE, last)
+            while page >= 0:
+                end = hot.find(1, page, last)
+                end = last if end < 0 else end
+                cold.append((page * PAGE, end * PAGE))
+                page = hot.find(0, end, last)
+        return cold
+
+    def forget(self) -> None:
+        """All pages were protected again (dropped, or rolled back)."""
+        self._hot = bytearray(len(self._hot))
+        self._hot_pages = 0
+        self._cold_before = []
 
 
 class CopyOnWriteMemory:
@@ -399,6 +472,7 @@ class CopyOnWriteMemory:
         self._tracker: WrittenPages | None = None  # on [0, mapped), where it works
         if track_writes and write_protect_works():
             self._tracker = WrittenPages()
+        self._hot = HotPages()
         # Pages left in place written since they were last dropped, a byte per page of
         # [0, mapped): a page rewritten by every cell counts once towards KEPT_LIMIT.
         self._kept_pages = bytearray()
@@ -438,7 +512,10 @@ class CopyOnWriteMemory:
         if tracker is None:
             written = self._written(base, 0, end)
         else:  # the tracked part, then the grown part, which is not tracked yet
-            written = [(low - base, high - base) for low, high in self._collect(base)]
+            written = [
+                (low - base, high - base)
+                for low, high in (tracker.written(base, base + self.mapped) if self.mapped else ())
+            ]
             written += self._written(base, self.mapped, end)
         old_foreign = self._foreign
         if len(old_foreign) + len(foreign) > MAX_FOREIGN_PARTS:  # too many mappings: copy
@@ -471,9 +548,13 @@ class CopyOnWriteMemory:
                 tracker.watch(base, base + end)  # a mapping that is not tracked fails
             if keep:
                 self._mark_kept(staying)
-            elif self._kept:  # over the limit: drop the pages left earlier too
-                self._drop_kept(base)
-            for low, high in (*remapped, *grown, *(() if keep else written)):
+                cold = self._hot.settle(staying, end // PAGE)
+            else:
+                self._hot.forget()
+                cold = staying
+                if self._kept:  # over the limit: drop the pages left earlier too
+                    self._drop_kept(base)
+            for low, high in (*remapped, *grown, *cold):
                 tracker.protect(base + low, base + high)
         self.mapped = end
         self._kept_pages.extend(bytes(end // PAGE - len(self._kept_pages)))
@@ -503,6 +584,7 @@ class CopyOnWriteMemory:
             self._tracker.protect(start, stop)
         self._kept_pages = bytearray(len(self._kept_pages))
         self._kept = 0
+        self._hot.forget()
 
     def restore(self, base: int, accessible: int) -> None:
         """Guest memory back to the checkpoint, and zeros from its end to ``accessible``."""
@@ -514,6 +596,7 @@ class CopyOnWriteMemory:
             drop_pages(start, stop - start)
             if self._tracker is not None:  # dropping forgets the mark: set it again
                 self._tracker.protect(start, stop)
+        self._hot.forget()
         if accessible > self.mapped:
             drop_pages(base + self.mapped, accessible - self.mapped)
 

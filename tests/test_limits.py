@@ -9,6 +9,7 @@ setting; the default one is conftest's ``kernel``.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from conftest import Kernel
 
 from wasm_kernel.profiles import DEFAULT_PROFILE, PROFILES
+from wasm_kernel.sandbox import Watchdog
 
 SMALL_FUEL = 2_000_000_000
 ROLLBACK_NOTICE = (
@@ -378,3 +380,37 @@ def test_scratch_limit_counts_allocated_blocks(scratch_kernel: Kernel) -> None:
     assert scratch_kernel.execute(sparse).content["status"] == "ok"
     run = scratch_kernel.execute("for i in range(20000):\n    open(f'/tmp/e{i}', 'w').close()")
     assert run.content["ename"] == "ScratchLimitExceeded", run.content
+
+
+# -- the watchdog behind the wall-clock limit ---------------------------------------------------
+
+
+def test_the_watchdog_fires_a_nearer_deadline_armed_while_it_sleeps_towards_a_later_one() -> None:
+    watchdog = Watchdog()
+    try:
+        fired = threading.Event()
+        far = watchdog.arm(3600, fired.set)
+        time.sleep(0.1)  # the thread now sleeps towards the far deadline
+        watchdog.disarm(far)
+        watchdog.arm(0.2, fired.set)
+        assert fired.wait(10)
+    finally:
+        watchdog.close()
+
+
+def test_cells_that_arm_later_deadlines_do_not_wake_the_watchdog() -> None:
+    """Each cell arms the time limit and disarms it: the thread keeps sleeping towards the
+    first deadline (a wake-up per cell cost each cell time), and fires none of them."""
+    watchdog = Watchdog()
+    try:
+        fired = threading.Event()
+        watchdog.disarm(watchdog.arm(60, fired.set))
+        time.sleep(0.1)
+        sleeping_until = watchdog._wakes_at
+        for _ in range(50):
+            watchdog.disarm(watchdog.arm(60, fired.set))
+        time.sleep(0.1)
+        assert watchdog._wakes_at == sleeping_until
+        assert not fired.is_set()
+    finally:
+        watchdog.close()

@@ -20,6 +20,7 @@ import ctypes
 import itertools
 import json
 import logging
+import math
 import shutil
 import struct
 import threading
@@ -204,6 +205,10 @@ class Watchdog:
         self._jobs: dict[int, tuple[float, Callable[[], None]]] = {}
         self._tokens = itertools.count()
         self._closed = False
+        # When the thread looks at the jobs next, if it waits (infinity: when notified). It
+        # stays asleep through cells that arm and disarm later deadlines than the one it
+        # waits for, and wakes then to find what is due next.
+        self._wakes_at = math.inf
         threading.Thread(target=self._run, name="wasm-kernel-watchdog", daemon=True).start()
 
     def arm(self, seconds: float, callback: Callable[[], None]) -> int:
@@ -211,8 +216,10 @@ class Watchdog:
             seconds = self.LONGEST
         with self._ready:
             token = next(self._tokens)
-            self._jobs[token] = (time.monotonic() + seconds, callback)
-            self._ready.notify()
+            due = time.monotonic() + seconds
+            self._jobs[token] = (due, callback)
+            if due < self._wakes_at:  # only then: a wake-up per cell costs the cell time
+                self._ready.notify()
             return token
 
     def disarm(self, token: int) -> None:
@@ -243,14 +250,17 @@ class Watchdog:
             with self._ready:
                 while not self._closed:
                     if not self._jobs:
+                        self._wakes_at = math.inf
                         self._ready.wait()
                         continue
                     token, (due, callback) = min(self._jobs.items(), key=lambda job: job[1][0])
-                    delay = due - time.monotonic()
-                    if delay <= 0:
+                    now = time.monotonic()
+                    if due <= now:
                         del self._jobs[token]
                         break
-                    self._ready.wait(min(delay, self.NAP))
+                    nap = min(due - now, self.NAP)
+                    self._wakes_at = now + nap
+                    self._ready.wait(nap)
                 else:
                     return
             try:

@@ -324,6 +324,7 @@ class ScratchWatch:
         self._dirty = True  # touched since _last was measured
         self._active = False  # the running turn (or the next one) may grow the folder
         self._closed = False
+        self._idle = False  # the thread waits for a turn with no timeout: begin() wakes it
         self.walks = 0  # folder walks at the start or end of a turn, for tests and diagnostics
         self.polls = 0  # folder walks while a turn ran
         self.stopped: Usage | None = None  # the size that made the watch stop the last turn
@@ -356,7 +357,8 @@ class ScratchWatch:
             self._full, self._room_checked = bool(last.unmeasured) or last > self.limit, 0.0
             self._active = self._active or writing
             self.stopped = None
-            self._lock.notify()
+            if self._idle:  # else it is counting down to a poll already: no wake-up per turn
+                self._lock.notify()
 
     @property
     def over_limit(self) -> bool:
@@ -428,7 +430,9 @@ class ScratchWatch:
         while True:
             with self._lock:
                 while self._turn is None and not self._closed:
+                    self._idle = True
                     self._lock.wait()
+                self._idle = False
                 if self._closed:
                     return
                 self._lock.wait(pause)  # begin() has just measured the baseline

@@ -904,8 +904,13 @@ class WasmKernel(Kernel):
     async def dispatch_shell(self, *args: Any, **kwargs: Any) -> None:
         try:
             await super().dispatch_shell(*args, **kwargs)
-        finally:  # the reply and idle are sent: now the checkpoint holds nothing up
-            self._worker.run_deferred()
+        finally:
+            # The checkpoint once the idle status is on its way (the IOPub thread sends in
+            # order): taken earlier, it would hold the thread back, and clients wait for idle.
+            if self.iopub_thread is not None:
+                self.iopub_thread.schedule(self._worker.run_deferred)
+            else:
+                self._worker.run_deferred()
 
     async def execute_request(self, stream: Any, ident: Any, parent: dict) -> None:
         if not self._refuse_malformed(stream, ident, parent, "execute_reply", {"code": str}):

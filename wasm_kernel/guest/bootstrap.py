@@ -17,6 +17,7 @@ import gc
 import getpass
 import io
 import json
+import operator
 import os
 import sys
 import time
@@ -442,9 +443,10 @@ def _intact():
         module = builtins.__import__(__name__)
     except BaseException:
         return False
+    found = map(module.__dict__.get, _originals)
     return (
         module is _self
-        and all(module.__dict__.get(name) is value for name, value in _originals.items())
+        and all(map(operator.is_, found, _originals.values()))
         and _shell_intact(module.shell)
     )
 

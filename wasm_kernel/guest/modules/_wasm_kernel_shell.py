@@ -83,6 +83,11 @@ NETWORK_MODULES = {"ssl", "_ssl", "requests", "httpx", "aiohttp", "urllib3"}
 PLAIN_RESULT_TYPES = frozenset(
     {int, float, complex, bool, str, bytes, type(None), list, tuple, dict, set, frozenset}
 )
+#: How a printer registered by name (``for_type_by_name``) names each class they are made of.
+DEFERRED_NAMES = {
+    cls: tuple((base.__module__, base.__name__) for base in cls.__mro__)
+    for cls in PLAIN_RESULT_TYPES
+}
 #: Exact types whose pretty text is their repr while pretty's stock printer prints them.
 REPR_TYPES = frozenset({int, str, bool, type(None)})
 #: IPython's own formatters, whose answer for a value comes only from a registered printer or
@@ -140,6 +145,7 @@ class FormatterView:
         self.singletons = formatter.singleton_printers
         self.types = formatter.type_printers
         self.deferred = formatter.deferred_printers
+        self._has_method = {}  # type: whether it has print_method (builtin types are fixed)
 
     def may_answer(self, obj):
         """Whether the formatter could give something for ``obj`` (an instance of a
@@ -148,11 +154,15 @@ class FormatterView:
         if not self.enabled:
             return False
         cls = type(obj)
-        if id(obj) in self.singletons or hasattr(cls, self.print_method):
+        if id(obj) in self.singletons:
             return True
-        return any(
-            base in self.types or (base.__module__, base.__name__) in self.deferred
-            for base in cls.__mro__
+        has_method = self._has_method.get(cls)
+        if has_method is None:
+            has_method = self._has_method[cls] = hasattr(cls, self.print_method)
+        return (
+            has_method
+            or not self.types.keys().isdisjoint(cls.__mro__)
+            or not self.deferred.keys().isdisjoint(DEFERRED_NAMES[cls])
         )
 
 
@@ -208,10 +218,10 @@ class HostDisplayFormatter(formatters.DisplayFormatter):
             return False
         others = [self.ipython_display_formatter, self.mimebundle_formatter]
         others += [f for mime, f in self.formatters.items() if mime != "text/plain"]
-        return all(
-            type(formatter) in STOCK_FORMATTERS and not self._view(formatter).may_answer(obj)
-            for formatter in others
-        )
+        for formatter in others:
+            if type(formatter) not in STOCK_FORMATTERS or self._view(formatter).may_answer(obj):
+                return False
+        return True
 
 
 class HostDisplayHook(DisplayHook):

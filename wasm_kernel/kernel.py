@@ -1173,7 +1173,8 @@ class GuestThread(ThreadPoolExecutor):
     def _queue_deferred(self) -> None:
         deferred, self._deferred = self._deferred, None
         if deferred is not None:
-            super().submit(deferred)
+            with contextlib.suppress(RuntimeError):  # shut down: nothing to keep it for
+                super().submit(deferred)
 
 
 class InterruptRelay:

@@ -29,7 +29,11 @@ from conftest import Kernel
 pytestmark = pytest.mark.slow  # each test takes seconds to minutes
 
 SMALL_FUEL = 2_000_000_000
-CACHE_NOTICE = re.compile(r"\S*displayhook\.py:\d+: UserWarning: Output cache limit.*\n.*\n.*\n")
+# Anchored at a line's start: unanchored, the leading \S* made each search of a flood cell's
+# 64 KiB line without spaces quadratic (~10 s each, holding the GIL of every driver thread).
+CACHE_NOTICE = re.compile(
+    r"(?m)^\S*displayhook\.py:\d+: UserWarning: Output cache limit.*\n.*\n.*\n"
+)
 OUTPUT_LIMIT = 64 << 10
 KERNELS = 6
 CELLS_PER_KERNEL = 300

@@ -319,32 +319,27 @@ def working_folder():
 def warm_up():
     """Work done once, for the boot image, so that kernels started from it need not:
 
-    - format a traceback whose code has source in linecache, as a cell's has: IPython's
-      traceback machinery and syntax highlighting cost about 0.4 s of guest time on first use;
-    - run a cell that stores no history and shows nothing: the first cell paid about 10 ms
-      for what IPython sets up on first use;
     - import numpy and pandas (most of a second in the guest): the image's memory is mapped, so a
       kernel pays only for the pages it touches, and a first `import pandas` is immediate;
+    - run a failing cell, and one that stores no history and shows nothing: the first cell
+      paid about 10 ms for what IPython sets up on first use, and a session's first traceback
+      0.3-0.6 s more than later ones (IPython's traceback machinery and syntax highlighting on
+      first use, and ``inspect.getmodule`` finding the file of every module imported so far,
+      numpy's and pandas' included), which could outlast an interrupt's grace time;
     - freeze what exists then, so that the garbage collector never visits it: a full
       collection wrote to every page of objects, turning ~25 MiB of the image's shared pages
       into each kernel's private copies;
     - have the host make it immortal (see the host's ``immortal`` module), so that using an
       object no longer writes its reference count: half the pages a bare cell wrote.
     """
-    import linecache
-
-    source, name = "1 / 0\n", "<wasm-kernel warm-up>"
-    linecache.cache[name] = (len(source), None, [source], name)
-    try:
-        exec(compile(source, name, "exec"), {})
-    except ZeroDivisionError as exc:
-        shell.InteractiveTB.structured_traceback(type(exc), exc, exc.__traceback__)
-    finally:
-        linecache.cache.pop(name, None)
-    shell.run_cell("None", store_history=False)
     import numpy  # noqa: F401
     import pandas  # noqa: F401
 
+    shell.run_cell("1 / 0", store_history=False)
+    for name in ("last_exc", "last_type", "last_value", "last_traceback"):  # as if none failed
+        if hasattr(sys, name):
+            delattr(sys, name)
+    shell.run_cell("None", store_history=False)
     gc.collect()
     _immortalize()
     gc.freeze()

@@ -336,9 +336,13 @@ def warm_up():
     import pandas  # noqa: F401
 
     shell.run_cell("1 / 0", store_history=False)
-    for name in ("last_exc", "last_type", "last_value", "last_traceback"):  # as if none failed
-        if hasattr(sys, name):
-            delattr(sys, name)
+    # As if no cell had failed (as a fresh native kernel): no traceback kept for %tb, the
+    # debugger or the shell, nor its frames in the image.
+    kept = [(sys, name) for name in ("last_exc", "last_type", "last_value", "last_traceback")]
+    for owner, name in [*kept, (shell.InteractiveTB, "tb")]:
+        if hasattr(owner, name):
+            delattr(owner, name)
+    shell._last_traceback = None
     shell.run_cell("None", store_history=False)
     gc.collect()
     _immortalize()

@@ -22,8 +22,11 @@ import time
 from jupyter_client.manager import KernelManager
 
 from wasm_kernel.cache import RuntimeCache
+from wasm_kernel.host_functions import Discard
+from wasm_kernel.limits import Limits
 from wasm_kernel.runtime import load_runtime
-from wasm_kernel.sandbox import CellStopped, Limits, Sandbox
+from wasm_kernel.sandbox import Sandbox
+from wasm_kernel.stops import CellStopped
 
 KERNEL = "wasm-python"
 MODES = ("auto", "copy")
@@ -35,16 +38,8 @@ TRAPPING_CELLS = {
     "one variable written": "x = 2",
     "430 MiB rewritten": "ballast[:] = b'y' * len(ballast)",
 }
-LIMITS = Limits(fuel=10**13, seconds=0, memory=3 << 30, output=1 << 20)
-TRAP_LIMITS = Limits(fuel=3 * 10**9, seconds=0, memory=3 << 30, output=1 << 20)
-
-
-class Quiet:
-    def stream(self, name: str, text: str) -> None:
-        pass
-
-    def message(self, message: dict, interrupts: object) -> dict:
-        return {}
+LIMITS = Limits(fuel=10**13, time_limit=0, memory_limit=3 << 30, output_limit=1 << 20)
+TRAP_LIMITS = Limits(fuel=3 * 10**9, time_limit=0, memory_limit=3 << 30, output_limit=1 << 20)
 
 
 def checkpoint_costs(reps: int, mode: str) -> dict[str, dict[str, float]]:
@@ -52,10 +47,10 @@ def checkpoint_costs(reps: int, mode: str) -> dict[str, dict[str, float]]:
     results = {}
     for label, setup in STATES.items():
         sandbox = Sandbox(compiled, LIMITS, checkpoint_mode=mode)
-        sandbox.run_cell(setup, 1, Quiet())
+        sandbox.run_cell(setup, 1, Discard())
         samples, written = [], []
         for rep in range(reps + 1):
-            sandbox.run_cell("x = 1", rep + 2, Quiet())  # marks the state as changed
+            sandbox.run_cell("x = 1", rep + 2, Discard())  # marks the state as changed
             sandbox.checkpoint()
             if rep:  # the first one also copies the state the setup made
                 samples.append(sandbox.checkpoint_stats.seconds)
@@ -78,7 +73,7 @@ def rollback_costs(reps: int, mode: str) -> dict[str, list[float]]:
     """Seconds to restore memory and globals, ~500 MiB state, by what the trapped cell wrote."""
     compiled = RuntimeCache().load(load_runtime())
     sandbox = Sandbox(compiled, LIMITS, checkpoint_mode=mode)
-    sandbox.run_cell(STATES["~500 MiB"], 1, Quiet())
+    sandbox.run_cell(STATES["~500 MiB"], 1, Discard())
     sandbox.checkpoint()
     results: dict[str, list[float]] = {}
     for label, code in TRAPPING_CELLS.items():
@@ -86,7 +81,7 @@ def rollback_costs(reps: int, mode: str) -> dict[str, list[float]]:
         for rep in range(reps):
             sandbox.limits = TRAP_LIMITS
             try:
-                sandbox.run_cell(f"{code}\nwhile True:\n    pass", rep + 2, Quiet())
+                sandbox.run_cell(f"{code}\nwhile True:\n    pass", rep + 2, Discard())
             except CellStopped as stopped:
                 assert "rolled back" in stopped.evalue, stopped.evalue
             else:

@@ -27,11 +27,13 @@ from conftest import Kernel, ok
 
 from wasm_kernel import cow, images
 from wasm_kernel.cache import RuntimeCache
+from wasm_kernel.checkpoints import COPY, COPY_ON_WRITE, checkpoint_method, memory_address
 from wasm_kernel.cow import copy_on_write_missing, map_copy_on_write, page_up
+from wasm_kernel.limits import Limits
 from wasm_kernel.rewrite import BRK_EXPORT
 from wasm_kernel.runtime import load_runtime
-from wasm_kernel.sandbox import CellStopped, Limits, Sandbox
-from wasm_kernel.snapshot import COPY, COPY_ON_WRITE, checkpoint_method, memory_address
+from wasm_kernel.sandbox import Sandbox
+from wasm_kernel.stops import CellStopped
 
 FUEL = 6_000_000_000  # numpy's import fits; a busy loop runs out in about a second
 COW_MISSING = copy_on_write_missing()
@@ -136,7 +138,7 @@ class Quiet:
     def stream(self, name: str, text: str) -> None:
         self.text.append(text)
 
-    def message(self, message: dict, interrupts: object) -> dict:
+    def message(self, message: dict, verdict: object, interrupts: object) -> dict:
         return {}
 
 
@@ -146,7 +148,7 @@ def compiled():
 
 
 def sandbox(compiled, mode: str = "auto") -> Sandbox:
-    limits = Limits(fuel=10**12, seconds=0, memory=1 << 30, output=1 << 20)
+    limits = Limits(fuel=10**12, time_limit=0, memory_limit=1 << 30, output_limit=1 << 20)
     return Sandbox(compiled, limits, checkpoint_mode=mode)
 
 
@@ -180,7 +182,9 @@ def test_memory_past_the_break_is_zero_after_a_rollback(compiled, mode: str) -> 
         box.run_cell("x = 1", 1, Quiet())
         box.checkpoint()
         brk = box._state.global_values(box._store)[BRK_EXPORT]
-        box.limits = Limits(fuel=2 * 10**9, seconds=0, memory=1 << 30, output=1 << 20)
+        box.limits = Limits(
+            fuel=2 * 10**9, time_limit=0, memory_limit=1 << 30, output_limit=1 << 20
+        )
         with pytest.raises(CellStopped):
             box.run_cell("lost = bytearray(b'\\xa5') * (300 << 20)\nwhile True: pass", 2, Quiet())
         assert box._state.global_values(box._store)[BRK_EXPORT] == brk
@@ -223,7 +227,9 @@ def test_guest_memory_mapped_from_a_file_runs_the_interpreter_saved_in_it(
         target.run_cell("saved = -1\nbig = bytearray(b'z') * (50 << 20)", 3, Quiet())
         target.checkpoint()  # the first checkpoint copies the file's pages in
         with pytest.raises(CellStopped):
-            target.limits = Limits(fuel=2 * 10**9, seconds=0, memory=1 << 30, output=1 << 20)
+            target.limits = Limits(
+                fuel=2 * 10**9, time_limit=0, memory_limit=1 << 30, output_limit=1 << 20
+            )
             target.run_cell("saved = 5\nbig[:] = bytes(len(big))\nwhile True: pass", 4, Quiet())
         target.limits = source.limits
         out = Quiet()
@@ -283,7 +289,9 @@ def test_pages_of_another_file_are_kept_or_copied_exactly(
         assert ctypes.string_at(base, size) == before
         assert bool(box._state._cow._foreign) == (foreign_parts > 0)
         assert finder in box.checkpoint_method
-        box.limits = Limits(fuel=2 * 10**9, seconds=0, memory=1 << 30, output=1 << 20)
+        box.limits = Limits(
+            fuel=2 * 10**9, time_limit=0, memory_limit=1 << 30, output_limit=1 << 20
+        )
         with pytest.raises(CellStopped):
             box.run_cell("kept[:] = -1\nimport json, wave\nwhile True: pass", 2, Quiet())
         box._state.restore(box._store)  # again: the kernel's repair turn ran since
@@ -432,7 +440,7 @@ def test_a_long_session_from_the_boot_image_keeps_copy_on_write(
         memory_file=images.boot_memory_path(boot),
     )
     image.host.cwd = "/tmp"
-    limits = Limits(fuel=10**12, seconds=0, memory=1 << 30, output=1 << 20)
+    limits = Limits(fuel=10**12, time_limit=0, memory_limit=1 << 30, output_limit=1 << 20)
     box = Sandbox(compiled, limits, image=image)
     quiet = Quiet()
     cell = "x = {}\nimport pandas\npandas.DataFrame({{'a': [x]}})"
@@ -457,7 +465,9 @@ def test_a_long_session_from_the_boot_image_keeps_copy_on_write(
         box.checkpoint()
         # the pages the same cell rewrites are not counted twice
         assert box._state._cow._kept - before < box.checkpoint_stats.written / 4
-        box.limits = Limits(fuel=2 * 10**9, seconds=0, memory=1 << 30, output=1 << 20)
+        box.limits = Limits(
+            fuel=2 * 10**9, time_limit=0, memory_limit=1 << 30, output_limit=1 << 20
+        )
         with pytest.raises(CellStopped):
             box.run_cell("x = -1\nwhile True: pass", 42, quiet)
         box.limits = limits
@@ -533,14 +543,18 @@ def test_written_pages_left_in_place_roll_back_exactly(compiled) -> None:
             box.checkpoint()
             if size < cow.KEPT_LIMIT:  # pages left in place are saved only once written again
                 assert box.checkpoint_stats.written < 32 << 20, box.checkpoint_stats
-            box.limits = Limits(fuel=2 * 10**9, seconds=0, memory=1 << 30, output=1 << 20)
+            box.limits = Limits(
+                fuel=2 * 10**9, time_limit=0, memory_limit=1 << 30, output_limit=1 << 20
+            )
             with pytest.raises(CellStopped):
                 box.run_cell(
                     "kept[:] = bytes(len(kept))\nbulk[:] = bytes(len(bulk))\nwhile True: pass",
                     9,
                     quiet,
                 )
-            box.limits = Limits(fuel=10**12, seconds=0, memory=1 << 30, output=1 << 20)
+            box.limits = Limits(
+                fuel=10**12, time_limit=0, memory_limit=1 << 30, output_limit=1 << 20
+            )
             quiet.text.clear()
             box.run_cell(
                 f"assert set(kept[::4096]) == {{{value}}} and set(bulk) == {{{value}}}\n"

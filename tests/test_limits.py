@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import Kernel
 
+from wasm_kernel.interrupts import Watchdog
 from wasm_kernel.profiles import DEFAULT_PROFILE, PROFILES
-from wasm_kernel.sandbox import Watchdog
 
 SMALL_FUEL = 2_000_000_000
 ROLLBACK_NOTICE = (

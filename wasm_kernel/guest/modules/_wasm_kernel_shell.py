@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-import _wasm_kernel_messages as ops
+import _wasm_kernel_contract as contract
 import _wasm_kernel_sandbox
 from IPython.core import formatters
 from IPython.core.autocall import ZMQExitAutocall
@@ -32,7 +32,6 @@ from IPython.lib import pretty
 from traitlets import Type, default
 from traitlets.config import Config
 
-KERNEL_FILES = "<wasm-kernel"  # file names of the kernel's guest code: hidden in tracebacks
 NO_PROCESSES = (
     "this kernel runs Python in a WebAssembly sandbox, which cannot start processes or shell"
     " commands. Use Python instead (os, pathlib, shutil work on the sandbox's own files)."
@@ -239,7 +238,7 @@ class HostDisplayHook(DisplayHook):
     def finish_displayhook(self):
         bundle, self.bundle = self.bundle, None
         if bundle and bundle["data"]:
-            _kernel().call_host(ops.RESULT, **bundle)
+            _kernel().call_host(contract.RESULT, **bundle)
 
 
 class HostDisplayPublisher(DisplayPublisher):
@@ -255,7 +254,7 @@ class HostDisplayPublisher(DisplayPublisher):
                     f" {type(value).__name__}: the notebook format cannot hold it"
                 )
         _kernel().call_host(
-            ops.DISPLAY,
+            contract.DISPLAY,
             data=jsonable(data),
             metadata=jsonable(metadata),
             transient=jsonable(transient),
@@ -263,7 +262,7 @@ class HostDisplayPublisher(DisplayPublisher):
         )
 
     def clear_output(self, wait=False):
-        _kernel().call_host(ops.CLEAR, wait=bool(wait))
+        _kernel().call_host(contract.CLEAR, wait=bool(wait))
 
 
 class ZMQInteractiveShell(InteractiveShell):
@@ -382,7 +381,7 @@ def _without_kernel_frames(tb):
     """The traceback less the frames of the kernel's own guest code."""
     kept = []
     while tb is not None:
-        if not tb.tb_frame.f_code.co_filename.startswith(KERNEL_FILES):
+        if not tb.tb_frame.f_code.co_filename.startswith(contract.KERNEL_FILES):
             kept.append(tb)
         tb = tb.tb_next
     for earlier, later in itertools.pairwise(kept):
@@ -443,7 +442,7 @@ class SandboxMagics(Magics):
     @line_magic
     def sandbox(self, line):
         """Show what the sandbox grants: profile, host folders, limits, runtime."""
-        print(_kernel().call_host(ops.DESCRIBE).get("text", "(not available here)"))
+        print(_kernel().call_host(contract.DESCRIBE).get("text", "(not available here)"))
 
     @line_magic
     def pip(self, line):
@@ -454,7 +453,7 @@ class SandboxMagics(Magics):
 
         words, names, upgrade = shlex.split(line), [], False
         command = words.pop(0) if words else ""
-        if command not in ("install", "uninstall", "list", "show"):
+        if command not in contract.PIP_COMMANDS:
             raise UsageError(
                 f"%pip {command}: the commands here are install, uninstall, list, show"
             )
@@ -468,9 +467,9 @@ class SandboxMagics(Magics):
             elif word not in ("-y", "--yes", "-q", "--quiet"):
                 names.append(word)
         names = [name for name in names if name]
-        reply = _kernel().call_host(ops.PIP, command=command, args=names, upgrade=upgrade)
+        reply = _kernel().call_host(contract.PIP, command=command, args=names, upgrade=upgrade)
         importlib.invalidate_caches()
-        if reply.get("error") == ops.INTERRUPTED:
+        if reply.get("error") == contract.INTERRUPTED:
             raise KeyboardInterrupt
         if reply.get("text"):
             print(reply["text"])
@@ -491,7 +490,7 @@ class SandboxMagics(Magics):
         """%snapshot save|restore|list|delete NAME: images of this session, kept by the kernel
         (save and restore happen when the cell ends)."""
         action, _, name = line.strip().partition(" ")
-        reply = _kernel().call_host(ops.SNAPSHOT, action=action, name=name.strip())
+        reply = _kernel().call_host(contract.SNAPSHOT, action=action, name=name.strip())
         if "error" in reply:
             raise UsageError(reply["error"])
         if reply.get("text"):

@@ -2,10 +2,10 @@
 
 The host loads it once per interpreter as the module ``_wasm_kernel``, ships the modules
 beside it (``install_modules``), then calls ``boot``, which creates IPython's shell; every
-cell and request then goes through the functions here. Everything that must reach the
-kernel as a Jupyter message goes through ``_host.call`` as one JSON object whose operation
-is declared in ``_wasm_kernel_messages``; stdout and stderr stay ordinary file writes that
-the host streams.
+cell and request then goes through the functions here, the entry points that
+``_wasm_kernel_contract`` declares. Everything that must reach the kernel as a Jupyter
+message goes through ``_host.call`` as one of the messages declared there; stdout and stderr
+stay ordinary file writes that the host streams.
 
 IPython and everything a cell can reach are as untrusted as the cell: this module checks
 at the end of every turn that the host can still drive it (``_intact``), and the host rolls
@@ -25,8 +25,6 @@ import types
 
 import _host
 
-ERROR_TEXT_LIMIT = 256 * 1024  # characters of an error's value and traceback sent to the host
-DAMAGED = 86  # exit status of a turn after which the host must roll the interpreter back
 NO_NETWORK = "there is no network in this sandbox"  # as in socket.NetworkUnavailable's text
 
 # Bytes held back from the user's code: when a cell fills memory up to the sandbox's limit and
@@ -58,10 +56,14 @@ def flush_streams():
             pass
 
 
-def call_host(op, **fields):
-    """Send one structured message to the kernel and return its JSON reply."""
+def call_host(message, **fields):
+    """Send one message the contract declares to the kernel and return its JSON reply."""
     flush_streams()
-    reply = _host.call(json.dumps({"op": op, **fields}).encode())
+    return _send(message, fields)
+
+
+def _send(message, fields):
+    reply = _host.call(json.dumps({"op": message.op, **fields}).encode())
     return json.loads(reply) if reply else {}
 
 
@@ -69,9 +71,10 @@ def call_host(op, **fields):
 
 
 def _clip(text):
-    if len(text) <= ERROR_TEXT_LIMIT:
+    limit = contract.ERROR_TEXT_LIMIT
+    if len(text) <= limit:
         return text
-    return text[:ERROR_TEXT_LIMIT] + f"\n[... {len(text) - ERROR_TEXT_LIMIT:,} more characters]"
+    return text[:limit] + f"\n[... {len(text) - limit:,} more characters]"
 
 
 def report(ename, evalue, traceback, publish=True):
@@ -81,7 +84,7 @@ def report(ename, evalue, traceback, publish=True):
     global _reported
     _reported = True
     lines = _clip("\n".join(traceback)).split("\n") if traceback else []
-    call_host("error", ename=ename, evalue=_clip(evalue), traceback=lines, publish=publish)
+    call_host(contract.ERROR, ename=ename, evalue=_clip(evalue), traceback=lines, publish=publish)
 
 
 def _report(exc):
@@ -104,7 +107,7 @@ def _report(exc):
         evalue = _clip(str(exc))
     except Exception:
         evalue = ""
-    call_host("error", ename=type(exc).__name__, evalue=evalue, traceback=[])
+    call_host(contract.ERROR, ename=type(exc).__name__, evalue=evalue, traceback=[])
 
 
 # -- cells ----------------------------------------------------------------------------------
@@ -132,7 +135,7 @@ def run_cell(source, execution_count, store_history=True, silent=False):
         payloads = shell.payload_manager.read_payload()
         shell.payload_manager.clear_payload()
         if payloads:
-            call_host("payload", payload=payloads)
+            call_host(contract.PAYLOAD, payload=payloads)
     except BaseException as exc:
         _report(exc)
     try:
@@ -145,7 +148,7 @@ def run_cell(source, execution_count, store_history=True, silent=False):
             setattr(sys, name, getattr(sys, f"__{name}__"))
     hold_reserve()
     if not _intact():
-        raise SystemExit(DAMAGED)
+        raise SystemExit(contract.DAMAGED)
 
 
 def release_reserve():
@@ -188,15 +191,15 @@ def _room_for(size):
 
 
 def _read_line(prompt, password):
-    reply = call_host("input", prompt=str(prompt), password=password)
+    reply = call_host(contract.INPUT, prompt=str(prompt), password=password)
     failure = reply.get("error")
-    if failure == "no-stdin":
+    if failure == contract.NO_STDIN:
         raise StdinNotImplementedError(
             "input() was called, but this frontend does not support input requests."
         )
-    if failure == "eof":
+    if failure == contract.EOF:
         raise EOFError("EOF when reading a line")
-    if failure == "interrupted":
+    if failure == contract.INTERRUPTED:
         raise KeyboardInterrupt("Interrupted by user")
     return reply.get("value", "")
 
@@ -214,14 +217,14 @@ def sleep(seconds):
     seconds = float(seconds)
     if seconds < 0:
         raise ValueError("sleep length must be non-negative")
-    if call_host("sleep", seconds=seconds).get("interrupted"):
+    if call_host(contract.SLEEP, seconds=seconds).get("interrupted"):
         raise interruption()
 
 
 def interruption():
     """What an interrupt raises: TimeLimitExceeded when the cell's time limit asked for it,
     else KeyboardInterrupt. Asks without flushing streams: it may run in a signal handler."""
-    reply = json.loads(_host.call(json.dumps({"op": "interruption"}).encode()) or b"{}")
+    reply = _send(contract.INTERRUPTION, {})
     text = reply.get("time_limit")
     if isinstance(text, str):
         return sys.modules["_wasm_kernel_sandbox"].TimeLimitExceeded(text)
@@ -240,11 +243,11 @@ def serve(name, *args):
     the user's code too (properties, ``__dir__``, reprs): if that raises, the reply is empty;
     if it broke the kernel's code, the turn ends DAMAGED, as a cell's would."""
     try:
-        call_host("reply", content=SERVICES[name](*args))
+        call_host(contract.REPLY, content=SERVICES[name](*args))
     except BaseException:
-        call_host("reply", content={})
+        call_host(contract.REPLY, content={})
     if not _intact():
-        raise SystemExit(DAMAGED)
+        raise SystemExit(contract.DAMAGED)
 
 
 def evaluate_expressions(expressions):
@@ -359,8 +362,6 @@ def _immortalize():
     import array
     import base64
 
-    import _wasm_kernel_messages as ops
-
     def send(addresses):
         reserve = id(_reserve)  # untracked: only ever among the referents
         if reserve in addresses:
@@ -368,7 +369,7 @@ def _immortalize():
         if sys.byteorder != "little":
             addresses.byteswap()
         encoded = base64.b64encode(addresses.tobytes()).decode("ascii")
-        call_host(ops.IMMORTALIZE, addresses=encoded)
+        call_host(contract.IMMORTALIZE, addresses=encoded)
 
     objects = gc.get_objects()
     addresses = array.array("I")
@@ -381,21 +382,31 @@ def _immortalize():
     send(addresses)
 
 
-SERVICES = types.MappingProxyType(  # read-only: _intact checks it is still this one
-    {
-        "working_folder": working_folder,
-        "complete": complete,
-        "inspect_object": inspect_object,
-        "is_complete": is_complete,
-        "evaluate_expressions": evaluate_expressions,
-        "warm_up": warm_up,
-    }
-)
-
-
 def close_stale_files():
     """After a rollback (see _wasm_kernel_sandbox): files whose descriptor leads elsewhere."""
     sys.modules["_wasm_kernel_sandbox"].close_stale_files()
+
+
+def settle(cwd, start, paths):
+    """After the host resumed an image: this kernel's import paths and folders (the image's
+    working folder if this kernel has it, else the starting one), fresh random seeds, and
+    files of the image's session that this kernel's descriptors no longer hold."""
+    import random
+
+    sys.path += [path for path in paths if path not in sys.path]
+    if start != "/tmp" and start not in sys.path:  # modules beside the notebook
+        sys.path.insert(0, start)
+    for folder in (cwd, start):
+        try:
+            os.chdir(folder)
+            break
+        except (OSError, ValueError):
+            pass
+    os.environ["PWD"] = os.getcwd()
+    random.seed()
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
+    close_stale_files()
 
 
 # -- guest-only modules ---------------------------------------------------------------------
@@ -405,7 +416,7 @@ class ShippedModules:
     """Import finder for the kernel's guest modules, which the host ships as source."""
 
     def __init__(self, sources):
-        self.sources = sources  # dotted name -> (source, is_package)
+        self.sources = sources  # dotted name -> (source, is_package, file name)
 
     def find_spec(self, name, path=None, target=None):
         if name not in self.sources:
@@ -418,21 +429,36 @@ class ShippedModules:
         return None
 
     def exec_module(self, module):
-        source, _ = self.sources[module.__name__]
-        exec(compile(source, f"<wasm-kernel:{module.__name__}>", "exec"), module.__dict__)
+        source, _, filename = self.sources[module.__name__]
+        exec(compile(source, filename, "exec"), module.__dict__)
 
 
 def install_modules(sources):
-    """Called by the host once this module is registered: ship the guest-only modules and
-    remember the pieces the host drives, for ``_intact``."""
-    global _self, _originals
+    """Called by the host once this module is registered: ship the guest-only modules (the
+    contract first, which every message names) and remember the pieces the host drives, for
+    ``_intact``."""
+    global _self, _originals, _declared, contract, SERVICES
     sys.meta_path.insert(0, ShippedModules(sources))
+    import _wasm_kernel_contract as contract
+
+    SERVICES = types.MappingProxyType(  # read-only: _intact checks it is still this one
+        {
+            contract.WORKING_FOLDER: working_folder,
+            contract.COMPLETE: complete,
+            contract.INSPECT: inspect_object,
+            contract.IS_COMPLETE: is_complete,
+            contract.EVALUATE_EXPRESSIONS: evaluate_expressions,
+            contract.WARM_UP: warm_up,
+        }
+    )
+
     _self = sys.modules[__name__]
     _originals = {
         name: value
         for name, value in globals().items()
-        if isinstance(value, (type, types.FunctionType, types.MappingProxyType))
+        if isinstance(value, (type, types.FunctionType, types.MappingProxyType, types.ModuleType))
     }
+    _declared = dict(vars(contract))
 
 
 def _intact():
@@ -443,9 +469,11 @@ def _intact():
     except BaseException:
         return False
     found = map(module.__dict__.get, _originals)
+    declared = map(vars(contract).get, _declared)
     return (
         module is _self
         and all(map(operator.is_, found, _originals.values()))
+        and all(map(operator.is_, declared, _declared.values()))
         and _shell_intact(module.shell)
     )
 
@@ -469,12 +497,13 @@ def _shell_intact(candidate):
 # -- boot -------------------------------------------------------------------------------------
 
 
-def boot(packages, plain_tracebacks=False):
+def boot(packages, import_paths, plain_tracebacks):
     """Make this interpreter a kernel's: the sandbox's refusals, streams, input, IPython's
     shell. Everything a kernel start costs in the guest happens here, in one call, so that a
     boot image can capture its result. Run again to repair this module, it keeps the shell
     and the user's names."""
     global shell
+    sys.path += [path for path in import_paths if path not in sys.path]
     first = "_wasm_kernel_sandbox" not in sys.modules
     import _wasm_kernel_sandbox
 

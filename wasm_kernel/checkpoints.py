@@ -24,7 +24,6 @@ from .rewrite import BRK_EXPORT, GLOBAL_EXPORT_PREFIX, GROW_FAILED_EXPORT, Inter
 Store = wasmtime.Store | wasmtime.Caller
 log = logging.getLogger(__name__)
 
-CHECKPOINT_MODES = ("auto", "copy")
 COPY_ON_WRITE = "copy-on-write"
 COPY = "a copy of guest memory after each cell"
 

@@ -1,0 +1,144 @@
+"""Starting a kernel's sandbox: from the compiled-runtime cache, and from an image where
+there is one (the notebook's hibernated session, ``resume_from``, or the cache's boot image).
+
+Runs on the guest thread while the kernel already answers kernel_info; the kernel awaits it
+before the first turn, and tells the user when a one-time compile makes them wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from . import images
+from .cache import RuntimeCache
+from .limits import Limits
+from .mounts import Mount
+from .packages import GUEST_FOLDER, Packages
+from .runtime import Runtime
+from .sandbox import Sandbox
+from .session_images import SessionImages
+
+log = logging.getLogger(__name__)
+COMPILING = (
+    "wasm-kernel: compiling the Python runtime for this machine. This happens once (about"
+    " 1-4 minutes); later kernels start in well under a second.\n"
+)
+
+
+class SandboxStart:
+    """What one kernel's sandbox starts from, and what became of it (for ``%sandbox`` and the
+    first cell): ``started_from``, ``resume_note`` and the resumed image's host state."""
+
+    def __init__(
+        self,
+        settings: Any,
+        runtime: Runtime,
+        limits: Limits,
+        granted: list[Mount],
+        start_dir: str,
+        packages: Packages | None,
+        session_images: SessionImages,
+    ):
+        self.settings = settings  # rollback, checkpoint_mode, plain_tracebacks, cache_dir ...
+        self.runtime = runtime
+        self.limits = limits
+        self.granted = granted
+        self.start_dir = start_dir
+        self.packages = packages
+        self.images = session_images
+        self.stage = "starting"
+        self.started_from = "a fresh boot"  # or the boot image, or a saved image
+        self.resume_note = ""  # why an image could not be resumed, told on the first cell
+        self.resumed: images.HostState | None = None  # host state to apply before cell 1
+
+    def run(self, problems: list[Exception]) -> Sandbox:
+        """A booted or resumed sandbox (on the guest thread); a problem in ``problems`` is
+        raised instead, for every cell to report while the kernel itself stays up."""
+        for problem in problems:
+            raise problem
+        sandbox = self._boot()
+        if self.packages is not None:  # IPython's packages are the guest's too, for %pip
+            self.packages.ships_folder(sandbox.packages)
+        return sandbox
+
+    def _boot(self) -> Sandbox:
+        settings = self.settings
+        cache = RuntimeCache(Path(settings.cache_dir) if settings.cache_dir else None)
+
+        @contextmanager
+        def stage(description: str) -> Iterator[None]:
+            self.stage = description
+            yield
+
+        compiled = cache.load(self.runtime, progress=stage)
+        self.stage = "starting the interpreter"
+        mounts, paths = list(self.granted), []
+        if self.packages is not None and self.packages.source is not None:
+            mounts.append(self.packages.mount)
+            paths.append(GUEST_FOLDER)
+        start = partial(
+            Sandbox,
+            compiled,
+            self.limits,
+            rollback=settings.rollback,
+            mounts=mounts,
+            cwd=self.start_dir,
+            import_paths=paths,
+            checkpoint_mode=settings.checkpoint_mode,
+            plain_tracebacks=settings.plain_tracebacks,
+        )
+        source = self.images.to_resume(settings.resume_from)
+        if source is None:
+            return self._from_boot_image(cache.entry_dir(self.runtime), start)
+        try:
+            image = self.images.read(source)
+            sandbox = start(image=image)
+        except images.ImageError as exc:
+            self.resume_note = (
+                f"wasm-kernel: could not resume from {source}: {exc}. Started a fresh"
+                " interpreter instead.\n"
+            )
+            return start()
+        self.started_from = f"image {source.name}"
+        if source.name.startswith(images.ImageFolder.HIBERNATED):
+            source.unlink(missing_ok=True)  # used up: a restart afterwards starts afresh
+        self.resumed = image.host
+        self.resume_note += "".join(
+            f"wasm-kernel: {line}\n" for line in self.images.match_packages(image.host.packages)
+        )
+        sandbox.checkpoint()  # so that a trap in the first cell rolls back to the image
+        return sandbox
+
+    def _from_boot_image(self, entry: Path, start: Callable[..., Sandbox]) -> Sandbox:
+        """A fresh guest from the cache's boot image (built by install/precompile), where
+        there is one for this guest code; else booted the ordinary way."""
+        path = images.boot_image_path(entry)
+        if not path.exists() or self.settings.plain_tracebacks:  # the image's shell colours them
+            return start()
+        try:
+            image = self.images.read(path, memory_file=images.boot_memory_path(path))
+            image.host.cwd = self.start_dir  # a boot image has no folder of its own
+            sandbox = start(image=image)
+            self.started_from = "the boot image"
+            return sandbox
+        except images.ImageError as exc:
+            log.warning("booting without the boot image %s: %s", path, exc)
+            return start()
+
+    async def wait(self, boot: Future[Sandbox], notify: Callable[[str], Any]) -> Sandbox:
+        """The booted sandbox; while a one-time compile runs, say so through ``notify``."""
+        booted = asyncio.wrap_future(boot)
+        told = False
+        while not boot.done():
+            if not told and "compil" in self.stage:
+                notify(COMPILING)
+                told = True
+            await asyncio.wait([booted], timeout=0.2)
+        return await booted

@@ -1,0 +1,234 @@
+"""The contract between the guest and the host, declared once for both sides.
+
+The guest loads this file as a module of its own (``_wasm_kernel_contract``); the host imports
+it as ``wasm_kernel.guest.modules._wasm_kernel_contract`` and derives its validator from these
+declarations (``wasm_kernel.contract``). It declares:
+
+- every message the guest sends through ``_host.call``: a JSON object whose ``op`` names a
+  ``Message``, each field with its kind and bound, and the fields of the host's reply;
+- every entry point the host calls in the guest (``EntryPoint``), and the services
+  ``serve`` runs;
+- the codes and reasons both sides write (input failures, the turn's exit statuses).
+
+Stdout and stderr are not messages: they stay ordinary file writes that the host streams.
+Declarations are tuples, so a cell cannot change them in place; the guest's kernel module
+checks after every cell that its names still hold the same objects.
+"""
+
+from collections import namedtuple
+
+# -- what a field holds ---------------------------------------------------------------------
+TEXT = "text"  # a string of at most ``limit`` characters
+CLIPPED = "clipped"  # a string, cut to ``limit`` characters
+LINES = "lines"  # a list of strings, cut to ``limit`` characters all told
+FLAG = "flag"  # true or false
+INTEGER = "integer"  # a whole number
+SECONDS = "seconds"  # a finite, non-negative number, read as a float
+OBJECT = "object"  # a JSON object with string keys (``keys``: the kinds of known keys)
+BUNDLE = "bundle"  # a mime bundle: mime type -> text or JSON (``empty``: may hold nothing)
+CHOICE = "choice"  # one of ``choices``
+WORDS = "words"  # a list of at most ``limit`` strings, each at most WORD_LIMIT characters
+ADDRESSES = "addresses"  # base64 of little-endian 32-bit guest addresses, read as bytes
+ITEMS = "items"  # a list of at most ``limit`` objects, each one of the ``shapes`` by its tag
+
+REQUIRED = ...  # a field without a default must be present
+WORD_LIMIT = 1000
+ERROR_TEXT_LIMIT = 256 * 1024  # characters of an error's value, traceback or prompt
+
+GUEST_MODULE = "_wasm_kernel"  # the kernel's module inside the guest
+KERNEL_FILES = "<wasm-kernel"  # how the file names of the kernel's guest code start
+GUEST_FILE = KERNEL_FILES + ">"  # the kernel module's; shipped modules' add ":NAME>"
+# tracebacks leave out frames of the kernel's guest code
+
+# exit statuses of a turn, besides the cell's own (0 ok, 1 an uncaught exception)
+TURN_REFUSED = -1  # the interpreter refuses turns: an earlier one trapped
+DAMAGED = 86  # the cell broke the kernel's code in the guest: roll it back
+
+
+class Field(namedtuple("Field", "name kind limit default choices keys shapes empty")):
+    """One field of a message: what it holds, its bound, its default when absent.
+    ``choices``: for CHOICE; ``keys``: for OBJECT, the kinds of its known keys; ``shapes``:
+    for ITEMS, the shapes an item may take; ``empty``: a BUNDLE that may hold nothing."""
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        name,
+        kind,
+        limit=None,
+        default=REQUIRED,
+        *,
+        choices=(),
+        keys=(),
+        shapes=(),
+        empty=False,
+    ):
+        keys = keys or {}
+        return super().__new__(cls, name, kind, limit, default, choices, keys, shapes, empty)
+
+
+class Shape(namedtuple("Shape", "tag fields rules")):
+    """An object named by its ``source`` (``tag``), with its fields; ``rules``: checks across
+    fields, each (what it requires, a test of the checked object)."""
+
+    __slots__ = ()
+    tag_key = "source"
+
+    def __new__(cls, tag, *fields, rules=()):
+        return super().__new__(cls, tag, fields, rules)
+
+
+class Message(namedtuple("Message", "op fields rules reply output droppable waits")):
+    """A message from the guest, named by its ``op``. ``reply``: the fields the host's answer
+    may hold. ``output``: it reaches the client, so it counts against the cell's output
+    budget; ``droppable``: past that budget it is left out (an error is not: it still fails
+    the cell). ``waits``: the host waits for a person, or does work of its own (pip), while
+    the guest waits, so the cell's time limit is paused."""
+
+    __slots__ = ()
+    tag_key = "op"
+
+    def __new__(cls, op, *fields, rules=(), reply=(), output=False, droppable=False, waits=False):
+        return super().__new__(cls, op, fields, rules, reply, output, droppable, waits)
+
+    @property
+    def tag(self):
+        return self.op
+
+
+class EntryPoint(namedtuple("EntryPoint", "name parameters")):
+    """A function of the guest's kernel module that the host calls, with its parameters."""
+
+    __slots__ = ()
+
+    def __new__(cls, name, *parameters):
+        return super().__new__(cls, name, parameters)
+
+
+# -- replies' codes ---------------------------------------------------------------------------
+NO_STDIN, EOF, INTERRUPTED = "no-stdin", "eof", "interrupted"  # why ``input`` got no value
+PIP_COMMANDS = ("install", "uninstall", "list", "show")
+
+# -- messages from the guest --------------------------------------------------------------------
+_DISPLAY_ID = {"display_id": TEXT}
+_DISPLAY_ID_FOR_UPDATE = (
+    "an update needs a display_id",
+    lambda message: not message["update"] or "display_id" in message["transient"],
+)
+
+RESULT = Message(  # a cell's value: execute_result
+    "result",
+    Field("data", BUNDLE),
+    Field("metadata", OBJECT, default={}),
+    Field("transient", OBJECT, default={}, keys=_DISPLAY_ID),
+    Field("update", FLAG, default=False),
+    rules=(_DISPLAY_ID_FOR_UPDATE,),
+    output=True,
+    droppable=True,
+)
+DISPLAY = Message(  # display_data, or update_display_data when update is true
+    "display",
+    Field("data", BUNDLE, empty=True),  # ipykernel sends display(display_id=...) with none
+    Field("metadata", OBJECT, default={}),
+    Field("transient", OBJECT, default={}, keys=_DISPLAY_ID),
+    Field("update", FLAG, default=False),
+    rules=(_DISPLAY_ID_FOR_UPDATE,),
+    output=True,
+    droppable=True,
+)
+CLEAR = Message(
+    "clear", Field("wait", FLAG, default=False), output=True, droppable=True
+)  # clear_output
+ERROR = Message(  # the cell's error
+    "error",
+    Field("ename", TEXT, limit=1023),
+    Field("evalue", CLIPPED, limit=ERROR_TEXT_LIMIT),
+    Field("traceback", LINES, limit=ERROR_TEXT_LIMIT),
+    Field("publish", FLAG, default=True),  # False: IPython printed it already (a UsageError)
+    output=True,
+)
+PAGE = Shape("page", Field("data", BUNDLE), Field("start", INTEGER, default=0))
+SET_NEXT_INPUT = Shape(
+    "set_next_input", Field("text", TEXT, limit=None), Field("replace", FLAG, default=False)
+)
+ASK_EXIT = Shape("ask_exit", Field("keepkernel", FLAG, default=False))
+PAYLOAD = Message(  # execute_reply payloads, as ipykernel's shell writes them
+    "payload",
+    Field("payload", ITEMS, limit=16, shapes=(PAGE, SET_NEXT_INPUT, ASK_EXIT)),
+    output=True,
+    droppable=True,
+)
+INPUT = Message(  # input_request on the stdin channel
+    "input",
+    Field("prompt", TEXT, limit=ERROR_TEXT_LIMIT, default=""),
+    Field("password", FLAG, default=False),
+    reply=(Field("value", TEXT), Field("error", CHOICE, choices=(NO_STDIN, EOF, INTERRUPTED))),
+    waits=True,
+)
+SLEEP = Message(  # time.sleep, which an interrupt cuts short
+    "sleep",
+    Field("seconds", SECONDS),
+    reply=(Field("interrupted", FLAG),),
+)
+REPLY = Message("reply", Field("content", OBJECT))  # a service's answer (see SERVICES)
+DESCRIBE = Message("describe", reply=(Field("text", TEXT),))  # %sandbox
+PIP = Message(  # %pip: names for the host's pip, which checks each again
+    "pip",
+    Field("command", CHOICE, choices=PIP_COMMANDS),
+    Field("args", WORDS, limit=1000),
+    Field("upgrade", FLAG),
+    reply=(Field("text", TEXT), Field("error", TEXT)),
+    waits=True,
+)
+SNAPSHOT = Message(  # %snapshot: save, restore, list or delete an image
+    "snapshot",
+    Field("action", TEXT, limit=64),
+    Field("name", TEXT, limit=1024, default=""),
+    reply=(Field("text", TEXT), Field("error", TEXT)),
+)
+INTERRUPTION = Message(  # why the cell is interrupted: its time limit, or not
+    "interruption",
+    reply=(Field("time_limit", TEXT),),
+)
+IMMORTALIZE = Message(  # boot image only: objects to make immortal
+    "immortalize",
+    Field("addresses", ADDRESSES),
+    reply=(Field("immortal", INTEGER),),
+)
+
+MESSAGES = {
+    message.op: message
+    for message in (
+        RESULT,
+        DISPLAY,
+        CLEAR,
+        ERROR,
+        PAYLOAD,
+        INPUT,
+        SLEEP,
+        REPLY,
+        DESCRIBE,
+        PIP,
+        SNAPSHOT,
+        INTERRUPTION,
+        IMMORTALIZE,
+    )
+}
+
+# -- entry points the host calls ----------------------------------------------------------------
+RUN_CELL = EntryPoint("run_cell", "source", "execution_count", "store_history", "silent")
+SERVE = EntryPoint("serve", "service", "*arguments")
+SETTLE = EntryPoint("settle", "cwd", "start", "paths")  # after an image is resumed
+CLOSE_STALE_FILES = EntryPoint("close_stale_files")
+INSTALL_MODULES = EntryPoint("install_modules", "sources")
+BOOT = EntryPoint("boot", "packages", "import_paths", "plain_tracebacks")
+
+# services ``serve`` runs (the guest's SERVICES table holds exactly these)
+COMPLETE = "complete"
+INSPECT = "inspect_object"
+IS_COMPLETE = "is_complete"
+EVALUATE_EXPRESSIONS = "evaluate_expressions"
+WORKING_FOLDER = "working_folder"
+WARM_UP = "warm_up"  # boot image only
+SERVICES = (COMPLETE, INSPECT, IS_COMPLETE, EVALUATE_EXPRESSIONS, WORKING_FOLDER, WARM_UP)

@@ -1,0 +1,92 @@
+"""The thread every guest turn runs on, and the relay that carries SIGINT to the sandbox.
+
+The kernel's event loop must stay free for control messages and signals while a cell runs, so
+turns, checkpoints and images run on one worker thread, in order; an interrupt reaches the
+sandbox from a thread of its own, with no Python code run in the signal handler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import operator
+import os
+import signal
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+
+class GuestThread(ThreadPoolExecutor):
+    """The one thread that runs the guest: every turn, checkpoint and image in order. A job
+    can be deferred (the checkpoint after a cell, so that the execute_reply and the idle
+    status do not wait behind it); it runs when :meth:`run_deferred` is called or before the
+    next job submitted, whichever comes first. Thread-safe: subshells dispatch on threads of
+    their own."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1, thread_name_prefix="wasm-kernel-guest")
+        self._deferred: Callable[[], Any] | None = None
+        self._order = threading.Lock()  # a deferred job is queued before anything after it
+
+    def defer(self, job: Callable[[], Any]) -> None:
+        with self._order:
+            self._queue_deferred()
+            self._deferred = job
+
+    def run_deferred(self) -> None:
+        with self._order:
+            self._queue_deferred()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        with self._order:
+            self._queue_deferred()
+            return super().submit(fn, *args, **kwargs)
+
+    def _queue_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            with contextlib.suppress(RuntimeError):  # shut down: nothing to keep it for
+                super().submit(deferred)
+
+
+class InterruptRelay:
+    """Carries SIGINTs to a thread that interrupts the sandbox, with no Python in between.
+
+    A Python signal handler runs on the main thread between any two bytecodes, its own
+    included: under a storm of signals its frames nest until a RecursionError breaks whatever
+    the main thread was doing, and a handler that takes a lock can wait on itself forever. So
+    while a request is handled, CPython's C-level handler writes each signal's number to a
+    pipe (``signal.set_wakeup_fd``), the Python-level handler is a C function that does
+    nothing (no frame: nothing nests), and a thread reading the pipe interrupts the sandbox,
+    once per burst. A full pipe drops the extra bytes: the interrupts merge.
+    """
+
+    def __init__(self, interrupt: Callable[[], None]):
+        self._interrupt = interrupt
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        threading.Thread(target=self._run, name="wasm-kernel-interrupts", daemon=True).start()
+
+    def install(self) -> tuple[Any, int]:
+        """On the main thread: route SIGINT to the pipe; returns what to restore."""
+        previous = signal.signal(signal.SIGINT, _DO_NOTHING)
+        return previous, signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+
+    def uninstall(self, saved: tuple[Any, int]) -> None:
+        handler, wakeup = saved
+        signal.set_wakeup_fd(wakeup)
+        signal.signal(signal.SIGINT, handler)
+
+    def _run(self) -> None:
+        while data := os.read(self._read, 1 << 16):  # a whole pipe's worth: one per burst
+            if signal.SIGINT not in data:  # the pipe carries every handled signal's number
+                continue
+            try:
+                self._interrupt()
+            except Exception:
+                logging.getLogger(__name__).exception("could not interrupt the sandbox")
+
+
+_DO_NOTHING = operator.is_  # a C function of two arguments: a signal handler with no frame

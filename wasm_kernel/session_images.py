@@ -1,0 +1,172 @@
+"""A session's images on the kernel's side: ``%snapshot`` and hibernation.
+
+The guest asks (``%snapshot save NAME`` ...); the kernel answers list and delete at once and
+notes save and restore on the cell, to be done between turns on the guest thread. At
+shutdown, a session may hibernate: its image is saved under the notebook's name, to be
+resumed by the next kernel started for it (see ``boot``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import images
+from .history import History
+from .kernel_settings import SESSION_ENV
+from .limits import Limits
+from .mounts import SCRATCH, Mount
+from .packages import Cancelled, Packages
+from .wheels import PackageError
+
+if TYPE_CHECKING:
+    from .cell_messages import CellMessages
+    from .sandbox import Sandbox
+
+log = logging.getLogger(__name__)
+IMAGE_PACKAGES_SECONDS = 120  # longest a resume or restore spends installing its %pip packages
+SNAPSHOT_ACTIONS = ("save", "restore", "list", "delete")
+
+
+class SessionImages:
+    """Saving, restoring and hibernating one kernel's session."""
+
+    def __init__(
+        self,
+        folder: images.ImageFolder,
+        runtime_sha256: str,
+        limits: Limits,
+        packages: Packages | None,
+        history: History,
+        granted: list[Mount],
+        snapshots: bool,
+        hibernate: bool,
+    ):
+        self.folder = folder
+        self.needs = images.identity(runtime_sha256)
+        self.limits = limits
+        self.packages = packages
+        self.history = history
+        self.granted = granted
+        self.snapshots = snapshots
+        self.hibernate_on_shutdown = hibernate
+
+    def read(self, path: Path, memory_file: Path | None = None) -> images.Image:
+        return images.read_image(
+            path,
+            needs=self.needs,
+            memory_limit=self.limits.memory_limit,
+            scratch_limit=self.limits.scratch_limit,
+            memory_file=memory_file,
+        )
+
+    def snapshot_message(self, cell: CellMessages, action: str, name: str) -> dict:
+        """``%snapshot`` from the guest, during its turn: list and delete at once; save and
+        restore are noted on the cell and done when its turn has ended."""
+        try:
+            if not self.snapshots:
+                raise images.ImageError(
+                    "%snapshot is off in this kernel (--WasmKernel.snapshots, off in the"
+                    " strict profile)"
+                )
+            if action not in SNAPSHOT_ACTIONS:
+                raise images.ImageError(
+                    "usage: %snapshot save NAME | restore NAME | list | delete NAME"
+                )
+            if action == "list":
+                return {"text": self.folder.describe()}
+            if name.startswith(images.ImageFolder.HIBERNATED):
+                raise images.ImageError(
+                    "hibernated sessions belong to their own notebooks; they cannot be saved,"
+                    " restored or deleted from a cell"
+                )
+            if action == "delete":
+                self.folder.delete(name)
+                return {"text": f"Deleted snapshot {name!r}."}
+            path = self.folder.path(name)
+            if action == "restore" and not path.exists():
+                raise images.ImageError(f"there is no snapshot named {name!r}")
+            cell.snapshot = (action, name)
+            return {}
+        except images.ImageError as exc:
+            return {"error": str(exc)}
+
+    def act(self, sandbox: Sandbox, action: str, name: str, execution_count: int) -> str:
+        """Save or restore between turns (on the guest thread); returns what to tell the user."""
+        began = time.perf_counter()
+        if action == "save":
+            path = self.folder.store(name, self._image_bytes(sandbox, execution_count))
+            size = path.stat().st_size
+            return (
+                f"Saved snapshot {name!r} ({size / (1 << 20):.1f} MiB,"
+                f" {time.perf_counter() - began:.2f} s)."
+            )
+        image = self.read(self.folder.path(name))
+        sandbox.restore_image(image)
+        return (
+            f"Restored snapshot {name!r} (taken {image.taken or 'at an unknown time'}) in"
+            f" {time.perf_counter() - began:.2f} s: the interpreter's state and the private"
+            f" {SCRATCH} were replaced in place; what later cells did is gone."
+        ) + "".join(f"\n{line}" for line in self.match_packages(image.host.packages))
+
+    def match_packages(self, pins: list[str]) -> list[str]:
+        """Give a resumed or restored guest the %pip packages its image names, from this
+        kernel's own package source; returns what the user should be told."""
+        if self.packages is None or not (pins or self.packages.pins()):
+            return []
+        deadline = time.monotonic() + IMAGE_PACKAGES_SECONDS  # no cell to interrupt it
+
+        def past_deadline(seconds: float) -> bool:
+            time.sleep(seconds)
+            return time.monotonic() > deadline
+
+        try:
+            return self.packages.match(pins, past_deadline)
+        except PackageError as exc:
+            return [str(exc)]
+        except Cancelled:
+            return [
+                f"installing the image's packages ({', '.join(pins)}) took longer than"
+                f" {IMAGE_PACKAGES_SECONDS} s and was stopped; %pip install them again"
+            ]
+
+    def _image_bytes(self, sandbox: Sandbox, execution_count: int) -> bytes:
+        entries = self.history.range(0, 0, None)
+        host = images.HostState(
+            execution_count=execution_count,
+            history=[(line, source) for _, line, source in entries],
+            packages=self.packages.pins() if self.packages is not None else [],
+        )
+        return sandbox.save_image(host, [str(mount) for mount in self.granted])
+
+    def hibernate(self, sandbox: Sandbox, execution_count: int) -> None:
+        """At shutdown: this notebook's session, for the next kernel started for it."""
+        session = os.environ.get(SESSION_ENV)
+        if not (self.hibernate_on_shutdown and session):
+            return
+        try:
+            self.folder.store(
+                self.folder.hibernation_name(session), self._image_bytes(sandbox, execution_count)
+            )
+        except images.ImageError as exc:
+            log.warning("could not hibernate this session: %s", exc)
+
+    def to_resume(self, resume_from: str) -> Path | None:
+        """``resume_from`` (a snapshot's name or a path), else this notebook's hibernated image."""
+        if resume_from:
+            try:
+                named = self.folder.path(resume_from)
+            except images.ImageError:
+                named = None
+            if named is not None and named.exists():
+                return named
+            return Path(resume_from).expanduser()
+        session = os.environ.get(SESSION_ENV)
+        if self.hibernate_on_shutdown and session:
+            hibernated = self.folder.path(self.folder.hibernation_name(session))
+            if hibernated.exists():
+                return hibernated
+        return None

@@ -56,7 +56,22 @@ class Runtime:
 
 
 def manifest_dir() -> Path:
-    return Path(str(resources.files("wasm_kernel") / "runtimes"))
+    """The folder of runtime manifests.
+
+    The repository keeps them once, in its top-level ``runtimes/``; a built wheel ships that
+    folder as ``wasm_kernel/runtimes`` (pyproject's force-include). A source checkout, used on
+    ``PYTHONPATH`` or through an editable install, has no such folder in the package: there the
+    manifests are read from the checkout's ``runtimes/``, next to the package, so an edited
+    manifest takes effect without a reinstall.
+    """
+    package = Path(str(resources.files("wasm_kernel")))
+    installed = package / "runtimes"
+    if installed.is_dir():
+        return installed
+    checkout = package.parent / "runtimes"
+    if (package.parent / "pyproject.toml").is_file() and checkout.is_dir():
+        return checkout
+    return installed  # missing: load_runtime's error names the place a wheel puts them
 
 
 def sha256_file(path: Path, chunk: int = 8 << 20) -> str:

@@ -11,6 +11,7 @@ writes a call into the guest. The declarations themselves live in the guest's mo
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import math
 import re
@@ -89,14 +90,15 @@ def _integer(field: Field, value: Any) -> int:
 
 
 def _seconds(field: Field, value: Any) -> float:
+    number = float(value) if isinstance(value, float) else None
+    if _is_integer(value):
+        with contextlib.suppress(OverflowError):  # a JSON integer too large for a float
+            number = float(value)
     _check(
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value >= 0,
+        number is not None and math.isfinite(number) and number >= 0,
         f"{field.name} must be a finite, non-negative number",
     )
-    return float(value)
+    return number  # type: ignore[return-value]  # checked above
 
 
 def _object(field: Field, value: Any) -> dict:
@@ -154,7 +156,7 @@ def _items(field: Field, value: Any) -> list[dict]:
     for item in value:
         _check(_is_str_dict(item), f"each of {field.name} must be an object")
         tag = item.get(Shape.tag_key)
-        shape = shapes.get(tag)
+        shape = shapes.get(tag) if isinstance(tag, str) else None
         _check(shape is not None, f"unknown {Shape.tag_key} {str(tag)[:64]!r}")
         checked.append(_fields(shape, item))  # type: ignore[arg-type]  # checked above
     return checked

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
-from traitlets import TraitError, Unicode
+from traitlets import HasTraits, TraitError, Unicode
 from traitlets.config import Config, Configurable
 from traitlets.config.loader import DeferredConfig, LazyConfigValue
 
@@ -303,7 +303,7 @@ def screened(config: Config, app: Any, refuse: Any) -> Config:
         return config
     result = deepcopy(config)
     traits = KernelSettings.class_own_traits(config=True)
-    probe = _Probe()
+    probe = HasTraits()  # the checks look at no other setting
     for section in (result[name] for name in sections):
         for name, value in list(section.items()):
             trait = traits.get(name)
@@ -316,10 +316,6 @@ def screened(config: Config, app: Any, refuse: Any) -> Config:
                 del section[name]
                 refuse(name, given, config_source(app, name), str(exc))
     return result
-
-
-class _Probe:
-    """What a setting's check is given as its owner: the checks look at no other setting."""
 
 
 def default_shown(name: str) -> Setting:

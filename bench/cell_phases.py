@@ -65,7 +65,7 @@ def phases(cells: int) -> tuple[dict[str, list[float]], str]:
             began = time.perf_counter()
             sandbox.run_cell(CELL, 2, host)
             ran = time.perf_counter()
-            costs["fuel"].append(LIMITS.fuel - sandbox._live_store.get_fuel())
+            costs["fuel"].append(LIMITS.fuel - sandbox._interpreter.store.get_fuel())
             sandbox.checkpoint()
             costs["after"].append(ran - began)
             costs["checkpoint"].append(time.perf_counter() - ran)

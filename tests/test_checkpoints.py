@@ -181,14 +181,17 @@ def test_memory_past_the_break_is_zero_after_a_rollback(compiled, mode: str) -> 
     try:
         box.run_cell("x = 1", 1, Quiet())
         box.checkpoint()
-        brk = box._state.global_values(box._store)[BRK_EXPORT]
+        brk = box._interpreter.state.global_values(box._interpreter.store)[BRK_EXPORT]
         box.limits = Limits(
             fuel=2 * 10**9, time_limit=0, memory_limit=1 << 30, output_limit=1 << 20
         )
         with pytest.raises(CellStopped):
             box.run_cell("lost = bytearray(b'\\xa5') * (300 << 20)\nwhile True: pass", 2, Quiet())
-        assert box._state.global_values(box._store)[BRK_EXPORT] == brk
-        base, end = memory_address(box._memory, box._store), box._memory.data_len(box._store)
+        assert box._interpreter.state.global_values(box._interpreter.store)[BRK_EXPORT] == brk
+        base, end = (
+            memory_address(box._interpreter.memory, box._interpreter.store),
+            box._interpreter.memory.data_len(box._interpreter.store),
+        )
         assert end - brk > 250 << 20  # memory never shrinks
         past = (ctypes.c_char * (end - brk)).from_address(base + brk)
         assert bytes(past).count(0) == end - brk
@@ -209,18 +212,20 @@ def test_guest_memory_mapped_from_a_file_runs_the_interpreter_saved_in_it(
     try:
         source.run_cell("import numpy\nsaved = numpy.arange(1000).sum()", 1, Quiet())
         source.checkpoint()
-        values = source._state.global_values(source._store)
+        values = source._interpreter.state.global_values(source._interpreter.store)
         size = values[BRK_EXPORT]
         image = tmp_path / "image"
-        base = memory_address(source._memory, source._store)
+        base = memory_address(source._interpreter.memory, source._interpreter.store)
         image.write_bytes(ctypes.string_at(base, page_up(size)))
         before = image.read_bytes()
 
         target.run_cell("other = bytearray(b'o') * (20 << 20)", 1, Quiet())
         target.checkpoint()  # memory the target's own checkpoint maps, below and past the image
-        map_copy_on_write(target._memory, target._store, str(image), 0, size)
-        target._state.forget()
-        target._state.set_global_values(target._store, values)
+        map_copy_on_write(
+            target._interpreter.memory, target._interpreter.store, str(image), 0, size
+        )
+        target._interpreter.state.forget()
+        target._interpreter.state.set_global_values(target._interpreter.store, values)
         out = Quiet()
         target.run_cell("print(saved, numpy.ones(3).sum())", 2, out)
         assert "".join(out.text).split() == ["499500", "3.0"]
@@ -283,18 +288,23 @@ def test_pages_of_another_file_are_kept_or_copied_exactly(
     box = sandbox(compiled)
     try:
         box.run_cell("import numpy\nkept = numpy.arange(100_000)", 1, Quiet())
-        base, size = memory_address(box._memory, box._store), box._memory.data_len(box._store)
+        base, size = (
+            memory_address(box._interpreter.memory, box._interpreter.store),
+            box._interpreter.memory.data_len(box._interpreter.store),
+        )
         before = ctypes.string_at(base, size)
         box.checkpoint()
         assert ctypes.string_at(base, size) == before
-        assert bool(box._state._cow._foreign) == (foreign_parts > 0)
+        assert bool(box._interpreter.state._cow._foreign) == (foreign_parts > 0)
         assert finder in box.checkpoint_method
         box.limits = Limits(
             fuel=2 * 10**9, time_limit=0, memory_limit=1 << 30, output_limit=1 << 20
         )
         with pytest.raises(CellStopped):
             box.run_cell("kept[:] = -1\nimport json, wave\nwhile True: pass", 2, Quiet())
-        box._state.restore(box._store)  # again: the kernel's repair turn ran since
+        box._interpreter.state.restore(
+            box._interpreter.store
+        )  # again: the kernel's repair turn ran since
         assert ctypes.string_at(base, size) == before
     finally:
         box.close()
@@ -452,7 +462,7 @@ def test_a_long_session_from_the_boot_image_keeps_copy_on_write(
             # what is left in place grows slowly; the limit is set to be reached soon
             box.run_cell(cell.format(count), count, quiet)
             box.checkpoint()
-            kept.append(box._state._cow._kept)
+            kept.append(box._interpreter.state._cow._kept)
             if count == 3:
                 monkeypatch.setattr(cow, "KEPT_LIMIT", kept[-1] + (64 << 10))
         assert box.checkpoint_method.startswith(COPY_ON_WRITE), box.checkpoint_method
@@ -460,11 +470,11 @@ def test_a_long_session_from_the_boot_image_keeps_copy_on_write(
         monkeypatch.setattr(cow, "KEPT_LIMIT", 1 << 30)
         box.run_cell("x = 1", 40, quiet)
         box.checkpoint()
-        before = box._state._cow._kept
+        before = box._interpreter.state._cow._kept
         box.run_cell("x = 1", 41, quiet)
         box.checkpoint()
         # the pages the same cell rewrites are not counted twice
-        assert box._state._cow._kept - before < box.checkpoint_stats.written / 4
+        assert box._interpreter.state._cow._kept - before < box.checkpoint_stats.written / 4
         box.limits = Limits(
             fuel=2 * 10**9, time_limit=0, memory_limit=1 << 30, output_limit=1 << 20
         )

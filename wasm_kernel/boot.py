@@ -18,10 +18,9 @@ from typing import Any
 
 from . import images
 from .cache import RuntimeCache
+from .grants import Grants
 from .limits import Limits
-from .mounts import Mount
-from .packages import GUEST_FOLDER, Packages
-from .runtime import Runtime
+from .packages import GUEST_FOLDER
 from .sandbox import Sandbox
 from .session_images import SessionImages
 
@@ -37,21 +36,14 @@ class SandboxStart:
     first cell): ``started_from``, ``resume_note`` and the resumed image's host state."""
 
     def __init__(
-        self,
-        settings: Any,
-        runtime: Runtime,
-        limits: Limits,
-        granted: list[Mount],
-        start_dir: str,
-        packages: Packages | None,
-        session_images: SessionImages,
+        self, settings: Any, limits: Limits, grants: Grants, session_images: SessionImages
     ):
         self.settings = settings  # rollback, checkpoint_mode, plain_tracebacks, cache_dir ...
-        self.runtime = runtime
+        self.runtime = grants.runtime
         self.limits = limits
-        self.granted = granted
-        self.start_dir = start_dir
-        self.packages = packages
+        self.granted = grants.granted
+        self.start_dir = grants.start_dir
+        self.packages = grants.packages
         self.images = session_images
         self.stage = "starting"
         self.started_from = "a fresh boot"  # or the boot image, or a saved image

@@ -93,9 +93,9 @@ def plain_text(text: str) -> str:
 def kernel_arguments(profile: str, settings: dict[str, Any]) -> list[str]:
     """``--WasmKernel.NAME=VALUE`` for each setting. Names are checked here (a misspelt limit
     would otherwise leave the profile's default in force unnoticed); values by the kernel."""
-    from .kernel import WasmKernel
+    from .kernel_settings import setting_names
 
-    known = {name for name in WasmKernel.class_own_traits(config=True) if not name.startswith("_")}
+    known = set(setting_names())
     arguments = []
     for name, value in settings.items():
         if name not in known or name == "profile":

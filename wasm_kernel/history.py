@@ -13,6 +13,7 @@ import logging
 import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -102,3 +103,45 @@ class History:
 
     def close(self) -> None:
         self.db.close()
+
+    def reply(
+        self,
+        hist_access_type: str,
+        output: bool,
+        session: Any,
+        start: Any,
+        stop: Any,
+        n: Any,
+        pattern: Any,
+        unique: Any,
+    ) -> dict:
+        """A history_reply, its parameters checked (they arrive as any JSON)."""
+        try:
+            if hist_access_type == "tail":
+                entries = self.tail(bounded(n, 10), bool(unique))
+            elif hist_access_type == "range":
+                stop_line = None if stop is None else bounded(stop, 0)
+                entries = self.range(bounded(session, 0), bounded(start, 0), stop_line)
+            elif hist_access_type == "search":
+                entries = self.search(str(pattern or "*"), bounded(n, 0) or None, bool(unique))
+            else:
+                entries = []
+        except (TypeError, ValueError) as exc:
+            return {
+                "status": "error",
+                "ename": "MalformedRequest",
+                "evalue": str(exc),
+                "traceback": [],
+            }
+        if output:
+            return {"status": "ok", "history": [(s, n_, (src, None)) for s, n_, src in entries]}
+        return {"status": "ok", "history": entries}
+
+
+def bounded(value: Any, fallback: int) -> int:
+    """An integer history parameter, within SQLite's range."""
+    if value is None:
+        return fallback
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return max(min(value, 2**62), -(2**62))

@@ -15,6 +15,7 @@ import logging
 import struct
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 import wasmtime
@@ -24,7 +25,7 @@ from .checkpoints import memory_address
 from .contract import Verdict
 from .guest.modules import _wasm_kernel_contract as declared
 from .immortal import make_immortal
-from .interrupts import Interrupts, Watchdog
+from .interrupts import Interrupts
 from .limits import Limits
 from .output import OutputPump
 from .stops import TIME, time_limit_interrupted
@@ -77,12 +78,13 @@ class GuestMemory:
         self.memory.write(store, data, pointer & 0xFFFFFFFF)  # raises IndexError out of bounds
 
 
-def refuse_symlinks(linker: wasmtime.Linker) -> None:
+class SymlinkRefusal:
     """No symlinks: one made in a writable mount could point a host program that later opens
     it (a backup, the user's editor) at files the guest was never granted."""
-    linker.define_func(
-        WASI, "path_symlink", wasmtime.FuncType([_I32] * 5, [_I32]), lambda *_: WASI_EPERM
-    )
+
+    def define(self, linker: wasmtime.Linker) -> None:
+        func_type = wasmtime.FuncType([_I32] * 5, [_I32])
+        linker.define_func(WASI, "path_symlink", func_type, lambda *_: WASI_EPERM)
 
 
 class HostCall:
@@ -94,18 +96,17 @@ class HostCall:
         self,
         output: OutputPump,
         interrupts: Interrupts,
-        watchdog: Watchdog,
+        paused: Callable[[], AbstractContextManager[None]],
         hit_memory_limit: Callable[[wasmtime.Caller], bool],
     ):
         self._output = output
         self._interrupts = interrupts
-        self._watchdog = watchdog
+        self._paused = paused  # the turn's time limit stopped meanwhile
         self._hit_memory_limit = hit_memory_limit
         self._memory: GuestMemory | None = None
         self._alloc: wasmtime.Func | None = None
         self._receiver: Receiver | None = None
         self._limits: Limits | None = None
-        self.deadline: int | None = None  # watchdog token of the running turn's time limit
         self.reply: dict | None = None  # the last service's answer
         self.time_limit_reported = False  # the cell reported its TimeLimitExceeded itself
         self.making_boot_image = False  # only then may the guest make objects immortal
@@ -193,7 +194,7 @@ class HostCall:
             return {}
         self._output.flush()  # keep printed text ahead of what the message shows
         if kind.waits:  # a person answering, or pip on the host: not the cell's time
-            with self._watchdog.paused(self.deadline):
+            with self._paused():
                 return receiver.message(message, verdict, self._interrupts)
         return receiver.message(message, verdict, self._interrupts)
 

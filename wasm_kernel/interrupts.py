@@ -1,6 +1,7 @@
 """Interrupts and deadlines of the running turn.
 
-``Interrupts`` holds what was asked of the running turn: a soft interrupt (KeyboardInterrupt in
+``Metering`` puts fuel, a deadline and interrupts around each turn. ``Interrupts`` holds what
+was asked of the running turn: a soft interrupt (KeyboardInterrupt in
 the guest, delivered by tripping CPython's own signal flags, or when the guest next waits on
 the host) or a hard stop (an epoch trap). Requests carry the turn they were made for, so a
 late timer can never stop a later turn. ``Watchdog`` runs the deadlines (time limits, the
@@ -15,11 +16,14 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 
 import wasmtime
 
-from .stops import INTERRUPT
+from .checkpoints import SignalFlags, memory_address
+from .rewrite import InterruptCells
+from .stops import INTERRUPT, TIME
 
 log = logging.getLogger(__name__)
 
@@ -185,3 +189,81 @@ class Watchdog:
                 callback()
             except Exception:
                 log.exception("a watchdog callback failed; the watchdog carries on")
+
+
+class Metering:
+    """Fuel, a wall-clock deadline and interrupts around each guest turn.
+
+    An interrupt (or the time limit) first trips CPython's own SIGINT flags, so the cell gets
+    a real KeyboardInterrupt (TimeLimitExceeded); a cell that ignores it is stopped with an
+    epoch trap after the grace time. A turn that takes no interrupts (the kernel's own
+    repairs), or one already interrupted, is stopped hard at once."""
+
+    def __init__(self, engine: wasmtime.Engine, cells: InterruptCells | None, grace: float):
+        self.interrupts = Interrupts(engine)
+        self.watchdog = Watchdog()
+        self._cells = cells
+        self._grace = grace
+        self._signals: SignalFlags | None = None
+        self._deadline: int | None = None  # watchdog token of the running turn's time limit
+
+    @contextmanager
+    def turn(
+        self, store: wasmtime.Store, fuel: int, seconds: float, interruptible: bool = True
+    ) -> Iterator[int]:
+        """One metered guest call (no time limit if ``seconds`` is 0); yields its number."""
+        turn = self.interrupts.begin(soft=interruptible)
+        store.set_fuel(fuel)
+        store.set_epoch_deadline(1)
+        self._deadline = None
+        if seconds:
+            self._deadline = self.watchdog.arm(seconds, partial(self._time_up, turn))
+        try:
+            yield turn
+        finally:
+            self.interrupts.end()
+            if self._deadline is not None:
+                self.watchdog.disarm(self._deadline)
+            store.set_epoch_deadline(1 << 62)
+
+    def paused(self) -> AbstractContextManager[None]:
+        """The running turn's time limit stopped while the host waits (a person, pip)."""
+        return self.watchdog.paused(self._deadline)
+
+    def watch_signals(self, memory: wasmtime.Memory, store: wasmtime.Store) -> None:
+        """CPython's SIGINT flags for the next turn, cleared of any an earlier one left."""
+        self._signals = None
+        if self._cells is None:
+            return
+        flags = SignalFlags(self._cells, memory_address(memory, store), memory.data_len(store))
+        try:
+            flags.clear()
+        except IndexError:
+            log.warning("the interpreter's signal flags are out of reach; interrupts stop hard")
+            return
+        self._signals = flags
+
+    def interrupt(self) -> None:
+        """Jupyter interrupt: KeyboardInterrupt in the cell, or a hard stop after the grace time."""
+        turn = self.interrupts.request_soft(self._trip)
+        if turn is not None:
+            self.watchdog.arm(self._grace, partial(self.interrupts.request_stop, INTERRUPT, turn))
+
+    def _time_up(self, turn: int) -> None:
+        """The wall-clock limit, first as an interrupt (what the cell did so far stays, as
+        under nbgrader's timeout on the native kernel), then hard after the grace time."""
+        if self.interrupts.request_soft(self._trip, TIME, turn) is None:
+            self.interrupts.request_stop(TIME, turn)
+            return
+        self.watchdog.arm(self._grace, partial(self.interrupts.request_stop, TIME, turn))
+
+    def _trip(self) -> None:
+        if self._signals is None:
+            return  # the guest learns of the interrupt when it next waits on the host
+        try:
+            self._signals.trip()
+        except IndexError:
+            log.warning("could not reach the interpreter's signal flags")
+
+    def close(self) -> None:
+        self.watchdog.close()

@@ -22,7 +22,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import platformdirs
 import psutil
 from ipykernel._version import kernel_protocol_version
 from ipykernel.kernelbase import Kernel
@@ -34,28 +33,23 @@ from .active_output import ActiveOutput
 from .boot import SandboxStart
 from .cell_messages import CellMessages, KernelDoors, Request
 from .checkpoints import checkpoint_method
+from .grants import Grants, configured_runtime
 from .guest.modules import _wasm_kernel_contract as declared
 from .guest_thread import GuestThread, InterruptRelay
 from .history import History
-from .interrupts import Interrupts
 from .kernel_settings import KernelSettings, screened
 from .limits import Limits
-from .mounts import SCRATCH, Mount, MountError, guest_cwd, holds_home, parse_mounts
-from .packages import GUEST_FOLDER, INDEX, OFF, Cancelled, Packages, Source, WheelCache
+from .mounts import SCRATCH
 from .request_checks import (
-    COMPLETION_TYPES,
-    bounded,
-    clamp,
     clean_request,
-    completion_types,
+    complete_reply,
+    is_complete_reply,
     malformed,
 )
-from .runtime import DEFAULT_RUNTIME, Runtime, RuntimeUnavailable, load_runtime
 from .sandbox import Sandbox
 from .session_images import SessionImages
-from .settings import ENV_PREFIX, InvalidSettings, config_source
+from .settings import InvalidSettings
 from .stops import CellStopped
-from .wheels import PackageError
 
 BACKLOG_FLOOR = 64 << 20  # bytes of cell output that may wait for slow IOPub clients
 HIBERNATE_SECONDS = 60.0  # longest a shutdown waits for a running cell before it hibernates
@@ -123,31 +117,20 @@ class WasmKernel(KernelSettings, Kernel):
         if threading.current_thread() is threading.main_thread():
             scratch_folders.remove_on_sigterm()  # SIGTERM would leave the guest's files
         configured = self.read_settings()
-        self.runtime = self._load_runtime()
+        runtime = configured_runtime(self)
         self._settings_error = InvalidSettings(self.refused) if self.refused else None
+        self.runtime = runtime
         self.limits = Limits.of(self)
         self.history = History(self.history_file)
-        self.granted: list[Mount] = []
-        self.start_dir = SCRATCH
-        self._mount_error: MountError | None = None
-        here = Path.cwd()
-        self.withheld = self._withheld_folder(here, configured)
+        self.grants = Grants(self, runtime, configured, valid=self._settings_error is None)
         self._withheld_told = False  # said once, on the first cell's stderr
-        try:
-            specs = [] if self.withheld else self.mounts
-            reserved = (self.runtime.lib_guest_dir, GUEST_FOLDER)
-            self.granted = parse_mounts(specs, here, reserved=reserved)
-            self.start_dir = guest_cwd(self.granted, here, self.working_dir)
-        except MountError as exc:
-            self._mount_error = exc  # reported by every cell; the kernel itself stays up
-        self.package_set = self._package_set()
         self.session_images = SessionImages(
             images.ImageFolder(Path(self.snapshot_dir).expanduser(), self.snapshot_quota),
-            self.runtime.module.sha256,
+            runtime.module.sha256,
             self.limits,
-            self.package_set,
+            self.grants.packages,
             self.history,
-            self.granted,
+            self.grants.granted,
             snapshots=self.snapshots,
             hibernate=self.hibernate,
         )
@@ -155,101 +138,21 @@ class WasmKernel(KernelSettings, Kernel):
             publish=self._publish_guest_output,
             stdin=lambda: (self.live_session, self.stdin_socket),
             describe=self.describe_sandbox,
-            pip=self.run_pip,
+            pip=self.grants.pip,
             snapshot=self.session_images.snapshot_message,
             active_output=self.active_output,
             memory_limit=self.limits.memory_limit,
-            reachable=self._reachable_without_host_folders(),
+            reachable=self.grants.reachable_without_host_folders(),
         )
-        self._start = SandboxStart(
-            self,
-            self.runtime,
-            self.limits,
-            self.granted,
-            self.start_dir,
-            self.package_set,
-            self.session_images,
-        )
+        self._start = SandboxStart(self, self.limits, self.grants, self.session_images)
         self._interrupt_relay = InterruptRelay(self._interrupt_sandbox)
         self._worker = GuestThread()
-        problems = [p for p in (self._settings_error, self._mount_error) if p is not None]
+        problems = [p for p in (self._settings_error, self.grants.mount_error) if p is not None]
         self._boot: Future[Sandbox] = self._worker.submit(self._start.run, problems)
-
-    def _load_runtime(self) -> Runtime:
-        """The configured runtime; if there is none by that name, the setting is refused and
-        the default one describes the kernel (no sandbox starts)."""
-        try:
-            return load_runtime(self.runtime_name)
-        except RuntimeUnavailable as exc:
-            if self.runtime_name == DEFAULT_RUNTIME:
-                raise
-            source = config_source(self.parent, "runtime_name")
-            self.refuse_setting("runtime_name", self.runtime_name, source, str(exc))
-            return load_runtime(DEFAULT_RUNTIME)
-
-    def _withheld_folder(self, here: Path, configured: set[str]) -> str:
-        """Why the profile's folder is not mounted, or "". A notebook in the home folder would
-        expose keys and tokens; mounts set explicitly (config, argv, env) are the operator's."""
-        explicit = "mounts" in configured or ENV_PREFIX + "MOUNTS" in os.environ
-        if explicit or not self.mounts or not holds_home(here):
-            return ""
-        return (
-            f"the notebook's folder {here} is (or holds) the home folder, with its keys and"
-            " settings, so it is not mounted. Keep notebooks and their data in a project"
-            " folder, or mount one with --WasmKernel.mounts."
-        )
-
-    def _package_set(self) -> Packages | None:
-        """This kernel's %pip packages (None with invalid settings: no sandbox starts)."""
-        if self._settings_error is not None:
-            return None
-        source = None
-        if self.packages != OFF:
-            source = Source(None if self.packages == INDEX else Path(self.packages))
-        wheels = Path(platformdirs.user_cache_dir("wasm-kernel")) / "wheels"  # per user
-        return Packages(
-            source,
-            self.packages_quota,
-            self.packages_user_quota,
-            self.runtime.stdlib.path,
-            self.runtime.stdlib_guest_path,
-            WheelCache(wheels),
-            self.runtime.python_version,
-        )
-
-    def run_pip(self, message: dict, interrupts: Interrupts) -> dict:
-        """A %pip command from the guest, run while its cell waits (the cell's time limit is
-        paused, see Sandbox); an interrupt kills pip and the cell gets KeyboardInterrupt."""
-        if self.package_set is None:
-            return {"error": "packages are not available: the kernel has invalid settings"}
-
-        def cancelled(seconds: float) -> bool:
-            interrupts.wait(seconds)
-            return interrupts.take()
-
-        try:
-            text = self.package_set.run(
-                message["command"], message["args"], message["upgrade"], cancelled
-            )
-        except Cancelled:
-            return {"error": declared.INTERRUPTED}
-        except PackageError as exc:
-            return {"error": str(exc)}
-        except OSError as exc:
-            self.log.exception("%pip failed")
-            return {"error": f"the host could not complete this: {exc.strerror or exc}"}
-        return {"text": text}
 
     def _publish_guest_output(self, msg_type: str, content: dict, parent: dict) -> bool:
         """A cell's output on IOPub; False if left out: too much waits for slow clients."""
         return self.guest_output.publish(msg_type, content, parent, self._topic(msg_type))
-
-    def _reachable_without_host_folders(self) -> tuple[str, ...] | None:
-        """The guest folders of a kernel with no host folder, for the hint on a path only the
-        host has; None where the kernel has host folders (or could not mount them)."""
-        if self.granted or self._mount_error is not None:
-            return None
-        return (SCRATCH, self.runtime.lib_guest_dir)
 
     @property
     def live_session(self) -> Session:
@@ -297,10 +200,7 @@ class WasmKernel(KernelSettings, Kernel):
                 f"Python {self.runtime.python_version} in a WebAssembly sandbox"
                 f" (wasm-kernel {__version__}): not started.\n{self._settings_error}"
             )
-        if self._mount_error is not None or self.withheld:
-            folders = f"  none: {self._mount_error or self.withheld}"
-        else:
-            folders = "\n".join(f"  {mount}" for mount in self.granted) or "  none"
+        grants = self.grants
         scratch_size = (
             f"up to {limits.scratch_limit >> 20} MiB" if limits.scratch_limit else "no size limit"
         )
@@ -308,14 +208,14 @@ class WasmKernel(KernelSettings, Kernel):
             f"Python {self.runtime.python_version} in a WebAssembly sandbox"
             f" (wasm-kernel {__version__}, runtime {self.runtime.name})\n"
             f"Profile: {self.profile}\n"
-            f"Host folders:\n{folders}\n"
+            f"Host folders:\n{grants.describe_folders()}\n"
             f"  {SCRATCH}: private scratch, deleted when the kernel stops, {scratch_size}\n"
-            f"Starting folder: {self.start_dir}\n"
+            f"Starting folder: {grants.start_dir}\n"
             f"Interpreter: from {self._start.started_from}\n"
             f"Per cell: fuel {limits.fuel:,},"
             f" {f'time {limits.time_limit:.10g} s' if limits.time_limit else 'no time limit'},"
             f" memory {_size(limits.memory_limit)}, output {_size(limits.output_limit)}\n"
-            f"Packages: {self.package_set.describe() if self.package_set else 'off'}\n"
+            f"Packages: {grants.packages.describe() if grants.packages else 'off'}\n"
             f"Rollback: {self._describe_rollback()}\n"
             "No host environment, network or processes."
         )
@@ -362,8 +262,8 @@ class WasmKernel(KernelSettings, Kernel):
             return cell.fail(exc.ename, str(exc))
         except Exception as exc:
             return cell.fail("SandboxUnavailable", f"the sandbox could not start: {exc}")
-        if self.withheld and not self._withheld_told:
-            cell.stream("stderr", f"wasm-kernel: {self.withheld}\n")
+        if self.grants.withheld and not self._withheld_told:
+            cell.stream("stderr", f"wasm-kernel: {self.grants.withheld}\n")
             self._withheld_told = True
         if self._start.resume_note:
             cell.stream("stderr", self._start.resume_note)
@@ -525,15 +425,7 @@ class WasmKernel(KernelSettings, Kernel):
 
     async def do_complete(self, code: str, cursor_pos: int | None) -> dict:
         code, cursor = clean_request(code, cursor_pos)
-        reply = await self._service(declared.COMPLETE, code, cursor)
-        types = (reply.get("metadata") or {}).get(COMPLETION_TYPES)
-        return {
-            "status": "ok",
-            "matches": [m for m in reply.get("matches", []) if isinstance(m, str)],
-            "cursor_start": clamp(reply.get("cursor_start"), cursor, len(code)),
-            "cursor_end": clamp(reply.get("cursor_end"), cursor, len(code)),
-            "metadata": {COMPLETION_TYPES: completion_types(types, len(code))},
-        }
+        return complete_reply(await self._service(declared.COMPLETE, code, cursor), code, cursor)
 
     async def do_inspect(
         self, code: str, cursor_pos: int | None, detail_level: int = 0, omit_sections: Any = ()
@@ -547,14 +439,7 @@ class WasmKernel(KernelSettings, Kernel):
 
     async def do_is_complete(self, code: str) -> dict:
         code, _ = clean_request(code, 0)
-        reply = await self._service(declared.IS_COMPLETE, code)
-        status = reply.get("status")
-        if status not in ("complete", "incomplete", "invalid"):
-            return {"status": "unknown"}
-        result = {"status": status}
-        if status == "incomplete":
-            result["indent"] = str(reply.get("indent", ""))
-        return result
+        return is_complete_reply(await self._service(declared.IS_COMPLETE, code))
 
     async def do_history(
         self,
@@ -568,28 +453,9 @@ class WasmKernel(KernelSettings, Kernel):
         pattern: str | None = None,
         unique: bool = False,
     ) -> dict:
-        try:
-            if hist_access_type == "tail":
-                entries = self.history.tail(bounded(n, 10), bool(unique))
-            elif hist_access_type == "range":
-                stop_line = None if stop is None else bounded(stop, 0)
-                entries = self.history.range(bounded(session, 0), bounded(start, 0), stop_line)
-            elif hist_access_type == "search":
-                entries = self.history.search(
-                    str(pattern or "*"), bounded(n, 0) or None, bool(unique)
-                )
-            else:
-                entries = []
-        except (TypeError, ValueError) as exc:
-            return {
-                "status": "error",
-                "ename": "MalformedRequest",
-                "evalue": str(exc),
-                "traceback": [],
-            }
-        if output:
-            return {"status": "ok", "history": [(s, n_, (src, None)) for s, n_, src in entries]}
-        return {"status": "ok", "history": entries}
+        return self.history.reply(
+            hist_access_type, output, session, start, stop, n, pattern, unique
+        )
 
     def _end_after_reply(self) -> None:
         """exit() or quit() in a cell: as ipykernel does, the kernel process ends just after
@@ -623,8 +489,8 @@ class WasmKernel(KernelSettings, Kernel):
             sandbox.compiled.close()
         self._worker.shutdown(wait=False, cancel_futures=True)
         self.history.close()
-        if self.package_set is not None:
-            self.package_set.close()
+        if self.grants.packages is not None:
+            self.grants.packages.close()
 
 
 def _size(count: int) -> str:

@@ -1,8 +1,9 @@
-"""Checks of what clients send: malformed requests get an error reply, not silence.
+"""Checks of what clients send, and of what the guest answers their introspection requests.
 
 ipykernel's handlers drop requests whose content lacks what they read (no reply at all, so
 the client waits forever), and introspection and history parameters arrive as any JSON. These
-checks answer such requests with an error, or clamp what can be clamped.
+checks answer such requests with an error, or clamp what can be clamped; the guest's answers
+to completion and is_complete requests are shaped back into what the protocol allows.
 """
 
 from __future__ import annotations
@@ -27,15 +28,6 @@ def clean_request(code: Any, cursor_pos: Any) -> tuple[str, int]:
     valid = isinstance(cursor_pos, int) and not isinstance(cursor_pos, bool)
     cursor = cursor_pos if valid else len(code)
     return code, min(max(cursor, 0), len(code))
-
-
-def bounded(value: Any, fallback: int) -> int:
-    """An integer history parameter, within SQLite's range."""
-    if value is None:
-        return fallback
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected an integer, got {value!r}")
-    return max(min(value, 2**62), -(2**62))
 
 
 def completion_types(types: Any, length: int) -> list[dict]:
@@ -77,3 +69,26 @@ def malformed(parent: dict, fields: Mapping[str, type]) -> str | None:
     if not isinstance(parent.get("metadata", {}), dict):
         return "the request's metadata must be an object"
     return None
+
+
+def complete_reply(reply: dict, code: str, cursor: int) -> dict:
+    """A complete_reply from the guest's answer, every field checked."""
+    types = (reply.get("metadata") or {}).get(COMPLETION_TYPES)
+    return {
+        "status": "ok",
+        "matches": [m for m in reply.get("matches", []) if isinstance(m, str)],
+        "cursor_start": clamp(reply.get("cursor_start"), cursor, len(code)),
+        "cursor_end": clamp(reply.get("cursor_end"), cursor, len(code)),
+        "metadata": {COMPLETION_TYPES: completion_types(types, len(code))},
+    }
+
+
+def is_complete_reply(reply: dict) -> dict:
+    """An is_complete_reply from the guest's answer: a status the protocol knows, or unknown."""
+    status = reply.get("status")
+    if status not in ("complete", "incomplete", "invalid"):
+        return {"status": "unknown"}
+    result = {"status": status}
+    if status == "incomplete":
+        result["indent"] = str(reply.get("indent", ""))
+    return result

@@ -1,0 +1,108 @@
+"""Images in and out of an interpreter: an image's memory and globals put into a fresh
+instance, and an instance's taken out as an image file (see ``images`` for the format).
+
+The guest's own part of a resume (its folders, seeds, stale files) is a turn the sandbox
+runs afterwards (``settle``); this module touches only memory and globals.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from pathlib import Path
+
+import wasmtime
+
+from . import images
+from .cache import CompiledRuntime, exported
+from .checkpoints import memory_address
+from .cow import map_copy_on_write
+from .interpreter import Interpreter
+from .rewrite import BRK_EXPORT, RESET_PREOPENS_EXPORT
+from .stops import memory_limit_text
+
+
+def load(interpreter: Interpreter, image: images.Image, memory_limit: int) -> None:
+    """Put an image's memory and globals into a fresh instance and point wasi-libc at this
+    kernel's folders (its table of preopens is in the image's memory)."""
+    store, memory = interpreter.store, interpreter.memory
+    reset_preopens = interpreter.named.get(RESET_PREOPENS_EXPORT)
+    targets = interpreter.mutable_globals()
+    if reset_preopens is None or not targets:
+        raise images.ImageError("this runtime build cannot resume images")
+    if set(image.globals) != set(targets):
+        raise images.ImageError("the image's globals do not match this runtime's")
+    current = interpreter.size
+    if image.memory_size < current:
+        raise images.ImageError("the image's memory is smaller than a fresh interpreter's")
+    try:
+        memory.grow(store, (image.memory_size - current) // images.PAGE)
+    except wasmtime.WasmtimeError:
+        raise images.ImageError(memory_limit_text(memory_limit)) from None
+    if image.memory_file is not None:
+        _map_memory_file(interpreter, image.memory_file, image.memory_size)
+    base = memory_address(memory, store)
+    for first, data in image.extents:
+        ctypes.memmove(base + first * images.PAGE, data, len(data))
+    try:
+        for name, value in image.globals.items():
+            targets[name].set_value(store, value)
+    except (ValueError, TypeError, OverflowError, wasmtime.WasmtimeError) as exc:
+        raise images.ImageError(f"the image's globals do not fit this runtime: {exc}") from None
+    try:  # runs wasi-libc's code on the image's memory: it may trap like any guest code
+        reset_preopens(store)
+    except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
+        raise images.ImageError(f"the resumed interpreter trapped: {exc}") from None
+
+
+def _map_memory_file(interpreter: Interpreter, path: Path, size: int) -> None:
+    """Guest memory as a copy-on-write view of a boot image's raw memory file: the guest
+    reads only the pages it touches, shared with every kernel mapping the file, and its
+    writes stay private. Where the file cannot be mapped, the kernel boots instead."""
+    try:
+        map_copy_on_write(interpreter.memory, interpreter.store, path, 0, size)
+    except (OSError, ValueError) as exc:
+        raise images.ImageError(f"cannot map {path.name}: {exc}") from None
+
+
+def capture(
+    interpreter: Interpreter,
+    host: images.HostState,
+    mounts: list[str],
+    scratch: bytes,
+    memory_file: Path | None = None,
+) -> bytes:
+    """The interpreter as an image file's bytes, between turns (its memory as a raw file at
+    ``memory_file`` instead, for a boot image)."""
+    store = interpreter.store
+    globals_ = interpreter.mutable_globals()
+    if globals_[BRK_EXPORT].value(store) == 0:
+        globals_[BRK_EXPORT].set_value(store, interpreter.size)  # as GuestState.take does
+    compiled = interpreter.compiled
+    return images.write_image(
+        needs=images.identity(compiled.runtime.module.sha256),
+        mounts=mounts,
+        memory=interpreter.view(),
+        base=fresh_memory(compiled),
+        globals_={name: value.value(store) for name, value in globals_.items()},
+        host=host,
+        scratch=scratch,
+        taken=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        memory_file=memory_file,
+    )
+
+
+def fresh_memory(compiled: CompiledRuntime) -> bytes:
+    """Linear memory of a just-instantiated module: what an image leaves out."""
+    store = wasmtime.Store(compiled.engine)
+    try:
+        store.set_wasi(wasmtime.WasiConfig())
+        linker = wasmtime.Linker(compiled.engine)
+        linker.define_wasi()
+        i32 = wasmtime.ValType.i32()
+        linker.define_func("host", "call", wasmtime.FuncType([i32] * 4, [i32]), lambda *_: -1)
+        exports = linker.instantiate(store, compiled.module).exports(store)
+        memory = exported(exports, "memory", wasmtime.Memory)
+        return ctypes.string_at(memory_address(memory, store), memory.data_len(store))
+    finally:
+        store.close()

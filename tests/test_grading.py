@@ -21,7 +21,7 @@ import psutil
 import pytest
 from conftest import Kernel, ok, plain
 
-from wasm_kernel import scratch_folders
+from wasm_kernel import kernel_folders
 
 STRICT = "wasm-python-strict"
 
@@ -33,7 +33,7 @@ def scratch_folder_of(kernel: Kernel) -> Path:
     ok(kernel.execute(f"open('/tmp/{marker}', 'w').write('guest data')"))
     found = [
         folder
-        for folder in Path(tempfile.gettempdir()).glob(f"{scratch_folders.PREFIX}{pid}-*")
+        for folder in Path(tempfile.gettempdir()).glob(f"{kernel_folders.PREFIX}{pid}-*")
         if (folder / marker).exists()
     ]
     assert len(found) == 1, f"no scratch folder named after kernel {pid}"
@@ -71,7 +71,7 @@ def test_folders_of_killed_kernels_are_swept_at_the_next_start(start_kernel) -> 
     alive_folder = scratch_folder_of(alive)
     assert not folder.exists(), f"{folder} was not swept"
     # a live kernel's folder is never swept, by a sweep from any process
-    assert scratch_folders.sweep() == []
+    assert kernel_folders.sweep() == []
     assert alive_folder.exists()
 
 
@@ -79,16 +79,16 @@ def test_sweep_leaves_folders_it_did_not_make(tmp_path: Path) -> None:
     me = os.getpid()
     started = int(psutil.Process(me).create_time())
     dead = psutil.Process(me).ppid() + 10**6  # beyond pid_max: no such process
-    mine_alive = tmp_path / f"{scratch_folders.PREFIX}{me}-{started}-x"
-    reused_pid = tmp_path / f"{scratch_folders.PREFIX}{me}-{started - 3600}-x"
-    orphan = tmp_path / f"{scratch_folders.PREFIX}{dead}-{started}-x"
-    old_style = tmp_path / f"{scratch_folders.PREFIX}abc123"
+    mine_alive = tmp_path / f"{kernel_folders.PREFIX}{me}-{started}-x"
+    reused_pid = tmp_path / f"{kernel_folders.PREFIX}{me}-{started - 3600}-x"
+    orphan = tmp_path / f"{kernel_folders.PREFIX}{dead}-{started}-x"
+    old_style = tmp_path / f"{kernel_folders.PREFIX}abc123"
     for folder in (mine_alive, reused_pid, orphan, old_style):
         folder.mkdir()
         (folder / "data").write_text("x")
-    link = tmp_path / f"{scratch_folders.PREFIX}{dead}-{started}-link"
+    link = tmp_path / f"{kernel_folders.PREFIX}{dead}-{started}-link"
     link.symlink_to(old_style)
-    removed = scratch_folders.sweep(str(tmp_path))
+    removed = kernel_folders.sweep(str(tmp_path))
     assert sorted(removed) == sorted([reused_pid, orphan])
     assert mine_alive.exists() and old_style.exists() and (old_style / "data").exists()
     assert link.is_symlink()

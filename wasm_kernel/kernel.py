@@ -28,7 +28,7 @@ from ipykernel.kernelbase import Kernel
 from jupyter_client.session import Session
 from traitlets import Float
 
-from . import __version__, images, iopub, scratch_folders
+from . import __version__, images, iopub, kernel_folders
 from .active_output import ActiveOutput
 from .boot import SandboxStart
 from .cell_messages import CellMessages, KernelDoors, Request
@@ -115,7 +115,7 @@ class WasmKernel(KernelSettings, Kernel):
         _keep_working_folder_off_sys_path()
         _log_to_process_stderr()
         if threading.current_thread() is threading.main_thread():
-            scratch_folders.remove_on_sigterm()  # SIGTERM would leave the guest's files
+            kernel_folders.remove_on_sigterm()  # SIGTERM would leave the guest's files
         configured = self.read_settings()
         runtime = configured_runtime(self)
         self._settings_error = InvalidSettings(self.refused) if self.refused else None

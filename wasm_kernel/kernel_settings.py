@@ -41,7 +41,6 @@ from .settings import (
     Limit,
     PackageSource,
     PerProfile,
-    Setting,
     Text,
     TextList,
     config_source,
@@ -82,20 +81,19 @@ class KernelSettings(Configurable):
         default=DEFAULT_PROFILE,
         help="Named defaults for limits and mounts; explicit settings win over them. "
         + "; ".join(f"{name}: {profile.summary}" for name, profile in PROFILES.items())
-        + ". Env: WASM_KERNEL_PROFILE.",
+        + ".",
     ).tag(config=True)
     mounts = TextList(
         Unicode(),
         default=FROM_PROFILE,
         help="Host folders the guest may use, each 'HOST:GUEST[:ro|rw]' (read-only unless"
         " ':rw'), e.g. 'data:/data:ro'. A relative HOST is taken from the kernel's working"
-        " folder. Default: the profile's. Env: WASM_KERNEL_MOUNTS, ';'-separated.",
+        " folder.",
     ).tag(config=True)
     working_dir = Text(
         default=PerProfile(lambda profile: "", shown=_starting_folder),
         help="Guest folder cells start in: a mount's guest path or /tmp. Default: the mount of"
-        " the kernel's working folder (the notebook's folder), else /tmp."
-        " Env: WASM_KERNEL_WORKING_DIR.",
+        " the kernel's working folder (the notebook's folder), else /tmp.",
     ).tag(config=True)
     fuel = Limit(
         integer=True,
@@ -105,7 +103,7 @@ class KernelSettings(Configurable):
         default=FROM_PROFILE,
         help="Fuel per cell (about one unit per WebAssembly instruction; ~1e10 per second of"
         " pure-Python work). A cell that runs out stops with FuelExhausted. The interpreter's"
-        " start-up has its own budget. Env: WASM_KERNEL_FUEL.",
+        " start-up has its own budget.",
     ).tag(config=True)
     time_limit = Limit(
         integer=False,
@@ -114,7 +112,7 @@ class KernelSettings(Configurable):
         unit="seconds",
         zero="no limit",
         default=FROM_PROFILE,
-        help="Wall-clock seconds a cell may run, 0 for no limit. Env: WASM_KERNEL_TIME_LIMIT.",
+        help="Wall-clock seconds a cell may run, 0 for no limit.",
     ).tag(config=True)
     memory_limit = Limit(
         integer=True,
@@ -124,7 +122,7 @@ class KernelSettings(Configurable):
         default=FROM_PROFILE,
         help="Bytes of linear memory the guest interpreter may use (about 52 MiB to boot; 78"
         " MiB to start from the boot image, which has numpy and pandas loaded: below that the"
-        " kernel boots, a second slower). Env: WASM_KERNEL_MEMORY_LIMIT.",
+        " kernel boots, a second slower).",
     ).tag(config=True)
     output_limit = Limit(
         integer=True,
@@ -133,7 +131,7 @@ class KernelSettings(Configurable):
         unit="bytes",
         default=FROM_PROFILE,
         help="Bytes of output (streams and display data) shown per cell; the rest is dropped"
-        " with a notice. Env: WASM_KERNEL_OUTPUT_LIMIT.",
+        " with a notice.",
     ).tag(config=True)
     scratch_limit = Limit(
         integer=True,
@@ -143,8 +141,7 @@ class KernelSettings(Configurable):
         zero="no limit",
         default=FROM_PROFILE,
         help="Bytes a cell may fill the private /tmp with (on the host's disk; each file counts"
-        " at least 4 KiB), 0 for no limit. A cell that grows it past the limit is stopped."
-        " Env: WASM_KERNEL_SCRATCH_LIMIT.",
+        " at least 4 KiB), 0 for no limit. A cell that grows it past the limit is stopped.",
     ).tag(config=True)
     interrupt_grace = Limit(
         integer=False,
@@ -153,15 +150,14 @@ class KernelSettings(Configurable):
         unit="seconds",
         default=DEFAULT_GRACE,
         help="Seconds an interrupted cell gets to stop by itself (KeyboardInterrupt) before it"
-        " is stopped hard; 0 stops it hard at once. Env: WASM_KERNEL_INTERRUPT_GRACE.",
+        " is stopped hard; 0 stops it hard at once.",
     ).tag(config=True)
     rollback = CheckedBool(
         default=True,
         help="Checkpoint the interpreter after each cell and roll back to it when a cell traps"
         " (fuel, time, memory, stack, hard interrupt). Costs, per cell, the pages the cell"
         " wrote (or, with copy checkpoints, a copy of guest memory and as much host memory"
-        " again; see checkpoint_mode); off: a trap restarts the interpreter."
-        " Env: WASM_KERNEL_ROLLBACK.",
+        " again; see checkpoint_mode); off: a trap restarts the interpreter.",
     ).tag(config=True)
     checkpoint_mode = CheckedEnum(
         list(CHECKPOINT_MODES),
@@ -169,8 +165,7 @@ class KernelSettings(Configurable):
         help="How rollback checkpoints are kept: 'auto' copy-on-write where the OS allows"
         " (Linux on x86_64 or aarch64: a memfd, written pages found with PAGEMAP_SCAN or in"
         " /proc/self/pagemap; a checkpoint costs the pages the cell wrote), else a copy of"
-        " guest memory; 'copy' always copies. %sandbox shows which is active."
-        " Env: WASM_KERNEL_CHECKPOINT_MODE.",
+        " guest memory; 'copy' always copies. %sandbox shows which is active.",
     ).tag(config=True)
     active_output = CheckedEnum(
         ["block", "allow"],
@@ -178,14 +173,14 @@ class KernelSettings(Configurable):
         help="Output that runs code in the front end (JavaScript, scripts and event handlers in"
         " HTML and SVG, widget and other script-bearing mime types): 'block' drops or sanitizes"
         " it, with a notice; 'allow' passes it on, so a cell can act in the user's browser with"
-        " the server's credentials. Default: the profile's. Env: WASM_KERNEL_ACTIVE_OUTPUT.",
+        " the server's credentials.",
     ).tag(config=True)
     packages = PackageSource(
         default=FROM_PROFILE,
         help="Where %pip install takes packages from: 'index' (the package index the host's pip"
         " is configured for), 'off', or the path of a folder of wheels (a wheelhouse). Only"
         " pure-Python wheels are taken, never built; the runtime's own packages cannot be"
-        " replaced. Default: the profile's. Env: WASM_KERNEL_PACKAGES.",
+        " replaced.",
     ).tag(config=True)
     packages_quota = Limit(
         integer=True,
@@ -193,8 +188,7 @@ class KernelSettings(Configurable):
         high=INT64_MAX,
         unit="bytes",
         default=FROM_PROFILE,
-        help="Bytes of unpacked packages one kernel may install with %pip."
-        " Env: WASM_KERNEL_PACKAGES_QUOTA.",
+        help="Bytes of unpacked packages one kernel may install with %pip.",
     ).tag(config=True)
     packages_user_quota = Limit(
         integer=True,
@@ -204,13 +198,12 @@ class KernelSettings(Configurable):
         default=4 << 30,
         help="Bytes of %pip packages one user may hold on the host: the unpacked packages of"
         " all their running kernels together, plus the per-user cache of downloaded wheels"
-        " (trimmed, least recently used first, to what the kernels leave)."
-        " Env: WASM_KERNEL_PACKAGES_USER_QUOTA.",
+        " (trimmed, least recently used first, to what the kernels leave).",
     ).tag(config=True)
     plain_tracebacks = CheckedBool(
         default=False,
         help="Tracebacks without colours (ANSI escapes), for programmatic clients that read"
-        " them as text. Env: WASM_KERNEL_PLAIN_TRACEBACKS.",
+        " them as text.",
     ).tag(config=True)
     runtime_name = Text(
         default=DEFAULT_RUNTIME,
@@ -227,12 +220,11 @@ class KernelSettings(Configurable):
     history_file = Text(
         default=PerProfile(history_file),
         help="SQLite file of input history (':memory:' to keep none on disk). Default: the"
-        " per-user file, or ':memory:' for the strict profile. Env: WASM_KERNEL_HISTORY_FILE.",
+        " per-user file, or ':memory:' for the strict profile.",
     ).tag(config=True)
     snapshot_dir = Text(
         default=DEFAULT_SNAPSHOT_DIR,
-        help="Folder of saved interpreter images (%snapshot, hibernation)."
-        " Env: WASM_KERNEL_SNAPSHOT_DIR; default: the per-user data folder.",
+        help="Folder of saved interpreter images (%snapshot, hibernation).",
     ).tag(config=True)
     snapshot_quota = Limit(
         integer=True,
@@ -241,8 +233,7 @@ class KernelSettings(Configurable):
         unit="bytes",
         zero="no quota",
         default=2 << 30,
-        help="Bytes all images in snapshot_dir may take together; a save past it is refused."
-        " Env: WASM_KERNEL_SNAPSHOT_QUOTA.",
+        help="Bytes all images in snapshot_dir may take together; a save past it is refused.",
     ).tag(config=True)
     resume_from = Text(
         default="",
@@ -250,21 +241,19 @@ class KernelSettings(Configurable):
             "none: a fresh interpreter (or, with hibernate, the notebook's hibernated one)"
         ),
         help="Start from a saved image instead of a fresh interpreter: a snapshot name (see"
-        " %snapshot list) or an image file's path. The kernel's own mounts and limits apply."
-        " Env: WASM_KERNEL_RESUME_FROM.",
+        " %snapshot list) or an image file's path. The kernel's own mounts and limits apply.",
     ).tag(config=True)
     snapshots = CheckedBool(
         default=FROM_PROFILE,
         help="Let cells save, restore, list and delete images with %snapshot. Images are the"
         " user's, shared by their notebooks (restoring one brings its variables into this"
-        " session), so the strict profile, for untrusted code, has it off. Default: the"
-        " profile's. Env: WASM_KERNEL_SNAPSHOTS.",
+        " session), so the strict profile, for untrusted code, has it off.",
     ).tag(config=True)
     hibernate = CheckedBool(
         default=FROM_PROFILE,
         help="At shutdown (not restart) save the session's image, keyed by the notebook"
         f" ({SESSION_ENV}, set by Jupyter Server), and resume it in the next kernel started for"
-        " that notebook. Default: the profile's. Env: WASM_KERNEL_HIBERNATE.",
+        " that notebook.",
     ).tag(config=True)
 
     def __init__(self, **kwargs: Any):
@@ -316,10 +305,3 @@ def screened(config: Config, app: Any, refuse: Any) -> Config:
                 del section[name]
                 refuse(name, given, config_source(app, name), str(exc))
     return result
-
-
-def default_shown(name: str) -> Setting:
-    """The declaration of setting ``name``, for ``--help-all``."""
-    trait = KernelSettings.class_own_traits(config=True)[name]
-    assert isinstance(trait, Setting)
-    return trait

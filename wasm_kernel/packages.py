@@ -38,7 +38,7 @@ from urllib.parse import unquote, urlsplit
 from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from . import scratch_folders
+from . import kernel_folders
 from .mounts import Mount
 
 if TYPE_CHECKING:
@@ -376,7 +376,7 @@ class Packages:
         self._stdlib_zip, self._shipped_location = stdlib_zip, shipped_location
         self._shipped: dict[str, Distribution] | None = None
         self._shipped_folders: list[Mount] = []
-        self.root = scratch_folders.create(scratch_folders.PACKAGES_PREFIX)
+        self.root = kernel_folders.create(kernel_folders.PACKAGES_PREFIX)
         self.folder = WheelFolder(self.root, quota, GUEST_FOLDER, user_quota)
 
     @property
@@ -397,7 +397,7 @@ class Packages:
         self._shipped = None
 
     def close(self) -> None:
-        scratch_folders.remove(self.root)
+        kernel_folders.remove(self.root)
 
     def describe(self) -> str:
         if self.source is None:
@@ -599,7 +599,7 @@ class Packages:
     def _others_held(self) -> int:
         """Bytes in the package folders of this user's other running kernels."""
         held = 0
-        for root in scratch_folders.running(scratch_folders.PACKAGES_PREFIX):
+        for root in kernel_folders.running(kernel_folders.PACKAGES_PREFIX):
             if root != self.root:
                 for folder, _, files in os.walk(root):
                     for name in files:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import wasmtime
 
-from . import guest_packages, image_transfer, images, scratch_folders
+from . import guest_packages, image_transfer, images, kernel_folders
 from .cache import CompiledRuntime
 from .checkpoints import CheckpointStats
 from .contract import guest_call
@@ -112,8 +112,8 @@ class Sandbox:
         )
         self._clock = GuestClock(self.interrupts)
         self._turn_lock = threading.Lock()
-        scratch_folders.sweep()  # folders of killed kernels hold their guests' files
-        self._tmp = scratch_folders.create()
+        kernel_folders.sweep()  # folders of killed kernels hold their guests' files
+        self._tmp = kernel_folders.create()
         self._scratch = ScratchWatch(
             self._tmp,
             limits.scratch_limit,
@@ -214,7 +214,7 @@ class Sandbox:
         self._output.close()
         self._metering.close()
         self._scratch.close()
-        scratch_folders.remove(self._tmp)
+        kernel_folders.remove(self._tmp)
 
     def interrupt(self) -> None:
         """Jupyter interrupt: KeyboardInterrupt in the cell, or a hard stop after the grace time."""

@@ -120,6 +120,13 @@ class Setting:
     def from_string_list(self, strings: list[str]) -> Any:
         return self.from_string(strings[-1])  # type: ignore[attr-defined]
 
+    def class_init(self, cls: Any, name: str | None) -> None:
+        """Named now: the help says which variable sets it."""
+        super().class_init(cls, name)  # type: ignore[misc]
+        if self.env and name:
+            listed = ", ';'-separated" if isinstance(self, List) else ""
+            self.help += f" Env: {ENV_PREFIX}{name.upper()}{listed}."  # type: ignore[attr-defined]
+
     def declared_default(self, kernel: Any) -> Any:
         """The default before the environment: needs the kernel's profile only if it says so."""
         if self.declared == FROM_PROFILE:

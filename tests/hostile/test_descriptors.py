@@ -77,7 +77,7 @@ def test_closing_stdio_changes_nothing(strict: Kernel, fd: int) -> None:
 
 
 @pytest.mark.parametrize("fd", [3, 4, 5])
-def test_the_runtime_and_scratch_folders_cannot_be_closed(strict: Kernel, fd: int) -> None:
+def test_the_runtime_and_kernel_folders_cannot_be_closed(strict: Kernel, fd: int) -> None:
     run = strict.execute(f"import os\nos.close({fd})")
     assert run.content["ename"] == "PermissionError"
     ok(strict.execute("import json, numpy\nopen('/tmp/x', 'w').write(json.dumps([1]))"))

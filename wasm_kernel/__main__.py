@@ -463,11 +463,12 @@ def snapshot_command(args: argparse.Namespace) -> int:
     import os
 
     from . import images
+    from .image_folder import ImageFolder
     from .kernel_settings import DEFAULT_SNAPSHOT_DIR
     from .runtime import load_runtime
 
     directory = args.snapshot_dir or os.environ.get("WASM_KERNEL_SNAPSHOT_DIR")
-    folder = images.ImageFolder(Path(directory or DEFAULT_SNAPSHOT_DIR).expanduser(), 0)
+    folder = ImageFolder(Path(directory or DEFAULT_SNAPSHOT_DIR).expanduser(), 0)
     try:
         if args.action == "list":
             print(folder.describe())

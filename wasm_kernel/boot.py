@@ -19,6 +19,7 @@ from typing import Any
 from . import images
 from .cache import RuntimeCache
 from .grants import Grants
+from .image_folder import ImageFolder
 from .limits import Limits
 from .packages import GUEST_FOLDER
 from .sandbox import Sandbox
@@ -99,7 +100,7 @@ class SandboxStart:
             )
             return start()
         self.started_from = f"image {source.name}"
-        if source.name.startswith(images.ImageFolder.HIBERNATED):
+        if source.name.startswith(ImageFolder.HIBERNATED):
             source.unlink(missing_ok=True)  # used up: a restart afterwards starts afresh
         self.resumed = image.host
         self.resume_note += "".join(

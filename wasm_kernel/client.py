@@ -31,8 +31,9 @@ from typing import Any, Self
 
 from jupyter_client.manager import AsyncKernelManager, KernelManager
 
-from . import images
 from .__main__ import KERNEL_NAME, kernelspec_name
+from .image_folder import check_name
+from .images import ImageError
 from .profiles import DEFAULT_PROFILE, PROFILES
 
 UPLOAD_CHUNK = 512 << 10  # raw bytes per upload cell (~0.7 MB of source)
@@ -266,8 +267,8 @@ def _decoded(text: str, limit: int) -> bytes:
 def _snapshot_code(action: str, name: str) -> str:
     """``%snapshot ACTION NAME``, the name checked first: it goes into a line of code."""
     try:
-        return f"%snapshot {action} {images.check_name(name)}"
-    except (images.ImageError, TypeError) as exc:
+        return f"%snapshot {action} {check_name(name)}"
+    except (ImageError, TypeError) as exc:
         raise SessionError(str(exc)) from None
 
 

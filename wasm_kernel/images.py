@@ -33,7 +33,6 @@ import hashlib
 import io
 import json
 import platform
-import re
 import struct
 import tarfile
 from dataclasses import dataclass, field
@@ -559,97 +558,3 @@ def boot_memory_path(image_path: Path) -> Path:
     """The raw memory file beside a boot image: every kernel maps it copy-on-write, so a
     start reads only the pages its guest touches, and the page cache holds them once."""
     return image_path.with_suffix(MEMORY_SUFFIX)
-
-
-# -- the images folder ---------------------------------------------------------------------------
-
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-
-def check_name(name: str) -> str:
-    """A snapshot name: letters, digits, '.', '_', '-' (not first), up to 64; no paths."""
-    if not _NAME.fullmatch(name) or ".." in name:
-        raise ImageError(
-            f"{name[:80]!r} is not a snapshot name: use up to 64 letters, digits, '.', '_' or"
-            " '-', starting with a letter or digit"
-        )
-    return name
-
-
-@dataclass(frozen=True)
-class Entry:
-    name: str
-    path: Path
-    size: int
-    modified: float
-
-
-class ImageFolder:
-    """The folder of saved images, with a size quota over all of them."""
-
-    HIBERNATED = "hibernated-"
-
-    def __init__(self, directory: Path, quota: int):
-        self.directory = directory
-        self.quota = quota
-
-    def path(self, name: str) -> Path:
-        return self.directory / (check_name(name) + SUFFIX)
-
-    def entries(self) -> list[Entry]:
-        try:
-            paths = sorted(self.directory.glob("*" + SUFFIX))
-        except OSError:
-            return []
-        found = []
-        for path in paths:
-            try:
-                stat = path.stat()
-            except OSError:
-                continue
-            found.append(Entry(path.name[: -len(SUFFIX)], path, stat.st_size, stat.st_mtime))
-        return found
-
-    def used(self, besides: Path | None = None) -> int:
-        return sum(entry.size for entry in self.entries() if entry.path != besides)
-
-    def store(self, name: str, data: bytes) -> Path:
-        """Write an image under ``name`` (replacing one of that name) within the quota."""
-        target = self.path(name)
-        used = self.used(besides=target)
-        if self.quota and used + len(data) > self.quota:
-            raise ImageError(
-                f"saving {name!r} ({len(data) / (1 << 20):.1f} MiB) would pass the snapshot"
-                f" quota of {self.quota / (1 << 20):.0f} MiB ({used / (1 << 20):.1f} MiB in"
-                " use). Delete snapshots (%snapshot delete NAME) or raise"
-                " --WasmKernel.snapshot_quota."
-            )
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            staging = target.with_name(f".{target.name}.partial")
-            staging.write_bytes(data)
-            staging.chmod(0o600)
-            staging.replace(target)
-        except OSError as exc:
-            raise ImageError(f"cannot write {target}: {exc.strerror or exc}") from None
-        return target
-
-    def delete(self, name: str) -> None:
-        try:
-            self.path(name).unlink()
-        except FileNotFoundError:
-            raise ImageError(f"there is no snapshot named {name!r}") from None
-        except OSError as exc:
-            raise ImageError(f"cannot delete {name!r}: {exc.strerror or exc}") from None
-
-    def hibernation_name(self, session: str) -> str:
-        return self.HIBERNATED + hashlib.sha256(session.encode()).hexdigest()[:24]
-
-    def describe(self) -> str:
-        entries = self.entries()
-        if not entries:
-            return f"No snapshots in {self.directory}."
-        lines = [f"{entry.name}  {entry.size / (1 << 20):.1f} MiB" for entry in entries]
-        quota = f" of {self.quota / (1 << 20):.0f} MiB" if self.quota else ""
-        lines.append(f"{self.used() / (1 << 20):.1f} MiB used{quota} in {self.directory}")
-        return "\n".join(lines)

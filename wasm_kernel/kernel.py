@@ -37,6 +37,7 @@ from .grants import Grants, configured_runtime
 from .guest.modules import _wasm_kernel_contract as declared
 from .guest_thread import GuestThread, InterruptRelay
 from .history import History
+from .image_folder import ImageFolder
 from .kernel_settings import KernelSettings, screened
 from .limits import Limits
 from .mounts import SCRATCH
@@ -125,7 +126,7 @@ class WasmKernel(KernelSettings, Kernel):
         self.grants = Grants(self, runtime, configured, valid=self._settings_error is None)
         self._withheld_told = False  # said once, on the first cell's stderr
         self.session_images = SessionImages(
-            images.ImageFolder(Path(self.snapshot_dir).expanduser(), self.snapshot_quota),
+            ImageFolder(Path(self.snapshot_dir).expanduser(), self.snapshot_quota),
             runtime.module.sha256,
             self.limits,
             self.grants.packages,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from . import images
 from .history import History
+from .image_folder import ImageFolder
 from .kernel_settings import SESSION_ENV
 from .limits import Limits
 from .mounts import SCRATCH, Mount
@@ -36,7 +37,7 @@ class SessionImages:
 
     def __init__(
         self,
-        folder: images.ImageFolder,
+        folder: ImageFolder,
         runtime_sha256: str,
         limits: Limits,
         packages: Packages | None,
@@ -78,7 +79,7 @@ class SessionImages:
                 )
             if action == "list":
                 return {"text": self.folder.describe()}
-            if name.startswith(images.ImageFolder.HIBERNATED):
+            if name.startswith(ImageFolder.HIBERNATED):
                 raise images.ImageError(
                     "hibernated sessions belong to their own notebooks; they cannot be saved,"
                     " restored or deleted from a cell"

@@ -158,7 +158,11 @@ class Text(Setting, Unicode):
 
 
 class TextList(Setting, List):
-    """A list of strings; in the environment, separated by ';'."""
+    """A list of strings; in the environment, separated by ';'. On the command line a list
+    is given as repeated options or one list literal, as traitlets' List reads them."""
+
+    def from_string_list(self, strings: list[str]) -> Any:
+        return List.from_string_list(self, strings)
 
 
 class Limit(Setting, TraitType[Any, Any]):

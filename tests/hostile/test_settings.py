@@ -21,7 +21,7 @@ import pytest
 import wasmtime
 from conftest import Kernel, ok
 
-from wasm_kernel import sandbox
+from wasm_kernel import interpreter
 from wasm_kernel.cache import RuntimeCache
 from wasm_kernel.interrupts import Watchdog
 from wasm_kernel.limits import Limits
@@ -244,7 +244,7 @@ def test_a_sandbox_that_cannot_boot_leaves_no_scratch_folder(
     """Too little fuel for the interpreter's start-up (its budget is the sandbox's own,
     shrunk here): the start fails, and its private /tmp goes with it."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(sandbox, "BOOT_FUEL", 10**6)
+    monkeypatch.setattr(interpreter, "BOOT_FUEL", 10**6)
     compiled = RuntimeCache(None).load(load_runtime())
     with pytest.raises(wasmtime.Trap):
         Sandbox(

@@ -32,7 +32,7 @@ from typing import Any, Self
 from jupyter_client.manager import AsyncKernelManager, KernelManager
 
 from . import images
-from .__main__ import KERNEL_NAME, kernelspec_name
+from .kernelspecs import KERNEL_NAME, kernelspec_name
 from .profiles import DEFAULT_PROFILE, PROFILES
 
 UPLOAD_CHUNK = 512 << 10  # raw bytes per upload cell (~0.7 MB of source)

@@ -124,7 +124,7 @@ class WasmKernelApp(IPKernelApp):
 
         traitlets would list our settings last, after some 900 lines of IPython's, with
         static defaults (0, []) and private settings among them."""
-        from .__main__ import HELP_ALL, SUBCOMMANDS
+        from .commands import HELP_ALL, SUBCOMMANDS
 
         yield from self.emit_description()
         title = "Commands (python -m wasm_kernel COMMAND --help for each)"

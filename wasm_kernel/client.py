@@ -8,7 +8,8 @@ cell and the session goes on. Files move in and out through the kernel (silent c
 ``user_expressions``, base64 in bounded chunks), so the client never guesses host paths.
 ``snapshot``, ``restore`` and ``install`` are the kernel's own ``%snapshot`` and ``%pip``, sent
 as silent cells; ``fork`` starts a second session that resumes from an image of this one.
-``AsyncSession`` has the same shape on jupyter_client's asynchronous client.
+``AsyncSession`` is the same for asyncio code: each operation is one coroutine, which
+``AsyncSession`` awaits and ``Session`` runs to its end with jupyter_core's ``run_sync``.
 
 Everything the kernel sends back is the guest's: it is parsed as data (``ast.literal_eval``
 of strings only, sizes checked), never trusted.
@@ -18,22 +19,23 @@ from __future__ import annotations
 
 import ast
 import base64
+import functools
 import json
 import os
 import queue
-import re
 import shlex
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Self
+from collections.abc import Callable, Coroutine
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from jupyter_client.manager import AsyncKernelManager, KernelManager
+from jupyter_core.utils import ensure_async, run_sync
 
-from .__main__ import KERNEL_NAME, kernelspec_name
+from .execution import Callback, Collector, Execution, ExecutionError
 from .image_folder import check_name
 from .images import ImageError
+from .kernelspecs import KERNEL_NAME, kernelspec_name
 from .profiles import DEFAULT_PROFILE, PROFILES
 
 UPLOAD_CHUNK = 512 << 10  # raw bytes per upload cell (~0.7 MB of source)
@@ -44,51 +46,15 @@ STOP_MARGIN = 10.0  # seconds past interrupt_grace that an interrupted cell may 
 POLL = 1.0  # seconds between liveness checks while waiting for a cell
 FILE_OP_TIMEOUT = 60.0  # seconds for one chunk of a file transfer
 PIP_TIMEOUT = 600.0  # seconds for an install (downloads, and the kernel's own pip limits)
-ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
-Callback = Callable[[Any], None]
+S = TypeVar("S", bound="_Session")
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class SessionError(Exception):
     """The session cannot do what was asked: the kernel refused its settings, died, or a file
     operation failed inside the sandbox."""
-
-
-@dataclass(frozen=True)
-class ExecutionError:
-    """An uncaught exception of a cell (or the kernel's own verdict, e.g. FuelExhausted)."""
-
-    name: str
-    value: str
-    traceback: str  # plain text, no terminal colours
-
-    def __str__(self) -> str:
-        return f"{self.name}: {self.value}"
-
-
-@dataclass
-class Execution:
-    """What one ``run`` produced."""
-
-    results: list[dict[str, Any]] = field(default_factory=list)  # mime bundles, in order
-    stdout: str = ""
-    stderr: str = ""
-    error: ExecutionError | None = None
-    execution_count: int | None = None
-    duration: float = 0.0  # seconds from the request to the reply
-    timed_out: bool = False  # the client's timeout interrupted the cell
-
-    @property
-    def text(self) -> str | None:
-        """The text/plain of the last result, if any (the value of the cell's last line)."""
-        for bundle in reversed(self.results):
-            if isinstance(bundle.get("text/plain"), str):
-                return bundle["text/plain"]
-        return None
-
-
-def plain_text(text: str) -> str:
-    return ANSI.sub("", text)
 
 
 def kernel_arguments(profile: str, settings: dict[str, Any]) -> list[str]:
@@ -113,76 +79,6 @@ def kernel_arguments(profile: str, settings: dict[str, Any]) -> list[str]:
             value = json.dumps([str(spec) for spec in value])
         arguments.append(f"--WasmKernel.{name}={value}")
     return arguments
-
-
-class _Collector:
-    """Builds an Execution from the IOPub messages of one request."""
-
-    def __init__(
-        self,
-        msg_id: str,
-        on_stdout: Callback | None,
-        on_stderr: Callback | None,
-        on_result: Callback | None,
-    ):
-        self.msg_id = msg_id
-        self.execution = Execution()
-        self.callbacks = {"stdout": on_stdout, "stderr": on_stderr}
-        self.on_result = on_result
-        self.started = time.monotonic()
-        self._clear_pending = False
-
-    def feed(self, message: dict) -> bool:
-        """Take one IOPub message; True once the request is done (the kernel went idle)."""
-        if message.get("parent_header", {}).get("msg_id") != self.msg_id:
-            return False
-        kind, content = message.get("msg_type"), message.get("content") or {}
-        if kind == "status":
-            return content.get("execution_state") == "idle"
-        execution = self.execution
-        if kind in ("stream", "display_data", "execute_result", "error") and self._clear_pending:
-            self._clear()
-        if kind == "stream" and content.get("name") in ("stdout", "stderr"):
-            name, text = content["name"], str(content.get("text", ""))
-            setattr(execution, name, getattr(execution, name) + text)
-            callback = self.callbacks[name]
-            if callback is not None:
-                callback(text)
-        elif kind in ("display_data", "execute_result") and isinstance(content.get("data"), dict):
-            execution.results.append(content["data"])
-            if self.on_result is not None:
-                self.on_result(content["data"])
-        elif kind == "error":
-            execution.error = _error(content)
-        elif kind == "clear_output":
-            if content.get("wait"):
-                self._clear_pending = True
-            else:
-                self._clear()
-        return False
-
-    def _clear(self) -> None:
-        self._clear_pending = False
-        self.execution.results, self.execution.stdout, self.execution.stderr = [], "", ""
-
-    def finish(self, reply: dict | None) -> Execution:
-        execution = self.execution
-        execution.duration = time.monotonic() - self.started
-        content = (reply or {}).get("content") or {}
-        count = content.get("execution_count")
-        execution.execution_count = count if isinstance(count, int) else None
-        if content.get("status") == "error" and execution.error is None:
-            execution.error = _error(content)
-        return execution
-
-
-def _error(content: dict) -> ExecutionError:
-    lines = content.get("traceback") or []
-    return ExecutionError(
-        name=str(content.get("ename", "")),
-        value=str(content.get("evalue", "")),
-        traceback=plain_text("\n".join(str(line) for line in lines)),
-    )
 
 
 # -- code sent for file operations: expressions only, so no name lands in the user's namespace --
@@ -285,13 +181,13 @@ def _install_code(requirements: tuple[str, ...]) -> str:
     return "%pip install " + " ".join(shlex.quote(item) for item in requirements)
 
 
-def _fork_name(name: str | None) -> tuple[str, bool]:
-    """The snapshot a fork resumes from, and whether it is the fork's own (to delete)."""
-    return (name, False) if name is not None else (f"fork-{uuid.uuid4().hex[:16]}", True)
+class _Session:
+    """One kernel and its client. Each operation is a coroutine written once, here:
+    ``AsyncSession`` awaits it and ``Session`` runs it to its end (``_blocking``), the way
+    nbclient derives its blocking API. Manager and client calls go through ``ensure_async``,
+    as nbclient's do, so the blocking manager and client that ``Session`` keeps serve too."""
 
-
-class _Base:
-    """What both sessions share: settings, the kernel manager's arguments, the grace time."""
+    manager_class: type[KernelManager] = AsyncKernelManager
 
     def __init__(
         self,
@@ -330,7 +226,7 @@ class _Base:
     def started(self) -> bool:
         return getattr(self, "manager", None) is not None
 
-    def _forked(self, image: str) -> Any:
+    def _forked(self, image: str) -> Self:
         """A session like this one (same class, profile, settings), resuming from ``image``."""
         settings = {**self.settings, "resume_from": image}
         return type(self)(self.profile, **self._options, **settings)
@@ -338,54 +234,36 @@ class _Base:
     def _file_reply_limit(self, length: int) -> int:
         return 4 * length // 3 + 64
 
+    async def _start(self) -> None:
+        """Start the kernel and wait for its sandbox."""
+        self.manager = self.manager_class(kernel_name=self.kernel_name)
+        await ensure_async(self.manager.start_kernel(**self._launch))
+        await self._connect()
 
-class Session(_Base):
-    """One sandboxed kernel in its own process; use it as a context manager.
-
-    ``Session(profile="strict", time_limit=10, memory_limit=256 << 20)`` starts the installed
-    ``wasm-python-strict`` kernelspec with those settings; the kernel refuses values outside
-    their ranges, and the session then fails to start with the kernel's explanation.
-    """
-
-    def __enter__(self) -> Self:
-        if not self.started:  # a fork comes started
-            self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def start(self) -> None:
-        self.manager = KernelManager(kernel_name=self.kernel_name)
-        self.manager.start_kernel(**self._launch)
-        self._connect()
-
-    def _connect(self) -> None:
+    async def _connect(self) -> None:
+        """Open the channels and wait for a silent empty cell, which fails on refused settings."""
         self.client = self.manager.client()
         self.client.start_channels()
         try:
-            self.client.wait_for_ready(timeout=self.startup_timeout)
-            self._check_sandbox()
+            await ensure_async(self.client.wait_for_ready(timeout=self.startup_timeout))
+            reply = await self._request("", timeout=self.startup_timeout)
+            content = reply.get("content") or {}
+            if content.get("status") != "ok":
+                raise SessionError(f"{content.get('ename')}: {content.get('evalue')}")
         except BaseException:
-            self.close()
+            await self._close()
             raise
 
-    def _check_sandbox(self) -> None:
-        """A silent empty cell: waits for the sandbox, and fails on refused settings."""
-        reply = self._request("", timeout=self.startup_timeout)
-        content = reply.get("content") or {}
-        if content.get("status") != "ok":
-            raise SessionError(f"{content.get('ename')}: {content.get('evalue')}")
-
-    def close(self) -> None:
+    async def _close(self) -> None:
+        """Shut the kernel down."""
         client = getattr(self, "client", None)
         if client is not None:
             client.stop_channels()
         manager = getattr(self, "manager", None)
         if manager is not None and manager.has_kernel:
-            manager.shutdown_kernel(now=False)
+            await ensure_async(manager.shutdown_kernel(now=False))
 
-    def run(
+    async def _run(
         self,
         code: str,
         timeout: float | None = None,
@@ -397,181 +275,7 @@ class Session(_Base):
         (KeyboardInterrupt inside it; stopped hard and rolled back if it ignores that) and
         the Execution says ``timed_out``; the session stays usable."""
         msg_id = self.client.execute(code, allow_stdin=False)
-        collector = _Collector(msg_id, on_stdout, on_stderr, on_result)
-        deadline = None if timeout is None else collector.started + timeout
-        while True:
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                if collector.execution.timed_out:
-                    return self._restart_after_stuck(collector)
-                collector.execution.timed_out = True
-                self.manager.interrupt_kernel()
-                deadline = now + self.grace + STOP_MARGIN
-            wait = POLL if deadline is None else max(min(POLL, deadline - now), 0.01)
-            try:
-                message = self.client.get_iopub_msg(timeout=wait)
-            except queue.Empty:
-                if not self.manager.is_alive():
-                    raise SessionError("the kernel process ended") from None
-                continue
-            if collector.feed(message):
-                break
-        return collector.finish(self._reply(msg_id, STOP_MARGIN))
-
-    def _restart_after_stuck(self, collector: _Collector) -> Execution:
-        """The kernel did not end an interrupted cell (it cannot happen unless the kernel is
-        broken): start it again so that the session stays usable, and say what was lost."""
-        self.manager.restart_kernel(now=True)
-        self.client.stop_channels()
-        self._connect()
-        execution = collector.finish(None)
-        execution.error = ExecutionError(
-            "KernelRestarted",
-            "the cell did not stop after its timeout and the kernel was restarted: names from"
-            " earlier cells are gone.",
-            "",
-        )
-        return execution
-
-    def _reply(self, msg_id: str, timeout: float) -> dict:
-        end = time.monotonic() + timeout
-        while True:
-            message = _within(self.client.get_shell_msg, end)
-            if message.get("parent_header", {}).get("msg_id") == msg_id:
-                return message
-
-    def _request(
-        self,
-        code: str,
-        user_expressions: dict[str, str] | None = None,
-        timeout: float = FILE_OP_TIMEOUT,
-    ) -> dict:
-        """A silent request (no history, no execution count, no output); its shell reply."""
-        msg_id = _send_silent(self.client, code, user_expressions)
-        collector = _Collector(msg_id, None, None, None)
-        end = time.monotonic() + timeout
-        while not collector.feed(_within(self.client.get_iopub_msg, end)):
-            pass
-        return self._reply(msg_id, _left(end))
-
-    def upload(self, guest_path: str, data: bytes) -> None:
-        """Write ``data`` to ``guest_path`` in the guest (in /tmp or a writable mount)."""
-        guest_path = _check_path(guest_path)
-        data = bytes(data)
-        for offset in range(0, max(len(data), 1), UPLOAD_CHUNK):
-            chunk = data[offset : offset + UPLOAD_CHUNK]
-            reply = self._request(_write_code(guest_path, chunk, append=offset > 0))
-            _raise_for(reply, f"cannot write {guest_path}")
-
-    def download(self, guest_path: str, limit: int = DOWNLOAD_LIMIT) -> bytes:
-        """The contents of ``guest_path`` in the guest; refuses files larger than ``limit``."""
-        guest_path = _check_path(guest_path)
-        size = int(self._expression(_size_expression(guest_path), 32))
-        if size > limit:
-            raise SessionError(f"{guest_path} has {size:,} bytes, more than the limit {limit:,}")
-        parts = []
-        for offset in range(0, size, DOWNLOAD_CHUNK):
-            length = min(DOWNLOAD_CHUNK, size - offset)
-            expression = _read_expression(guest_path, offset, length)
-            parts.append(
-                _decoded(self._expression(expression, self._file_reply_limit(length)), length)
-            )
-        return b"".join(parts)
-
-    def files(self, guest_path: str = "/tmp") -> list[dict[str, Any]]:
-        """The entries of a guest folder: name, is_dir, size (bytes; 0 for folders)."""
-        guest_path = _check_path(guest_path)
-        return _entries(self._expression(_list_expression(guest_path), 16 << 20))
-
-    def _expression(self, expression: str, limit: int) -> str:
-        reply = self._request("", user_expressions={"value": expression})
-        return _literal_string(reply, "value", limit)
-
-    def reset(self) -> None:
-        """A fresh interpreter and an empty /tmp: the kernel is restarted with its settings."""
-        self.client.stop_channels()
-        self.manager.restart_kernel(now=False)
-        self._connect()
-
-    def snapshot(self, name: str) -> None:
-        """Save this session's image as ``name`` (the kernel's ``%snapshot save``; the
-        ``snapshots`` setting must allow it, and the strict profile has it off)."""
-        _raise_for(self._request(_snapshot_code("save", name)), "snapshot failed")
-
-    def restore(self, name: str) -> None:
-        """Bring this session back to the image saved as ``name``."""
-        _raise_for(self._request(_snapshot_code("restore", name)), "restore failed")
-
-    def fork(self, name: str | None = None) -> Session:
-        """A new, started session that resumes from an image of this one, saved as ``name``
-        (kept), or under a name of its own that is deleted once the fork has started."""
-        image, own = _fork_name(name)
-        self.snapshot(image)
-        try:
-            forked = self._forked(image)
-            forked.start()
-        finally:
-            if own:
-                _raise_for(self._request(_snapshot_code("delete", image)), "delete failed")
-        return forked
-
-    def install(self, *requirements: str) -> None:
-        """Install packages into this session (the kernel's ``%pip install``, from the
-        index or wheelhouse its ``packages`` setting names; off in the strict profile)."""
-        _raise_for(
-            self._request(_install_code(requirements), timeout=PIP_TIMEOUT), "install failed"
-        )
-
-
-class AsyncSession(_Base):
-    """``Session`` on jupyter_client's asynchronous client: ``async with AsyncSession(...)``,
-    ``await s.run(code)``, ``await s.upload(...)``; the same arguments and results."""
-
-    async def __aenter__(self) -> Self:
-        if not self.started:  # a fork comes started
-            await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def start(self) -> None:
-        self.manager = AsyncKernelManager(kernel_name=self.kernel_name)
-        await self.manager.start_kernel(**self._launch)
-        await self._connect()
-
-    async def _connect(self) -> None:
-        self.client = self.manager.client()
-        self.client.start_channels()
-        try:
-            await self.client.wait_for_ready(timeout=self.startup_timeout)
-            reply = await self._request("", timeout=self.startup_timeout)
-            content = reply.get("content") or {}
-            if content.get("status") != "ok":
-                raise SessionError(f"{content.get('ename')}: {content.get('evalue')}")
-        except BaseException:
-            await self.close()
-            raise
-
-    async def close(self) -> None:
-        client = getattr(self, "client", None)
-        if client is not None:
-            client.stop_channels()
-        manager = getattr(self, "manager", None)
-        if manager is not None and manager.has_kernel:
-            await manager.shutdown_kernel(now=False)
-
-    async def run(
-        self,
-        code: str,
-        timeout: float | None = None,
-        on_stdout: Callback | None = None,
-        on_stderr: Callback | None = None,
-        on_result: Callback | None = None,
-    ) -> Execution:
-        """As ``Session.run``."""
-        msg_id = self.client.execute(code, allow_stdin=False)
-        collector = _Collector(msg_id, on_stdout, on_stderr, on_result)
+        collector = Collector(msg_id, on_stdout, on_stderr, on_result)
         deadline = None if timeout is None else collector.started + timeout
         while True:
             now = time.monotonic()
@@ -579,21 +283,23 @@ class AsyncSession(_Base):
                 if collector.execution.timed_out:
                     return await self._restart_after_stuck(collector)
                 collector.execution.timed_out = True
-                await self.manager.interrupt_kernel()
+                await ensure_async(self.manager.interrupt_kernel())
                 deadline = now + self.grace + STOP_MARGIN
             wait = POLL if deadline is None else max(min(POLL, deadline - now), 0.01)
             try:
-                message = await self.client.get_iopub_msg(timeout=wait)
+                message = await ensure_async(self.client.get_iopub_msg(timeout=wait))
             except queue.Empty:
-                if not await self.manager.is_alive():
+                if not await ensure_async(self.manager.is_alive()):
                     raise SessionError("the kernel process ended") from None
                 continue
             if collector.feed(message):
                 break
         return collector.finish(await self._reply(msg_id, STOP_MARGIN))
 
-    async def _restart_after_stuck(self, collector: _Collector) -> Execution:
-        await self.manager.restart_kernel(now=True)
+    async def _restart_after_stuck(self, collector: Collector) -> Execution:
+        """The kernel did not end an interrupted cell (it cannot happen unless the kernel is
+        broken): start it again so that the session stays usable, and say what was lost."""
+        await ensure_async(self.manager.restart_kernel(now=True))
         self.client.stop_channels()
         await self._connect()
         execution = collector.finish(None)
@@ -608,7 +314,7 @@ class AsyncSession(_Base):
     async def _reply(self, msg_id: str, timeout: float) -> dict:
         end = time.monotonic() + timeout
         while True:
-            message = await _within_async(self.client.get_shell_msg, end)
+            message = await _within(self.client.get_shell_msg, end)
             if message.get("parent_header", {}).get("msg_id") == msg_id:
                 return message
 
@@ -618,15 +324,22 @@ class AsyncSession(_Base):
         user_expressions: dict[str, str] | None = None,
         timeout: float = FILE_OP_TIMEOUT,
     ) -> dict:
-        msg_id = _send_silent(self.client, code, user_expressions)
-        collector = _Collector(msg_id, None, None, None)
+        """A silent request (no history, no execution count, no output); its shell reply."""
+        msg_id = self.client.execute(
+            code,
+            silent=True,
+            store_history=False,
+            user_expressions=user_expressions or {},
+            allow_stdin=False,
+        )
+        collector = Collector(msg_id, None, None, None)
         end = time.monotonic() + timeout
-        while not collector.feed(await _within_async(self.client.get_iopub_msg, end)):
+        while not collector.feed(await _within(self.client.get_iopub_msg, end)):
             pass
         return await self._reply(msg_id, _left(end))
 
-    async def upload(self, guest_path: str, data: bytes) -> None:
-        """As ``Session.upload``."""
+    async def _upload(self, guest_path: str, data: bytes) -> None:
+        """Write ``data`` to ``guest_path`` in the guest (in /tmp or a writable mount)."""
         guest_path = _check_path(guest_path)
         data = bytes(data)
         for offset in range(0, max(len(data), 1), UPLOAD_CHUNK):
@@ -634,8 +347,8 @@ class AsyncSession(_Base):
             reply = await self._request(_write_code(guest_path, chunk, append=offset > 0))
             _raise_for(reply, f"cannot write {guest_path}")
 
-    async def download(self, guest_path: str, limit: int = DOWNLOAD_LIMIT) -> bytes:
-        """As ``Session.download``."""
+    async def _download(self, guest_path: str, limit: int = DOWNLOAD_LIMIT) -> bytes:
+        """The contents of ``guest_path`` in the guest; refuses files larger than ``limit``."""
         guest_path = _check_path(guest_path)
         size = int(await self._expression(_size_expression(guest_path), 32))
         if size > limit:
@@ -649,8 +362,8 @@ class AsyncSession(_Base):
             parts.append(_decoded(text, length))
         return b"".join(parts)
 
-    async def files(self, guest_path: str = "/tmp") -> list[dict[str, Any]]:
-        """As ``Session.files``."""
+    async def _files(self, guest_path: str = "/tmp") -> list[dict[str, Any]]:
+        """The entries of a guest folder: name, is_dir, size (bytes; 0 for folders)."""
         guest_path = _check_path(guest_path)
         return _entries(await self._expression(_list_expression(guest_path), 16 << 20))
 
@@ -658,49 +371,108 @@ class AsyncSession(_Base):
         reply = await self._request("", user_expressions={"value": expression})
         return _literal_string(reply, "value", limit)
 
-    async def reset(self) -> None:
-        """As ``Session.reset``."""
+    async def _reset(self) -> None:
+        """A fresh interpreter and an empty /tmp: the kernel is restarted with its settings."""
         self.client.stop_channels()
-        await self.manager.restart_kernel(now=False)
+        await ensure_async(self.manager.restart_kernel(now=False))
         await self._connect()
 
-    async def snapshot(self, name: str) -> None:
-        """As ``Session.snapshot``."""
+    async def _snapshot(self, name: str) -> None:
+        """Save this session's image as ``name`` (the kernel's ``%snapshot save``; the
+        ``snapshots`` setting must allow it, and the strict profile has it off)."""
         _raise_for(await self._request(_snapshot_code("save", name)), "snapshot failed")
 
-    async def restore(self, name: str) -> None:
-        """As ``Session.restore``."""
+    async def _restore(self, name: str) -> None:
+        """Bring this session back to the image saved as ``name``."""
         _raise_for(await self._request(_snapshot_code("restore", name)), "restore failed")
 
-    async def fork(self, name: str | None = None) -> AsyncSession:
-        """As ``Session.fork``."""
-        image, own = _fork_name(name)
-        await self.snapshot(image)
+    async def _fork(self, name: str | None = None) -> Self:
+        """A new, started session that resumes from an image of this one, saved as ``name``
+        (kept), or under a name of its own that is deleted once the fork has started."""
+        image, own = (name, False) if name is not None else (f"fork-{uuid.uuid4().hex[:16]}", True)
+        await self._snapshot(image)
         try:
             forked = self._forked(image)
-            await forked.start()
+            await forked._start()
         finally:
             if own:
                 reply = await self._request(_snapshot_code("delete", image))
                 _raise_for(reply, "delete failed")
         return forked
 
-    async def install(self, *requirements: str) -> None:
-        """As ``Session.install``."""
+    async def _install(self, *requirements: str) -> None:
+        """Install packages into this session (the kernel's ``%pip install``, from the
+        index or wheelhouse its ``packages`` setting names; off in the strict profile)."""
         reply = await self._request(_install_code(requirements), timeout=PIP_TIMEOUT)
         _raise_for(reply, "install failed")
 
 
-def _send_silent(client: Any, code: str, user_expressions: dict[str, str] | None) -> str:
-    """Send a request that leaves no history, execution count or output; its msg_id (the
-    blocking and the asynchronous client send alike)."""
-    return client.execute(
-        code,
-        silent=True,
-        store_history=False,
-        user_expressions=user_expressions or {},
-        allow_stdin=False,
-    )
+class AsyncSession(_Session):
+    """``Session`` for asyncio code: ``async with AsyncSession(...)``, ``await s.run(code)``,
+    ``await s.upload(...)``; the same arguments, results and errors."""
+
+    async def __aenter__(self) -> Self:
+        if not self.started:  # a fork comes started
+            await self._start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._close()
+
+    start = _Session._start
+    close = _Session._close
+    run = _Session._run
+    upload = _Session._upload
+    download = _Session._download
+    files = _Session._files
+    reset = _Session._reset
+    snapshot = _Session._snapshot
+    restore = _Session._restore
+    fork = _Session._fork
+    install = _Session._install
+
+
+def _blocking(
+    method: Callable[Concatenate[S, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[S, P], T]:
+    """``method`` run to its end by jupyter_core's run_sync, as nbclient makes its blocking
+    API: on an event loop of the calling thread, or of a helper thread when this one runs a
+    loop already (a Jupyter cell). Name, signature and docstring are the coroutine's."""
+    return functools.wraps(method)(run_sync(method))
+
+
+class Session(_Session):
+    """One sandboxed kernel in its own process; use it as a context manager.
+
+    ``Session(profile="strict", time_limit=10, memory_limit=256 << 20)`` starts the installed
+    ``wasm-python-strict`` kernelspec with those settings; the kernel refuses values outside
+    their ranges, and the session then fails to start with the kernel's explanation.
+    """
+
+    # Blocking, as before: ``manager`` stays callable without a loop, and the client's plain
+    # zmq sockets serve any thread. Asynchronous sockets used once from run_sync's helper
+    # thread (a call from a Jupyter cell) stay watched by its loop and race for messages.
+    manager_class = KernelManager
+
+    def __enter__(self) -> Self:
+        if not self.started:  # a fork comes started
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    start = _blocking(_Session._start)
+    close = _blocking(_Session._close)
+    run = _blocking(_Session._run)
+    upload = _blocking(_Session._upload)
+    download = _blocking(_Session._download)
+    files = _blocking(_Session._files)
+    reset = _blocking(_Session._reset)
+    snapshot = _blocking(_Session._snapshot)
+    restore = _blocking(_Session._restore)
+    fork = _blocking(_Session._fork)
+    install = _blocking(_Session._install)
 
 
 def _left(end: float) -> float:
@@ -710,17 +482,10 @@ def _left(end: float) -> float:
     return left
 
 
-def _within(receive: Callable[..., dict], end: float) -> dict:
+async def _within(receive: Callable[..., Any], end: float) -> dict:
     """One message from a channel before ``end``, or SessionError."""
     try:
-        return receive(timeout=_left(end))
-    except queue.Empty:
-        raise SessionError("the kernel did not answer in time") from None
-
-
-async def _within_async(receive: Callable[..., Any], end: float) -> dict:
-    try:
-        return await receive(timeout=_left(end))
+        return await ensure_async(receive(timeout=_left(end)))
     except queue.Empty:
         raise SessionError("the kernel did not answer in time") from None
 

@@ -36,6 +36,7 @@ from .execution import Callback, Collector, Execution, ExecutionError
 from .image_folder import check_name
 from .images import ImageError
 from .kernelspecs import KERNEL_NAME, kernelspec_name
+from .limits import DEFAULT_GRACE
 from .profiles import DEFAULT_PROFILE, PROFILES
 
 UPLOAD_CHUNK = 512 << 10  # raw bytes per upload cell (~0.7 MB of source)
@@ -213,7 +214,7 @@ class _Session:
         if kernel_stdout is not None:  # e.g. DEVNULL when our own stdout carries a protocol
             self._launch["stdout"] = kernel_stdout
         self.startup_timeout = startup_timeout
-        self.grace = float(settings.get("interrupt_grace", 1.0))
+        self.grace = float(settings.get("interrupt_grace", DEFAULT_GRACE))
         self._options: dict[str, Any] = {
             "kernel_name": kernel_name,
             "cwd": cwd,

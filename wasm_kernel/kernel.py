@@ -24,15 +24,13 @@ from typing import Any
 
 import psutil
 from ipykernel._version import kernel_protocol_version
-from ipykernel.kernelbase import Kernel
-from jupyter_client.session import Session
 from traitlets import Float
 
 from . import __version__, images, iopub, kernel_folders
 from .active_output import ActiveOutput
 from .boot import SandboxStart
 from .cell_messages import CellMessages, KernelDoors, Request
-from .checkpoints import checkpoint_method
+from .describe import describe
 from .grants import Grants, configured_runtime
 from .guest.modules import _wasm_kernel_contract as declared
 from .guest_thread import GuestThread, InterruptRelay
@@ -40,12 +38,11 @@ from .history import History
 from .image_folder import ImageFolder
 from .kernel_settings import KernelSettings, screened
 from .limits import Limits
-from .mounts import SCRATCH
 from .request_checks import (
+    CheckedRequests,
     clean_request,
     complete_reply,
     is_complete_reply,
-    malformed,
 )
 from .sandbox import Sandbox
 from .session_images import SessionImages
@@ -54,15 +51,6 @@ from .stops import CellStopped
 
 BACKLOG_FLOOR = 64 << 20  # bytes of cell output that may wait for slow IOPub clients
 HIBERNATE_SECONDS = 60.0  # longest a shutdown waits for a running cell before it hibernates
-# requests whose content ipykernel reads without checking: the fields each must hold
-CHECKED_REQUESTS: dict[str, tuple[str, dict[str, type]]] = {
-    "execute_request": ("execute_reply", {"code": str}),
-    "complete_request": ("complete_reply", {"code": str, "cursor_pos": int}),
-    "inspect_request": ("inspect_reply", {"code": str, "cursor_pos": int}),
-    "is_complete_request": ("is_complete_reply", {"code": str}),
-    "comm_info_request": ("comm_info_reply", {}),
-    "history_request": ("history_reply", {"hist_access_type": str}),
-}
 
 
 def _keep_working_folder_off_sys_path() -> None:
@@ -88,7 +76,7 @@ def _log_to_process_stderr() -> None:
         package.propagate = False
 
 
-class WasmKernel(KernelSettings, Kernel):
+class WasmKernel(KernelSettings, CheckedRequests):
     implementation = "wasm-kernel"
     implementation_version = __version__
     language = "python"
@@ -156,13 +144,6 @@ class WasmKernel(KernelSettings, Kernel):
         return self.guest_output.publish(msg_type, content, parent, self._topic(msg_type))
 
     @property
-    def live_session(self) -> Session:
-        """ipykernel's ``session``: declared optional, but the kernel app always gives one."""
-        session = self.session
-        assert session is not None, "the kernel was started without a Jupyter session"
-        return session
-
-    @property
     def kernel_info(self) -> dict[str, Any]:
         """ipykernel's version imports its debugger to offer it whenever debugpy is installed:
         the guest has none, and importing debugpy prints a warning about frozen modules that
@@ -195,44 +176,10 @@ class WasmKernel(KernelSettings, Kernel):
 
     def describe_sandbox(self) -> str:
         """The running configuration, for the banner and ``%sandbox``; or why there is none."""
-        limits = self.limits
-        if self._settings_error is not None:
-            return (
-                f"Python {self.runtime.python_version} in a WebAssembly sandbox"
-                f" (wasm-kernel {__version__}): not started.\n{self._settings_error}"
-            )
-        grants = self.grants
-        scratch_size = (
-            f"up to {limits.scratch_limit >> 20} MiB" if limits.scratch_limit else "no size limit"
+        sandbox = self._boot.result() if self._boot.done() and not self._boot.exception() else None
+        return describe(
+            self, self._settings_error, self.grants, self.limits, self._start.started_from, sandbox
         )
-        return (
-            f"Python {self.runtime.python_version} in a WebAssembly sandbox"
-            f" (wasm-kernel {__version__}, runtime {self.runtime.name})\n"
-            f"Profile: {self.profile}\n"
-            f"Host folders:\n{grants.describe_folders()}\n"
-            f"  {SCRATCH}: private scratch, deleted when the kernel stops, {scratch_size}\n"
-            f"Starting folder: {grants.start_dir}\n"
-            f"Interpreter: from {self._start.started_from}\n"
-            f"Per cell: fuel {limits.fuel:,},"
-            f" {f'time {limits.time_limit:.10g} s' if limits.time_limit else 'no time limit'},"
-            f" memory {_size(limits.memory_limit)}, output {_size(limits.output_limit)}\n"
-            f"Packages: {grants.packages.describe() if grants.packages else 'off'}\n"
-            f"Rollback: {self._describe_rollback()}\n"
-            "No host environment, network or processes."
-        )
-
-    def _describe_rollback(self) -> str:
-        """What a trapping cell rolls back to, and how checkpoints are taken (the running
-        sandbox's way once it has started: it may have had to fall back to copying)."""
-        if not (self.rollback and self.runtime.restorable):
-            return "off (a trap restarts the interpreter)"
-        if self._boot.done() and self._boot.exception() is None:
-            method = self._boot.result().checkpoint_method
-            if method is None:
-                return "off (a trap restarts the interpreter)"
-        else:
-            method = checkpoint_method(self.checkpoint_mode)
-        return f"to the state after the last cell; checkpoints by {method}"
 
     # -- execution --------------------------------------------------------------------------------
 
@@ -385,43 +332,6 @@ class WasmKernel(KernelSettings, Kernel):
         for line, source in resumed.history:
             self.history.store(line, source)
 
-    async def complete_request(self, stream: Any, ident: Any, parent: dict) -> None:
-        if not self._refuse_malformed(stream, ident, parent, "complete_request"):
-            await super().complete_request(stream, ident, parent)
-
-    async def inspect_request(self, stream: Any, ident: Any, parent: dict) -> None:
-        if not self._refuse_malformed(stream, ident, parent, "inspect_request"):
-            await super().inspect_request(stream, ident, parent)
-
-    async def is_complete_request(self, stream: Any, ident: Any, parent: dict) -> None:
-        if not self._refuse_malformed(stream, ident, parent, "is_complete_request"):
-            await super().is_complete_request(stream, ident, parent)
-
-    async def comm_info_request(self, stream: Any, ident: Any, parent: dict) -> None:
-        if not self._refuse_malformed(stream, ident, parent, "comm_info_request"):
-            await super().comm_info_request(stream, ident, parent)
-
-    async def history_request(self, stream: Any, ident: Any, parent: dict) -> None:
-        if not self._refuse_malformed(stream, ident, parent, "history_request"):
-            await super().history_request(stream, ident, parent)
-
-    def _refuse_malformed(self, stream: Any, ident: Any, parent: dict, msg_type: str) -> bool:
-        """Send an error reply when the request's content is not what the protocol says."""
-        reply_type, fields = CHECKED_REQUESTS[msg_type]
-        problem = malformed(parent, fields)
-        if problem is None:
-            return False
-        reply: dict[str, Any] = {
-            "status": "error",
-            "ename": "MalformedRequest",
-            "evalue": problem,
-            "traceback": [],
-        }
-        if reply_type == "execute_reply":  # the protocol gives every execute_reply a count
-            reply["execution_count"] = self.execution_count
-        self.live_session.send(stream, reply_type, reply, parent, ident=ident)
-        return True
-
     # -- introspection requests ------------------------------------------------------------
 
     async def do_complete(self, code: str, cursor_pos: int | None) -> dict:
@@ -492,7 +402,3 @@ class WasmKernel(KernelSettings, Kernel):
         self.history.close()
         if self.grants.packages is not None:
             self.grants.packages.close()
-
-
-def _size(count: int) -> str:
-    return f"{count >> 20} MiB" if count % (1 << 20) == 0 else f"{count:,} bytes"

@@ -11,7 +11,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ipykernel.kernelbase import Kernel
+from jupyter_client.session import Session
+
 COMPLETION_TYPES = "_jupyter_types_experimental"  # ipykernel's key for typed completions
+# requests whose content ipykernel reads without checking: the fields each must hold
+CHECKED_REQUESTS: dict[str, tuple[str, dict[str, type]]] = {
+    "execute_request": ("execute_reply", {"code": str}),
+    "complete_request": ("complete_reply", {"code": str, "cursor_pos": int}),
+    "inspect_request": ("inspect_reply", {"code": str, "cursor_pos": int}),
+    "is_complete_request": ("is_complete_reply", {"code": str}),
+    "comm_info_request": ("comm_info_reply", {}),
+    "history_request": ("history_reply", {"hist_access_type": str}),
+}
 
 
 def encodable(text: str) -> bool:
@@ -92,3 +104,53 @@ def is_complete_reply(reply: dict) -> dict:
     if status == "incomplete":
         result["indent"] = str(reply.get("indent", ""))
     return result
+
+
+class CheckedRequests(Kernel):
+    """ipykernel's request handlers, each answering a request whose content is not what the
+    protocol says with an error reply (execute_request's check is the kernel's own: it also
+    waits for a resumed session)."""
+
+    @property
+    def live_session(self) -> Session:
+        """ipykernel's ``session``: declared optional, but the kernel app always gives one."""
+        session = self.session
+        assert session is not None, "the kernel was started without a Jupyter session"
+        return session
+
+    async def complete_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        if not self._refuse_malformed(stream, ident, parent, "complete_request"):
+            await super().complete_request(stream, ident, parent)
+
+    async def inspect_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        if not self._refuse_malformed(stream, ident, parent, "inspect_request"):
+            await super().inspect_request(stream, ident, parent)
+
+    async def is_complete_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        if not self._refuse_malformed(stream, ident, parent, "is_complete_request"):
+            await super().is_complete_request(stream, ident, parent)
+
+    async def comm_info_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        if not self._refuse_malformed(stream, ident, parent, "comm_info_request"):
+            await super().comm_info_request(stream, ident, parent)
+
+    async def history_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        if not self._refuse_malformed(stream, ident, parent, "history_request"):
+            await super().history_request(stream, ident, parent)
+
+    def _refuse_malformed(self, stream: Any, ident: Any, parent: dict, msg_type: str) -> bool:
+        """Send an error reply when the request's content is not what the protocol says."""
+        reply_type, fields = CHECKED_REQUESTS[msg_type]
+        problem = malformed(parent, fields)
+        if problem is None:
+            return False
+        reply: dict[str, Any] = {
+            "status": "error",
+            "ename": "MalformedRequest",
+            "evalue": problem,
+            "traceback": [],
+        }
+        if reply_type == "execute_reply":  # the protocol gives every execute_reply a count
+            reply["execution_count"] = self.execution_count
+        self.live_session.send(stream, reply_type, reply, parent, ident=ident)
+        return True

@@ -14,6 +14,7 @@ from traitlets.utils.text import indent, wrap_paragraphs
 
 from .kernel import WasmKernel
 from .kernel_settings import KernelSettings
+from .request_checks import CheckedRequests
 from .profiles import PROFILES
 from .settings import ENV_PREFIX, FROM_PROFILE, Limit, PerProfile, Setting, _amount
 
@@ -27,6 +28,9 @@ UNUSED_CLASSES = (
     "InteractiveShellApp",
     "ProfileDir",
 )
+# the kernel's own classes: their settings are listed first (CheckedRequests adds none to
+# ipykernel's Kernel, which is listed as it is)
+OUR_CLASSES = (WasmKernel, KernelSettings, CheckedRequests)
 # what the shortcuts of ipykernel's command line may set that no class here configures
 IGNORED_TARGETS = {"InteractiveShell", "PlainTextFormatter", "ProfileDir"}
 SETTINGS_INTRO = (
@@ -159,7 +163,7 @@ class WasmKernelApp(IPKernelApp):
         yield ""
         yield from self.emit_options_help()
         for cls in self._classes_with_config_traits():
-            if cls not in (WasmKernel, KernelSettings) and cls.__name__ not in UNUSED_CLASSES:
+            if cls not in OUR_CLASSES and cls.__name__ not in UNUSED_CLASSES:
                 yield _class_help(cls)
                 yield ""
 

@@ -14,8 +14,8 @@ from traitlets.utils.text import indent, wrap_paragraphs
 
 from .kernel import WasmKernel
 from .kernel_settings import KernelSettings
-from .request_checks import CheckedRequests
 from .profiles import PROFILES
+from .request_checks import CheckedRequests
 from .settings import ENV_PREFIX, FROM_PROFILE, Limit, PerProfile, Setting, _amount
 
 CONFIG_FILE = "jupyter_wasm_kernel_config"

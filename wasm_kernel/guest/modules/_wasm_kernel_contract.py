@@ -111,32 +111,30 @@ NO_STDIN, EOF, INTERRUPTED = "no-stdin", "eof", "interrupted"  # why ``input`` g
 PIP_COMMANDS = ("install", "uninstall", "list", "show")
 
 # -- messages from the guest --------------------------------------------------------------------
-_DISPLAY_ID = {"display_id": TEXT}
 _DISPLAY_ID_FOR_UPDATE = (
     "an update needs a display_id",
     lambda message: not message["update"] or "display_id" in message["transient"],
 )
 
-RESULT = Message(  # a cell's value: execute_result
-    "result",
-    Field("data", BUNDLE),
-    Field("metadata", OBJECT, default={}),
-    Field("transient", OBJECT, default={}, keys=_DISPLAY_ID),
-    Field("update", FLAG, default=False),
-    rules=(_DISPLAY_ID_FOR_UPDATE,),
-    output=True,
-    droppable=True,
-)
-DISPLAY = Message(  # display_data, or update_display_data when update is true
-    "display",
-    Field("data", BUNDLE, empty=True),  # ipykernel sends display(display_id=...) with none
-    Field("metadata", OBJECT, default={}),
-    Field("transient", OBJECT, default={}, keys=_DISPLAY_ID),
-    Field("update", FLAG, default=False),
-    rules=(_DISPLAY_ID_FOR_UPDATE,),
-    output=True,
-    droppable=True,
-)
+
+def _shown(op, empty):
+    """A result or a display: a mime bundle with its metadata, perhaps a display_id."""
+    return Message(
+        op,
+        Field("data", BUNDLE, empty=empty),
+        Field("metadata", OBJECT, default={}),
+        Field("transient", OBJECT, default={}, keys={"display_id": TEXT}),
+        Field("update", FLAG, default=False),
+        rules=(_DISPLAY_ID_FOR_UPDATE,),
+        output=True,
+        droppable=True,
+    )
+
+
+RESULT = _shown("result", empty=False)  # a cell's value: execute_result
+# display_data, or update_display_data when update is true; ipykernel sends
+# display(display_id=...) with no data at all
+DISPLAY = _shown("display", empty=True)
 CLEAR = Message(
     "clear", Field("wait", FLAG, default=False), output=True, droppable=True
 )  # clear_output

@@ -21,7 +21,7 @@ import pytest
 from conftest import KERNEL_NAME, Kernel
 from jupyter_client.manager import KernelManager
 
-from wasm_kernel.kernel import WasmKernel
+from wasm_kernel.kernel_settings import KernelSettings
 
 MARKER = "cell-is-running"
 TRIGGER_DELAY = 0.2  # seconds between seeing the cell run and interrupting it
@@ -29,8 +29,8 @@ SOFT_BOUND = 3.0  # generous: a soft interrupt ends a sleep or input() almost at
 
 
 def default_of(trait: str):
-    """A WasmKernel trait's default as the kernel computes it (same environment as ours)."""
-    return WasmKernel._trait_default_generators[trait](None)
+    """A setting's default as the kernel computes it (same environment as ours)."""
+    return getattr(KernelSettings(), trait)
 
 
 @dataclass

@@ -13,12 +13,15 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .active_output import ActiveOutput
 from .contract import Verdict
 from .guest.modules import _wasm_kernel_contract as declared
 from .stops import memory_limit_text
+
+if TYPE_CHECKING:
+    from .interrupts import Interrupts
 
 INPUT_POLL = 0.05  # seconds between checks for an input_reply or an interrupt
 BRIEF_ERROR = 1024  # characters of an error's value shown when the output budget is spent
@@ -48,9 +51,9 @@ class KernelDoors:
 
     # (msg_type, content, parent) on IOPub; False: left out, too much waits for slow clients
     publish: Callable[[str, dict, dict], bool]
-    stdin: Any  # (session, socket) pair's owner: see StdinChannel
+    stdin: Callable[[], tuple[Any, Any]]  # the stdin channel's (session, socket)
     describe: Callable[[], str]  # %sandbox
-    pip: Callable[[dict, Any], dict]  # %pip: (message, interrupts) -> reply
+    pip: Callable[[dict, Interrupts], dict]  # %pip: (message, interrupts) -> reply
     snapshot: Callable[[CellMessages, str, str], dict]  # %snapshot: (cell, action, name)
     active_output: str  # the active-output policy's mode
     memory_limit: int  # bytes, for MemoryLimitExceeded
@@ -87,20 +90,20 @@ class CellMessages:
         if not self.request.silent:
             self._publish("stream", {"name": name, "text": text})
 
-    def message(self, message: dict, verdict: Verdict, interrupts: Any) -> dict:
+    def message(self, message: dict, verdict: Verdict, interrupts: Interrupts) -> dict:
         """One checked guest message; returns the reply the guest gets."""
         handler = getattr(self, f"on_{message['op']}")
         return handler(message, verdict, interrupts) or {}
 
     # -- one handler per message the contract sends to the kernel ------------------------------
 
-    def on_result(self, message: dict, _verdict: Verdict, _interrupts: Any) -> None:
+    def on_result(self, message: dict, _verdict: Verdict, _interrupts: Interrupts) -> None:
         data = self.active_output.bundle(message["data"])  # active-output policy
         if not self.request.silent:
             content = {"execution_count": self.execution_count, "data": data}
             self._publish("execute_result", {**content, "metadata": message["metadata"]})
 
-    def on_display(self, message: dict, _verdict: Verdict, _interrupts: Any) -> None:
+    def on_display(self, message: dict, _verdict: Verdict, _interrupts: Interrupts) -> None:
         content = {
             "data": self.active_output.bundle(message["data"]),  # active-output policy
             "metadata": message["metadata"],
@@ -108,10 +111,10 @@ class CellMessages:
         }
         self._publish("update_display_data" if message["update"] else "display_data", content)
 
-    def on_clear(self, message: dict, _verdict: Verdict, _interrupts: Any) -> None:
+    def on_clear(self, message: dict, _verdict: Verdict, _interrupts: Interrupts) -> None:
         self._publish("clear_output", {"wait": message["wait"]})
 
-    def on_error(self, message: dict, verdict: Verdict, _interrupts: Any) -> None:
+    def on_error(self, message: dict, verdict: Verdict, _interrupts: Interrupts) -> None:
         ename, evalue, traceback = message["ename"], message["evalue"], message["traceback"]
         # an allocation the limit refused (failed growth, or a bare MemoryError from the
         # allocator), not e.g. the parser's "too complex" MemoryError
@@ -125,23 +128,23 @@ class CellMessages:
         else:  # IPython printed it already (a UsageError): for the reply only
             self.error = {"ename": ename, "evalue": evalue, "traceback": []}
 
-    def on_payload(self, message: dict, _verdict: Verdict, _interrupts: Any) -> None:
+    def on_payload(self, message: dict, _verdict: Verdict, _interrupts: Interrupts) -> None:
         payload = message["payload"]
         for item in payload:
             if item["source"] == declared.PAGE.tag:  # active-output policy
                 item["data"] = self.active_output.bundle(item["data"])
         self.payload = payload
 
-    def on_input(self, message: dict, _verdict: Verdict, interrupts: Any) -> dict:
+    def on_input(self, message: dict, _verdict: Verdict, interrupts: Interrupts) -> dict:
         return self._input(message["prompt"], message["password"], interrupts)
 
-    def on_describe(self, _message: dict, _verdict: Verdict, _interrupts: Any) -> dict:
+    def on_describe(self, _message: dict, _verdict: Verdict, _interrupts: Interrupts) -> dict:
         return {"text": self.doors.describe()}
 
-    def on_pip(self, message: dict, _verdict: Verdict, interrupts: Any) -> dict:
+    def on_pip(self, message: dict, _verdict: Verdict, interrupts: Interrupts) -> dict:
         return self.doors.pip(message, interrupts)
 
-    def on_snapshot(self, message: dict, _verdict: Verdict, _interrupts: Any) -> dict:
+    def on_snapshot(self, message: dict, _verdict: Verdict, _interrupts: Interrupts) -> dict:
         return self.doors.snapshot(self, message["action"], message["name"])
 
     # -- the cell's end ------------------------------------------------------------------------
@@ -205,7 +208,7 @@ class CellMessages:
         }
         self._publish("error", self.error)
 
-    def _input(self, prompt: str, password: bool, interrupts: Any) -> dict:
+    def _input(self, prompt: str, password: bool, interrupts: Interrupts) -> dict:
         """input_request over stdin; the wait ends early on interrupt."""
         if not self.request.allow_stdin:
             return {"error": declared.NO_STDIN}

@@ -439,6 +439,7 @@ def install_modules(sources):
     ``_intact``."""
     global _self, _originals, _declared, contract, SERVICES
     sys.meta_path.insert(0, ShippedModules(sources))
+    sys.modules.pop("_wasm_kernel_contract", None)  # a repair takes it afresh, as shipped
     import _wasm_kernel_contract as contract
 
     SERVICES = types.MappingProxyType(  # read-only: _intact checks it is still this one

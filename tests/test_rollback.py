@@ -26,7 +26,7 @@ from conftest import KERNEL_NAME, CellRun, Kernel, ok
 from jupyter_client.manager import KernelManager
 from test_interrupts import MARKER, SOFT_BOUND, SWALLOWING_CELL, Interrupted, run_and_interrupt
 
-from wasm_kernel.kernel import GuestThread
+from wasm_kernel.guest_thread import GuestThread
 
 FUEL = 15_000_000_000  # imports of pandas and matplotlib.pyplot fit; a busy loop runs out in ~2 s
 GRACE = 1.0

@@ -44,7 +44,7 @@ KNOWN_DIFFERENCES = {
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 ADDRESS = re.compile(r"0x[0-9a-f]+")
-DURATION = re.compile(r"\d+(?:\.\d+)?\s*(?:ns|\u03bcs|\u00b5s|us|ms|s)\b")
+DURATION = re.compile(r"\d+(?:\.\d+)?(?:e[+-]?\d+)?\s*(?:ns|\u03bcs|\u00b5s|us|ms|s)\b")
 CELL_FILE = re.compile(r"/tmp/ipykernel_\d+/\d+\.py|<ipython-input-\d+-[0-9a-f]+>")
 SITE_PACKAGES = re.compile(r"\S*/site-packages/")  # the host's venv, the guest's folder
 BINARY = ("image/", "application/pdf")

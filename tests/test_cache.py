@@ -21,12 +21,13 @@ import tempfile
 import threading
 import zipfile
 from dataclasses import replace
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 import wasmtime
 
-from wasm_kernel.cache import CompiledRuntime, RuntimeCache, cache_key
+from wasm_kernel.cache import KEY_CHARS, CompiledRuntime, RuntimeCache, cache_key
 from wasm_kernel.runtime import Runtime, RuntimeFile
 
 STDLIB_GUEST_PATH = "/usr/local/lib/python315.zip"
@@ -61,6 +62,8 @@ def runtime(tmp_path: Path) -> Runtime:
         name="tiny-runtime",
         package="tiny-runtime",
         version="0",
+        wheel="tiny_runtime-0-py3-none-any.whl",
+        wheel_sha256="0" * 64,
         python_version="3.15.0",
         module=RuntimeFile(module, sha256_of(module)),
         stdlib=RuntimeFile(stdlib, sha256_of(stdlib)),
@@ -439,6 +442,14 @@ def _sealed_cache(runtime: Runtime, entry_damage=None):
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _as_built_by_wasmtime_49(entry: Path) -> None:
+    """What an upgrade leaves behind: the entry of the wasmtime before, under its own key."""
+    record = json.loads((entry / RuntimeCache.RECORD).read_text())
+    record["wasmtime"] = "49.0.0"
+    (entry / RuntimeCache.RECORD).write_text(json.dumps(record))
+    entry.rename(entry.with_name(f"{entry.name[:-KEY_CHARS]}{'0' * KEY_CHARS}"))
+
+
 def _users_to_try() -> list[int | None]:
     """This process (root or not), plus 'nobody' when root, so the OS itself refuses writes."""
     users: list[int | None] = [None]
@@ -467,6 +478,19 @@ def test_missing_entry_in_read_only_cache_names_folder_and_command(
         assert f"python -m wasm_kernel precompile --cache-dir {cache_dir}" in verdict
         assert RuntimeCache(cache_dir).entry_dir(runtime).name in verdict
         assert _snapshot(cache_dir) == before
+
+
+def test_entry_of_another_wasmtime_in_read_only_cache_names_both_versions(
+    runtime: Runtime,
+) -> None:
+    """The wasmtime upgrade routine: a baked cache built before the upgrade is reported as
+    such (its wasmtime and ours), with the command that rebuilds it, and left alone."""
+    with _sealed_cache(runtime, entry_damage=_as_built_by_wasmtime_49) as cache_dir:
+        verdict = _load_in_child(cache_dir, runtime, None, lookup_first=False)
+        assert verdict.startswith("ReadOnlyCache: "), verdict
+        assert "(wasmtime 49.0.0)" in verdict
+        assert f"this is wasmtime {metadata.version('wasmtime')}" in verdict
+        assert f"precompile --cache-dir {cache_dir}" in verdict
 
 
 @pytest.mark.parametrize(

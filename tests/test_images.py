@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tarfile
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -324,6 +325,10 @@ def _foreign(header: dict) -> None:
     header["needs"]["runtime_sha256"] = "0" * 64
 
 
+def _before_the_wasmtime_upgrade(header: dict) -> None:
+    header["needs"]["wasmtime"] = "49.0.0"
+
+
 def _huge(header: dict) -> None:
     header["memory"]["size"] = 4 << 30
 
@@ -337,6 +342,10 @@ BAD_IMAGES = {
     "foreign-runtime": (
         lambda data: _rebuilt(data, _foreign),
         "taken with another runtime (sha256)",
+    ),
+    "other-wasmtime": (  # the upgrade routine: images of the wasmtime before say so
+        lambda data: _rebuilt(data, _before_the_wasmtime_upgrade),
+        f"another wasmtime version, '49.0.0'; this kernel has '{metadata.version('wasmtime')}'",
     ),
     "wrong-version": (
         lambda data: data[:8] + struct.pack("<I", 99) + data[12:],

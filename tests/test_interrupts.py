@@ -11,7 +11,11 @@ interrupt_request on the control channel (message mode).
 
 from __future__ import annotations
 
+import os
 import queue
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -329,3 +333,74 @@ def test_interrupt_request_from_the_client_is_acknowledged(
     assert reply["parent_header"]["msg_id"] == sent[0]
     assert reply["content"]["status"] == "ok"
     assert_answers(kernel)
+
+
+@pytest.fixture
+def cpu_load() -> Iterator[None]:
+    """A busy process per core, so the kernel's threads are scheduled late, as on a loaded
+    server: the window where a late interrupt could reach the next cell opens wide."""
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(os.cpu_count() or 2)
+    ]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+# A cell that ends by itself about when the storm reaches it, so signals arrive as it ends.
+ENDING_CELL = f"print({MARKER!r})\nfor i in range(3_000_000):\n    pass"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cell", [BUSY_CELL, ENDING_CELL], ids=["spinning", "ending"])
+def test_an_interrupt_storm_stops_only_the_cell_it_arrived_in(
+    start_kernel, cpu_load: None, cell: str
+) -> None:
+    """2,000 SIGINTs while a cell runs (and, for a cell that ends meanwhile, as it ends) stop
+    at most that cell; every cell sent after the storm runs untouched."""
+    kernel = start_kernel()
+    pid = kernel.manager.provisioner.process.pid
+
+    def storm() -> None:
+        for i in range(2000):
+            os.kill(pid, signal.SIGINT)
+            if i % 100 == 0:
+                time.sleep(0.01)  # spread over the cell's end, not one burst
+
+    for round_ in range(5):
+        stormed = run_and_interrupt(kernel, cell, storm)
+        assert stormed.content["status"] == "ok" or (
+            stormed.content["ename"] == "KeyboardInterrupt"
+        ), (round_, stormed.content)
+        for _ in range(3):
+            after = kernel.execute("sum(range(300_000))")
+            assert after.content["status"] == "ok", (round_, after.content)
+
+
+@pytest.mark.slow
+def test_a_storm_of_interrupt_requests_stops_only_the_cell_it_arrived_in(
+    cpu_load: None,
+) -> None:
+    """Message mode: 2,000 interrupt_requests on the control channel while a cell spins. The
+    kernel works through them after the cell has ended; none may stop a cell sent later."""
+    kernel = MessageModeKernel()
+    try:
+
+        def storm() -> None:  # through the client, whose session numbers its messages
+            for _ in range(2000):  # (the manager's would reuse the client's message ids)
+                kernel.client.control_channel.send(
+                    kernel.client.session.msg("interrupt_request", {})
+                )
+
+        for round_ in range(3):
+            stormed = run_and_interrupt(kernel, BUSY_CELL, storm)
+            assert stormed.content["ename"] == "KeyboardInterrupt", (round_, stormed.content)
+            for _ in range(3):
+                after = kernel.execute("sum(range(300_000))")
+                assert after.content["status"] == "ok", (round_, after.content)
+    finally:
+        kernel.shutdown()

@@ -13,8 +13,10 @@ import operator
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime
 from typing import Any
 
 
@@ -61,12 +63,21 @@ class InterruptRelay:
     pipe (``signal.set_wakeup_fd``), the Python-level handler is a C function that does
     nothing (no frame: nothing nests), and a thread reading the pipe interrupts the sandbox,
     once per burst. A full pipe drops the extra bytes: the interrupts merge.
+
+    The thread may read late (a loaded machine): when a request ends, a fence byte goes down
+    the pipe behind its signals, and the next request starts only once the thread has passed
+    it. Whatever it delivers meanwhile finds no turn running, so an interrupt reaches only
+    the request it arrived in.
     """
+
+    FENCE = 0  # no signal has number 0
+    FENCE_WAIT = 5.0  # seconds; passed in microseconds unless the machine is stalled
 
     def __init__(self, interrupt: Callable[[], None]):
         self._interrupt = interrupt
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)
+        self._passed = threading.Event()
         threading.Thread(target=self._run, name="wasm-kernel-interrupts", daemon=True).start()
 
     def install(self) -> tuple[Any, int]:
@@ -78,15 +89,48 @@ class InterruptRelay:
         handler, wakeup = saved
         signal.set_wakeup_fd(wakeup)
         signal.signal(signal.SIGINT, handler)
+        self._fence()
+
+    def _fence(self) -> None:
+        """Wait until the thread has handled every signal that arrived before now."""
+        self._passed.clear()
+        deadline = time.monotonic() + self.FENCE_WAIT
+        while True:
+            try:
+                os.write(self._write, bytes([self.FENCE]))
+                break
+            except BlockingIOError:  # the pipe is full of signals: the thread is draining it
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.001)
+        if not self._passed.wait(max(0.0, deadline - time.monotonic())):
+            logging.getLogger(__name__).warning(
+                "the interrupt relay is %.0f s behind", self.FENCE_WAIT
+            )
 
     def _run(self) -> None:
         while data := os.read(self._read, 1 << 16):  # a whole pipe's worth: one per burst
-            if signal.SIGINT not in data:  # the pipe carries every handled signal's number
-                continue
-            try:
-                self._interrupt()
-            except Exception:
-                logging.getLogger(__name__).exception("could not interrupt the sandbox")
+            if signal.SIGINT in data:  # the pipe carries every handled signal's number
+                try:
+                    self._interrupt()
+                except Exception:
+                    logging.getLogger(__name__).exception("could not interrupt the sandbox")
+            if self.FENCE in data:
+                self._passed.set()
 
 
 _DO_NOTHING = operator.is_  # a C function of two arguments: a signal handler with no frame
+
+
+def sent_before(request: dict, running: dict | None) -> bool:
+    """Whether ``request`` was sent before the ``running`` request was, by the same client
+    (the same session: the same clock), so that it cannot be meant for it. A message-mode
+    interrupt that waited behind others on the control channel (a storm of them) must not
+    stop a cell sent after it."""
+    if not running:
+        return False
+    mine, theirs = request.get("header", {}), running.get("header", {})
+    if mine.get("session") != theirs.get("session"):
+        return False
+    sent, started = mine.get("date"), theirs.get("date")
+    return isinstance(sent, datetime) and isinstance(started, datetime) and sent < started

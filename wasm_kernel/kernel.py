@@ -33,7 +33,7 @@ from .cell_messages import CellMessages, KernelDoors, Request
 from .describe import describe
 from .grants import Grants, configured_runtime
 from .guest.modules import _wasm_kernel_contract as declared
-from .guest_thread import GuestThread, InterruptRelay
+from .guest_thread import GuestThread, InterruptRelay, sent_before
 from .history import History
 from .image_folder import ImageFolder
 from .kernel_settings import KernelSettings, screened
@@ -134,6 +134,7 @@ class WasmKernel(KernelSettings, CheckedRequests):
             reachable=self.grants.reachable_without_host_folders(),
         )
         self._start = SandboxStart(self, self.limits, self.grants, self.session_images)
+        self._latest_shell_request: dict | None = None
         self._interrupt_relay = InterruptRelay(self._interrupt_sandbox)
         self._worker = GuestThread()
         problems = [p for p in (self._settings_error, self.grants.mount_error) if p is not None]
@@ -296,6 +297,20 @@ class WasmKernel(KernelSettings, CheckedRequests):
     def post_handler_hook(self) -> None:
         if threading.current_thread() is threading.main_thread():
             self._interrupt_relay.uninstall(self._saved_signals)
+
+    def set_parent(self, ident: Any, parent: dict, channel: str = "shell") -> None:
+        """Also kept where the control thread sees it (ipykernel keeps the shell's parent in
+        a context variable): a message-mode interrupt is checked against it."""
+        super().set_parent(ident, parent, channel)
+        if channel == "shell":
+            self._latest_shell_request = parent
+
+    async def interrupt_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        if self.session is not None and sent_before(parent, self._latest_shell_request):
+            # for a request that has ended: what ipykernel answers, and nothing interrupted
+            self.session.send(stream, "interrupt_reply", {"status": "ok"}, parent, ident=ident)
+            return
+        await super().interrupt_request(stream, ident, parent)
 
     def _interrupt_sandbox(self) -> None:
         if self._boot.done() and not self._boot.exception():

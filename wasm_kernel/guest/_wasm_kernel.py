@@ -146,9 +146,22 @@ def run_cell(source, execution_count, store_history=True, silent=False):
     for name in ("stdout", "stderr"):
         if not hasattr(sys, name):  # deleted: the interpreter's end of turn cannot do without
             setattr(sys, name, getattr(sys, f"__{name}__"))
-    hold_reserve()
-    if not _intact():
+    try:
+        hold_reserve()
+    except KeyboardInterrupt:  # see _still_intact
+        hold_reserve()
+    if not _still_intact():
         raise SystemExit(contract.DAMAGED)
+
+
+def _still_intact():
+    """``_intact`` at the end of a turn. An interrupt that arrives as the turn ends lands in
+    these last steps; the host sends one per turn, so the step runs again once, and the
+    turn's own outcome stands."""
+    try:
+        return _intact()
+    except KeyboardInterrupt:
+        return _intact()
 
 
 def release_reserve():
@@ -246,7 +259,7 @@ def serve(name, *args):
         call_host(contract.REPLY, content=SERVICES[name](*args))
     except BaseException:
         call_host(contract.REPLY, content={})
-    if not _intact():
+    if not _still_intact():
         raise SystemExit(contract.DAMAGED)
 
 
@@ -467,6 +480,8 @@ def _intact():
     sys.modules, replaced its functions or broken the import system."""
     try:
         module = builtins.__import__(__name__)
+    except KeyboardInterrupt:
+        raise  # an interrupt, not damage: the caller checks again
     except BaseException:
         return False
     found = map(module.__dict__.get, _originals)
@@ -491,6 +506,8 @@ def _shell_intact(candidate):
             and type(candidate.displayhook) is wiring.HostDisplayHook
             and type(candidate.display_pub) is wiring.HostDisplayPublisher
         )
+    except KeyboardInterrupt:
+        raise
     except BaseException:
         return False
 

@@ -26,7 +26,7 @@ from conftest import Kernel, ok, plain
 from packaging.tags import platform_tags
 from wheelmaker import make_sdist, make_wheel, symlink_member
 
-from wasm_kernel.packages import WheelCache
+from wasm_kernel.wheel_cache import WheelCache
 from wasm_kernel.wheels import guest_markers
 
 GUEST_FOLDER = "/usr/local/packages"

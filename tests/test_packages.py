@@ -24,7 +24,7 @@ import psutil
 import pytest
 from conftest import Kernel, ok, plain
 from packaging.tags import platform_tags
-from wheelmaker import make_sdist, make_wheel, symlink_member
+from wheelmaker import declare_size, make_sdist, make_wheel, symlink_member
 
 from wasm_kernel.wheel_cache import WheelCache
 from wasm_kernel.wheels import guest_markers
@@ -77,6 +77,26 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
         extra=(symlink_member("wkt_link_pw", "/etc/passwd"),),
     )
     make_wheel(house, "wkt-bomb", files={"wkt_bomb.py": "", "wkt_bomb.bin": bytes(64 << 20)})
+    # 100 MiB of zeros in members of half a MiB each: a ~112 KiB wheel
+    zeros = {f"wkt_smallbomb/part{index}.bin": bytes(1 << 19) for index in range(200)}
+    make_wheel(house, "wkt-smallbomb", files={"wkt_smallbomb/__init__.py": "", **zeros})
+    lying = make_wheel(
+        house, "wkt-lying", files={"wkt_lying.py": "", "wkt_lying.bin": bytes(1 << 22)}
+    )
+    declare_size(lying, "wkt_lying.bin", 100)  # says 100 bytes, holds 4 MiB
+    make_wheel(house, "wkt-deep", files={"wkt_deep/" + "d/" * 100 + "x.py": ""})
+    # 4,000 files, each in its own chain of 12 folders: 52,000 files and folders to make
+    make_wheel(
+        house,
+        "wkt-inodes",
+        files={f"wkt_inodes/{index}/" + "d/" * 11 + "x.py": "" for index in range(4000)},
+    )
+    # 2,000 folders, each with an empty file: no bytes to speak of, ~16 MiB of disk
+    make_wheel(
+        house,
+        "wkt-folders",
+        files={f"wkt_folders/d{index}/__init__.py": "" for index in range(2000)},
+    )
     make_wheel(
         house, "wkt-needs-hostile", files={"wkt_needs_hostile.py": ""}, requires=("wkt-record",)
     )
@@ -192,6 +212,10 @@ def test_source_distributions_are_never_built(
         ("wkt-absolute", "leaves its folder"),
         ("wkt-link", "link or special file"),
         ("wkt-bomb", "compressed more than"),
+        ("wkt-smallbomb", "compressed more than"),  # no member alone is a bomb
+        ("wkt-lying", "wkt_lying.bin"),  # unpacks to more than it declares
+        ("wkt-deep", "folders deep"),
+        ("wkt-inodes", "files and folders"),
         ("wkt-record", "RECORD does not match"),
         ("wkt-needs-hostile", "RECORD does not match"),  # nothing of it lands either
         ("wkt-collide", "cannot be unpacked"),
@@ -603,3 +627,40 @@ def test_the_wheel_cache_is_trimmed_least_recently_used_first(tmp_path: Path) ->
     assert cache.get(*kept["used"]) is not None and cache.get(*kept["new"]) is not None
     cache.trim(0)
     assert list(tmp_path.glob("??/*/*.whl")) == []
+
+
+def disk_taken(folder: Path) -> int:
+    """Bytes a folder's files and folders take on disk, as ``du`` counts them."""
+    taken = 0
+    for place, folders, files in os.walk(folder):
+        for name in folders + files:
+            taken += os.lstat(os.path.join(place, name)).st_blocks * 512
+    return taken
+
+
+def package_folder(kernel: Kernel, temporary: Path) -> Path:
+    """The host folder of a kernel's %pip packages (named after its process)."""
+    pid = kernel.manager.provisioner.process.pid
+    (folder,) = temporary.glob(f"wasm-kernel-packages-{pid}-*")
+    return folder
+
+
+@pytest.mark.slow
+def test_package_quota_counts_the_disk_files_and_folders_take(
+    start_kernel, wheelhouse: Path, tmp_path: Path
+) -> None:
+    """2,000 empty files in 2,000 folders hold no bytes, but take ~16 MiB of disk: more than
+    a 1 MiB quota."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    quota = 1 << 20
+    kernel = start_kernel(
+        [f"--WasmKernel.packages={wheelhouse}", f"--WasmKernel.packages_quota={quota}"],
+        env={"TMPDIR": str(temporary)},
+    )
+    refused = failed(kernel.execute("%pip install wkt-folders"))
+    assert f"past their quota of {quota:,} bytes" in refused
+    assert "wkt_folders" not in installed_files(kernel)
+    assert disk_taken(package_folder(kernel, temporary)) <= quota
+    ok(kernel.execute("%pip install wkt-dep"))  # what fits still installs
+    assert disk_taken(package_folder(kernel, temporary)) <= quota

@@ -7,8 +7,12 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
+
+from .wheels import PackageError
 
 
 class WheelCache:
@@ -62,9 +66,21 @@ class WheelCache:
         return place
 
 
+def open_regular(path: Path) -> BinaryIO:
+    """A wheel file opened for reading: never through a link, and only a regular file."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise PackageError(f"{path.name} cannot be opened: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise PackageError(f"{path.name} is not a regular file")
+    return os.fdopen(descriptor, "rb")
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as source:
+    with open_regular(path) as source:
         while chunk := source.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()

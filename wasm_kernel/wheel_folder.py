@@ -21,19 +21,16 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
+from . import scratch
+from .wheel_cache import open_regular
 from .wheels import (
     CHUNK,
-    FOLDER,
-    MAX_MEMBERS,
     MAX_METADATA,
-    MAX_RATIO,
-    MAX_WHEEL_BYTES,
-    RATIO_FREE,
-    REGULAR,
     Distribution,
     PackageError,
     Wheel,
-    check_member_name,
+    check_members,
+    footprint,
     parse_metadata,
     record_hash,
     same_version,
@@ -120,81 +117,88 @@ class WheelFolder:
         self.installed.pop(dist.key, None)
 
     def _unpack(self, wheel: Wheel, staging: Path, room: int, user_room: int) -> Distribution:
+        """One wheel into ``staging``: its declared footprint checked against the quotas before
+        anything is written, each member bounded by its declared size, and what the disk
+        really took checked again after."""
         stem = wheel.path.name
-        try:
-            archive = zipfile.ZipFile(wheel.path)
-        except (zipfile.BadZipFile, OSError) as exc:
-            raise PackageError(f"{stem} is not a valid wheel: {exc}") from None
-        with archive:
-            members = self._checked_members(archive, wheel, room, user_room)
-            info_dir = self._info_dir(members, wheel)
-            metadata = parse_metadata(self._read(archive, f"{info_dir}/METADATA"), "METADATA")
-            self._check_metadata(metadata, wheel)
-            self._check_wheel_file(self._read(archive, f"{info_dir}/WHEEL"))
-            record = self._record(self._read(archive, f"{info_dir}/RECORD"))
-            files, size = [], 0
-            for info in members:
-                if info.is_dir():
-                    continue
-                target = self._target(info.filename, info_dir)
-                digest = self._extract(archive, info, staging / target if target else None)
-                size += info.file_size
-                listed = record.pop(info.filename, None)
-                if info.filename != f"{info_dir}/RECORD" and listed != digest:
-                    raise PackageError(
-                        f"{stem}: its RECORD does not match the file {info.filename!r}"
-                        " (a wheel whose RECORD lies is refused)"
-                    )
-                if target:
-                    files.append(target)
-            leftover = [name for name in record if not name.endswith("/")]
-            if leftover:
-                raise PackageError(f"{stem}: its RECORD lists files it lacks: {leftover[:3]}")
+        with open_regular(wheel.path) as source:
+            try:
+                archive = zipfile.ZipFile(source)
+            except (zipfile.BadZipFile, OSError) as exc:
+                raise PackageError(f"{stem} is not a valid wheel: {exc}") from None
+            with archive:
+                members = check_members(archive, stem)
+                info_dir = self._info_dir(members, wheel)
+                installed = {}  # the files it installs, by their declared sizes
+                for info in members:
+                    target = None if info.is_dir() else self._target(info.filename, info_dir)
+                    if target:
+                        installed[target] = info.file_size
+                size = sum(info.file_size for info in members)
+                archive_size = os.fstat(source.fileno()).st_size
+                declared = footprint(installed, size, archive_size, stem)
+                self._check_room(wheel, declared.disk, room, user_room)
+                files, metadata = self._unpack_members(archive, members, info_dir, staging, wheel)
+        taken = scratch.usage(staging)
+        if taken.unmeasured:
+            raise PackageError(
+                f"{stem}: the host could not measure it unpacked: {taken.unmeasured}"
+            )
+        size = max(int(taken), declared.disk)
+        self._check_room(wheel, size, room, user_room)
         return Distribution(
             metadata["Name"], metadata["Version"], metadata, self.location, files, size
         )
 
-    def _checked_members(
-        self, archive: zipfile.ZipFile, wheel: Wheel, room: int, user_room: int
-    ) -> list[zipfile.ZipInfo]:
-        members = archive.infolist()
+    def _unpack_members(
+        self,
+        archive: zipfile.ZipFile,
+        members: list[zipfile.ZipInfo],
+        info_dir: str,
+        staging: Path,
+        wheel: Wheel,
+    ) -> tuple[list[str], Message]:
+        """Write the installed members, every file's hash checked against RECORD: the files
+        written (relative to ``staging``) and the wheel's METADATA."""
         stem = wheel.path.name
-        if len(members) > MAX_MEMBERS:
-            raise PackageError(f"{stem} holds more than {MAX_MEMBERS:,} files")
-        seen, total = set(), 0
+        metadata = parse_metadata(self._read(archive, f"{info_dir}/METADATA"), "METADATA")
+        self._check_metadata(metadata, wheel)
+        self._check_wheel_file(self._read(archive, f"{info_dir}/WHEEL"))
+        record = self._record(self._read(archive, f"{info_dir}/RECORD"))
+        files = []
         for info in members:
-            check_member_name(info.filename, stem)
-            kind = (info.external_attr >> 16) & 0o170000
-            if kind not in (0, REGULAR, FOLDER) or (kind == FOLDER and not info.is_dir()):
-                raise PackageError(f"{stem}: {info.filename!r} is a link or special file")
-            if info.flag_bits & 0x1:
-                raise PackageError(f"{stem}: {info.filename!r} is encrypted")
-            key = info.filename.rstrip("/")
-            if key in seen:
-                raise PackageError(f"{stem}: {info.filename!r} appears twice")
-            seen.add(key)
-            if info.file_size > RATIO_FREE and info.file_size > MAX_RATIO * info.compress_size:
+            if info.is_dir():
+                continue
+            target = self._target(info.filename, info_dir)
+            digest = self._extract(archive, info, staging / target if target else None)
+            listed = record.pop(info.filename, None)
+            if info.filename != f"{info_dir}/RECORD" and listed != digest:
                 raise PackageError(
-                    f"{stem}: {info.filename!r} is compressed more than {MAX_RATIO}:1"
-                    " (a zip bomb is refused)"
+                    f"{stem}: its RECORD does not match the file {info.filename!r}"
+                    " (a wheel whose RECORD lies is refused)"
                 )
-            total += info.file_size
-        if total > MAX_WHEEL_BYTES:
-            raise PackageError(f"{stem} unpacks to more than {MAX_WHEEL_BYTES >> 20} MiB")
-        if total > room:
+            if target:
+                files.append(target)
+        leftover = [name for name in record if not name.endswith("/")]
+        if leftover:
+            raise PackageError(f"{stem}: its RECORD lists files it lacks: {leftover[:3]}")
+        return files, metadata
+
+    def _check_room(self, wheel: Wheel, need: int, room: int, user_room: int) -> None:
+        if need > room:
             raise PackageError(
-                f"installing {wheel.name} {wheel.version} ({total:,} bytes unpacked) would take"
-                f" this kernel's packages past their quota of {self.quota:,} bytes"
-                f" ({self.used:,} used). The quota is --WasmKernel.packages_quota=BYTES."
+                f"installing {wheel.name} {wheel.version} ({need:,} bytes on disk, its files and"
+                f" folders) would take this kernel's packages past their quota of"
+                f" {self.quota:,} bytes ({self.used:,} used). The quota is"
+                " --WasmKernel.packages_quota=BYTES."
             )
-        if total > user_room:
+        if need > user_room:
             raise PackageError(
-                f"installing {wheel.name} {wheel.version} ({total:,} bytes unpacked) would take"
+                f"installing {wheel.name} {wheel.version} ({need:,} bytes on disk) would take"
                 f" the packages of all your running kernels past their per-user quota of"
                 f" {self.user_quota:,} bytes. Stop kernels you no longer use, or ask for a"
                 " larger --WasmKernel.packages_user_quota=BYTES."
             )
-        return members
 
     @staticmethod
     def _info_dir(members: list[zipfile.ZipInfo], wheel: Wheel) -> str:
@@ -262,8 +266,10 @@ class WheelFolder:
 
     @staticmethod
     def _extract(archive: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path | None) -> str:
-        """Write one member (or only read it, if it is not installed); its RECORD hash."""
+        """Write one member (or only read it, if it is not installed); its RECORD hash. No
+        more than its declared size is ever read: that is what the quotas were checked on."""
         digest = hashlib.sha256()
+        left = info.file_size
         try:
             with contextlib.ExitStack() as stack:
                 out = None
@@ -271,7 +277,13 @@ class WheelFolder:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     out = stack.enter_context(open(target, "xb"))  # a file, never replaced
                 member = stack.enter_context(archive.open(info))
-                while chunk := member.read(CHUNK):
+                while chunk := member.read(min(CHUNK, left + 1)):
+                    left -= len(chunk)
+                    if left < 0:
+                        raise PackageError(
+                            f"{info.filename!r} unpacks to more than the {info.file_size:,}"
+                            " bytes the wheel declares for it"
+                        )
                     digest.update(chunk)
                     if out is not None:
                         out.write(chunk)

@@ -12,6 +12,7 @@ refused wheel leaves nothing behind and nothing is ever written outside that fol
 from __future__ import annotations
 
 import base64
+import zipfile
 from dataclasses import dataclass, field
 from email.message import Message
 from email.parser import BytesParser
@@ -26,10 +27,17 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from .scratch import ENTRY_BYTES
+
 MAX_MEMBERS = 20_000  # files in one wheel
+MAX_ENTRIES = 40_000  # files and folders one wheel makes (the largest seen make ~18,000)
+MAX_DEPTH = 32  # folders a member's path goes down (real wheels: up to ~15)
+MAX_PATH_TEXT = 1000  # characters of a member's path (real wheels: up to ~250)
 MAX_WHEEL_BYTES = 256 << 20  # one wheel's unpacked size, whatever the quota
 MAX_RATIO = 200  # a member may unpack to at most this many times its compressed size...
-RATIO_FREE = 1 << 20  # ...once it is past this size
+MAX_WHEEL_RATIO = 100  # ...and the whole wheel to this many times its file (real ones: < 20)...
+RATIO_FREE = 1 << 20  # ...once past this size
+BLOCK = 4096  # a file takes whole blocks of this size on disk
 MAX_METADATA = 4 << 20  # bytes of METADATA, WHEEL or RECORD read
 CHUNK = 1 << 16
 REGULAR, FOLDER = 0o100000, 0o040000
@@ -121,6 +129,11 @@ def record_hash(digest: bytes) -> str:
 
 def check_member_name(name: str, wheel: str) -> None:
     """A member's path inside the wheel, refused unless it is plainly relative and inside."""
+    if len(name) > MAX_PATH_TEXT or name.count("/", 0, len(name) - 1) > MAX_DEPTH:
+        raise PackageError(
+            f"{wheel} holds a file more than {MAX_DEPTH} folders deep or with a path longer"
+            f" than {MAX_PATH_TEXT} characters: {name[:100]!r}..."
+        )
     if (
         not name
         or name.startswith("/")
@@ -166,6 +179,67 @@ class Wheel:
                 " extensions cannot run in the WebAssembly sandbox, only pure-Python wheels"
                 " (py3-none-any)."
             )
+
+
+def check_members(archive: zipfile.ZipFile, stem: str) -> list[zipfile.ZipInfo]:
+    """The wheel's members, each a plain file or folder, named once, not a bomb by itself."""
+    members = archive.infolist()
+    if len(members) > MAX_MEMBERS:
+        raise PackageError(f"{stem} holds more than {MAX_MEMBERS:,} files")
+    seen = set()
+    for info in members:
+        check_member_name(info.filename, stem)
+        kind = (info.external_attr >> 16) & 0o170000
+        if kind not in (0, REGULAR, FOLDER) or (kind == FOLDER and not info.is_dir()):
+            raise PackageError(f"{stem}: {info.filename!r} is a link or special file")
+        if info.flag_bits & 0x1:
+            raise PackageError(f"{stem}: {info.filename!r} is encrypted")
+        key = info.filename.rstrip("/")
+        if key in seen:
+            raise PackageError(f"{stem}: {info.filename!r} appears twice")
+        seen.add(key)
+        if info.file_size > RATIO_FREE and info.file_size > MAX_RATIO * info.compress_size:
+            raise PackageError(
+                f"{stem}: {info.filename!r} is compressed more than {MAX_RATIO}:1"
+                " (a zip bomb is refused)"
+            )
+    return members
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What a wheel says it unpacks to, known before anything is written."""
+
+    size: int  # bytes of all its members
+    disk: int  # what its installed files and folders take on disk
+    entries: int  # its installed files and folders
+
+
+def footprint(files: dict[str, int], size: int, archive_size: int, stem: str) -> Footprint:
+    """``files``: the installed paths and their declared sizes; ``size``: all members'
+    declared bytes; ``archive_size``: the wheel file's. A file costs its whole blocks, at
+    least one entry (``ENTRY_BYTES``); a folder an entry: so 16,000 empty folders count."""
+    if size > MAX_WHEEL_BYTES:
+        raise PackageError(f"{stem} unpacks to more than {MAX_WHEEL_BYTES >> 20} MiB")
+    if size > RATIO_FREE and size > MAX_WHEEL_RATIO * archive_size:
+        raise PackageError(
+            f"{stem} unpacks to {size:,} bytes from {archive_size:,}: it is compressed more"
+            f" than {MAX_WHEEL_RATIO}:1 (a zip bomb is refused)"
+        )
+    folders: set[str] = set()
+    disk = 0
+    for path, length in files.items():
+        disk += max(ENTRY_BYTES, -(-length // BLOCK) * BLOCK)
+        parent = path.rpartition("/")[0]
+        while parent and parent not in folders:  # each path's folders, counted once
+            folders.add(parent)
+            parent = parent.rpartition("/")[0]
+        if len(files) + len(folders) > MAX_ENTRIES:
+            raise PackageError(
+                f"{stem} would make more than {MAX_ENTRIES:,} files and folders, the most"
+                " one package may make"
+            )
+    return Footprint(size, disk + len(folders) * ENTRY_BYTES, len(files) + len(folders))
 
 
 def same_version(text: str, version: Version) -> bool:

@@ -11,13 +11,13 @@ Every wheel is then treated as hostile input: its name, tags, members, METADATA,
 RECORD are checked, and it is unpacked into a fresh staging folder (regular files only, sizes
 and compression ratios bounded, every hash checked against RECORD) before its files move into
 the kernel's package folder, which the guest sees read-only at ``GUEST_FOLDER`` on its
-``sys.path``. Wheels are cached per user by sha256 and shared between kernels.
+``sys.path``. Wheels are cached per user by sha256 and shared between kernels. The user's
+other kernels are measured, and wheels unpacked and moved in, under one per-user lock
+(``package_quota``), so kernels installing at once cannot each take the same room.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import tempfile
 import zipfile
@@ -34,6 +34,7 @@ from .mounts import Mount
 
 if TYPE_CHECKING:
     from packaging.requirements import Requirement
+from .package_quota import others_held, user_lock
 from .pip_answers import Planned, explain, read_plan
 from .pip_driver import Pip, Source, parse_requests, requirement_text
 from .wheel_cache import WheelCache, file_sha256
@@ -312,29 +313,19 @@ class Packages:
                 pip.write_stubs(self._all().values())
                 plan = self._resolve(pip, wanted, upgrade)
                 wheels = self._fetch(pip, plan)
-                others = self._others_held()
-                done = self.folder.install(
-                    wheels, self.folder.user_quota - others - self.folder.used
-                )
-                for wheel in wheels:
-                    if wheel.path.is_relative_to(pip.work):  # downloaded, and it installed
-                        self.cache.put(wheel.path, wheel.sha256)
-                self.cache.trim(self.folder.user_quota - others - self.folder.used)
+                with user_lock(self.cache.folder, cancelled):  # measure, unpack, move in
+                    others = others_held(self.root)
+                    done = self.folder.install(
+                        wheels, self.folder.user_quota - others - self.folder.used
+                    )
+                    for wheel in wheels:
+                        if wheel.path.is_relative_to(pip.work):  # downloaded, and it installed
+                            self.cache.put(wheel.path, wheel.sha256)
+                    self.cache.trim(self.folder.user_quota - others - self.folder.used)
             if done:
                 names = " ".join(f"{dist.name}-{dist.version}" for dist in done)
                 lines.append(f"Successfully installed {names}")
         return "\n".join(lines)
-
-    def _others_held(self) -> int:
-        """Bytes in the package folders of this user's other running kernels."""
-        held = 0
-        for root in kernel_folders.running(kernel_folders.PACKAGES_PREFIX):
-            if root != self.root:
-                for folder, _, files in os.walk(root):
-                    for name in files:
-                        with contextlib.suppress(OSError):
-                            held += os.lstat(os.path.join(folder, name)).st_size
-        return held
 
     def _resolve(self, pip: Pip, wanted: list[str], upgrade: bool) -> list[Planned]:
         report = pip.work / "report.json"

@@ -7,6 +7,7 @@ error, leave the kernel alive and write nothing outside the kernel's package fol
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
@@ -697,3 +698,44 @@ def test_kernels_installing_at_once_share_the_user_quota(start_kernel, tmp_path:
             assert f"per-user quota of {user_quota:,} bytes" in run.content["evalue"]
     taken = sum(disk_taken(package_folder(kernel, temporary)) for kernel in kernels)
     assert taken <= user_quota
+
+
+def running(process: psutil.Process) -> bool:
+    """Whether a process still runs (a zombie has ended: only its parent's wait is missing)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.slow
+def test_pip_dies_with_a_killed_kernel(start_kernel, stalling_index: StallingIndex) -> None:
+    """SIGKILL gives the kernel no time to end pip: pip must end with it, not wait on the
+    index."""
+    env = {
+        "PIP_INDEX_URL": f"http://127.0.0.1:{stalling_index.port}/simple/",
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_EXTRA_INDEX_URL": "",
+        "PIP_FIND_LINKS": "",
+        "PIP_TIMEOUT": "600",
+        "PIP_RETRIES": "0",
+    }
+    kernel = start_kernel(["--WasmKernel.packages=index"], env=env)
+    kernel.client.execute("%pip install wkt-stalled")
+    process = psutil.Process(kernel.manager.provisioner.process.pid)
+    deadline = time.monotonic() + 60
+    while not (pips := process.children(recursive=True)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pips, "pip should be running"
+    while not stalling_index.held and time.monotonic() < deadline:  # pip waits on the index
+        time.sleep(0.1)
+    process.kill()
+    deadline = time.monotonic() + 30  # pip waits 600 s on the index
+    try:
+        while (alive := [pip for pip in pips if running(pip)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert alive == [], f"pip outlived its kernel: {alive}"
+    finally:
+        for pip in pips:
+            with contextlib.suppress(psutil.Error):
+                pip.kill()

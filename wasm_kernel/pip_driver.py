@@ -40,15 +40,26 @@ TARGET_OPTIONS = [
 ]
 MAX_REQUESTS = 100  # requirement strings per %pip command
 MAX_REQUEST_TEXT = 200  # characters per requirement string
-# pip evaluates dependencies' environment markers for the interpreter it runs on; it must
-# evaluate them for the guest (sys_platform "wasi", its Python version), so the boot code
-# replaces the one function its vendored packaging asks.
-PIP_BOOT = (
-    "import json, sys; sys.path += sys.argv[1:3]; markers = json.loads(sys.argv[3]);"
-    " del sys.argv[1:4]; import pip._vendor.packaging.markers as m;"
-    " m.default_environment = lambda: dict(markers);"
-    " from pip._internal.cli.main import main; sys.exit(main())"
-)
+# pip's first lines. pip evaluates dependencies' environment markers for the interpreter it
+# runs on; it must evaluate them for the guest (sys_platform "wasi", its Python version), so
+# they replace the one function its vendored packaging asks. Before that, pip asks Linux to
+# kill it when the kernel dies (PR_SET_PDEATHSIG): a kernel killed with SIGKILL runs no
+# cleanup, and pip, in a session of its own, would wait on a stalled index for minutes. If
+# the kernel died before that took hold, pip has another parent already, and stops.
+PIP_BOOT = """\
+import ctypes, json, os, signal, sys
+kernel, paths, markers = int(sys.argv[1]), sys.argv[2:4], json.loads(sys.argv[4])
+if sys.platform == "linux":
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+if os.getppid() != kernel:
+    sys.exit(1)
+del sys.argv[1:5]
+sys.path += paths
+import pip._vendor.packaging.markers as m
+m.default_environment = lambda: dict(markers)
+from pip._internal.cli.main import main
+sys.exit(main())
+"""
 
 
 class Cancelled(Exception):
@@ -167,6 +178,7 @@ class Pip:
             "-S",
             "-c",
             PIP_BOOT,
+            str(os.getpid()),
             str(self.stubs),
             str(self.pip_home),
             json.dumps(self.markers),
@@ -181,7 +193,10 @@ class Pip:
                 stdout=subprocess.DEVNULL,
                 stderr=errors,
                 env=environment,
-                start_new_session=True,  # an interrupt ends pip and anything it started
+                # an interrupt ends pip and anything it started; pip's death signal fires
+                # when the thread that started it ends (the guest thread, which lives as long
+                # as the kernel and waits here meanwhile)
+                start_new_session=True,
             )
             try:
                 while process.poll() is None:

@@ -78,7 +78,7 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
         extra=(symlink_member("wkt_link_pw", "/etc/passwd"),),
     )
     make_wheel(house, "wkt-bomb", files={"wkt_bomb.py": "", "wkt_bomb.bin": bytes(64 << 20)})
-    # 100 MiB of zeros in members of half a MiB each: a ~112 KiB wheel
+    # 100 MiB of zeros in members of half a MiB each: a 128 KiB wheel
     zeros = {f"wkt_smallbomb/part{index}.bin": bytes(1 << 19) for index in range(200)}
     make_wheel(house, "wkt-smallbomb", files={"wkt_smallbomb/__init__.py": "", **zeros})
     lying = make_wheel(
@@ -92,7 +92,7 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "wkt-inodes",
         files={f"wkt_inodes/{index}/" + "d/" * 11 + "x.py": "" for index in range(4000)},
     )
-    # 2,000 folders, each with an empty file: no bytes to speak of, ~16 MiB of disk
+    # 2,000 folders, each with an empty file: no bytes to speak of, 8 MiB of disk
     make_wheel(
         house,
         "wkt-folders",
@@ -650,7 +650,7 @@ def package_folder(kernel: Kernel, temporary: Path) -> Path:
 def test_package_quota_counts_the_disk_files_and_folders_take(
     start_kernel, wheelhouse: Path, tmp_path: Path
 ) -> None:
-    """2,000 empty files in 2,000 folders hold no bytes, but take ~16 MiB of disk: more than
+    """2,000 empty files in 2,000 folders hold no bytes, but take 8 MiB of disk: more than
     a 1 MiB quota."""
     temporary = tmp_path / "tmp"
     temporary.mkdir()

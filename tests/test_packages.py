@@ -27,8 +27,9 @@ from conftest import Kernel, ok, plain
 from packaging.tags import platform_tags
 from wheelmaker import declare_size, make_sdist, make_wheel, symlink_member
 
+from wasm_kernel.package_quota import LOCK_NAME, user_lock
 from wasm_kernel.wheel_cache import WheelCache
-from wasm_kernel.wheels import guest_markers
+from wasm_kernel.wheels import PackageError, guest_markers
 
 GUEST_FOLDER = "/usr/local/packages"
 RUN = uuid.uuid4().hex[:8]  # wheels are cached per user by sha256: fresh content per run
@@ -612,6 +613,48 @@ def test_a_users_kernels_share_one_package_quota(
     assert "wkt_big.bin" in installed_files(second)
 
 
+@pytest.mark.nokernel
+def test_the_package_lock_follows_no_link_and_excludes(tmp_path: Path) -> None:
+    """A link planted where the lock goes is refused, its target untouched; while one holder
+    has the lock, another waits (until its interrupt)."""
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    (tmp_path / LOCK_NAME).symlink_to(target)
+    with pytest.raises(PackageError, match="cannot be opened"), user_lock(tmp_path, no_wait):
+        pass
+    assert target.read_text() == "keep"
+    (tmp_path / LOCK_NAME).unlink()
+    with user_lock(tmp_path, no_wait):
+        child = subprocess.run(
+            [sys.executable, "-c", WAIT_FOR_LOCK, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert child.stdout.strip() == "interrupted while waiting", child.stderr
+    with user_lock(tmp_path, no_wait):  # released
+        pass
+
+
+def no_wait(seconds: float) -> bool:
+    return False
+
+
+WAIT_FOR_LOCK = """\
+import sys
+from pathlib import Path
+from wasm_kernel.package_quota import user_lock
+from wasm_kernel.pip_driver import Cancelled
+tries = []
+try:
+    with user_lock(Path(sys.argv[1]), lambda seconds: tries.append(1) or len(tries) > 3):
+        print("took the lock")
+except Cancelled:
+    print("interrupted while waiting")
+"""
+
+
+@pytest.mark.nokernel
 def test_the_wheel_cache_is_trimmed_least_recently_used_first(tmp_path: Path) -> None:
     cache = WheelCache(tmp_path)
     kept = {}

@@ -30,7 +30,7 @@ from .wheels import (
     PackageError,
     Wheel,
     check_members,
-    footprint,
+    declared_disk,
     parse_metadata,
     record_hash,
     same_version,
@@ -117,7 +117,7 @@ class WheelFolder:
         self.installed.pop(dist.key, None)
 
     def _unpack(self, wheel: Wheel, staging: Path, room: int, user_room: int) -> Distribution:
-        """One wheel into ``staging``: its declared footprint checked against the quotas before
+        """One wheel into ``staging``: the disk it declares checked against the quotas before
         anything is written, each member bounded by its declared size, and what the disk
         really took checked again after."""
         stem = wheel.path.name
@@ -136,18 +136,18 @@ class WheelFolder:
                         installed[target] = info.file_size
                 size = sum(info.file_size for info in members)
                 archive_size = os.fstat(source.fileno()).st_size
-                declared = footprint(installed, size, archive_size, stem)
-                self._check_room(wheel, declared.disk, room, user_room)
+                declared = declared_disk(installed, size, archive_size, stem)
+                self._check_room(wheel, declared, room, user_room)
                 files, metadata = self._unpack_members(archive, members, info_dir, staging, wheel)
         taken = scratch.usage(staging)
         if taken.unmeasured:
             raise PackageError(
                 f"{stem}: the host could not measure it unpacked: {taken.unmeasured}"
             )
-        size = max(int(taken), declared.disk)
-        self._check_room(wheel, size, room, user_room)
+        disk = max(int(taken), declared)
+        self._check_room(wheel, disk, room, user_room)
         return Distribution(
-            metadata["Name"], metadata["Version"], metadata, self.location, files, size
+            metadata["Name"], metadata["Version"], metadata, self.location, files, disk
         )
 
     def _unpack_members(

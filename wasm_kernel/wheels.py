@@ -56,7 +56,7 @@ class Distribution:
     metadata: Message
     location: str  # as the guest sees it
     files: list[str] = field(default_factory=list)  # installed ones, relative to the folder
-    size: int = 0
+    size: int = 0  # disk bytes its files and folders take (installed ones), for the quotas
 
     @property
     def key(self) -> NormalizedName:
@@ -206,19 +206,12 @@ def check_members(archive: zipfile.ZipFile, stem: str) -> list[zipfile.ZipInfo]:
     return members
 
 
-@dataclass(frozen=True)
-class Footprint:
-    """What a wheel says it unpacks to, known before anything is written."""
-
-    size: int  # bytes of all its members
-    disk: int  # what its installed files and folders take on disk
-    entries: int  # its installed files and folders
-
-
-def footprint(files: dict[str, int], size: int, archive_size: int, stem: str) -> Footprint:
-    """``files``: the installed paths and their declared sizes; ``size``: all members'
-    declared bytes; ``archive_size``: the wheel file's. A file costs its whole blocks, at
-    least one entry (``ENTRY_BYTES``); a folder an entry: so 16,000 empty folders count."""
+def declared_disk(files: dict[str, int], size: int, archive_size: int, stem: str) -> int:
+    """The disk a wheel's installed files and folders will take, from what it declares,
+    before anything is written; refused past the wheel-wide limits. ``files``: the installed
+    paths and their declared sizes; ``size``: all members' declared bytes; ``archive_size``:
+    the wheel file's. A file costs its whole blocks and at least an entry (``ENTRY_BYTES``),
+    a folder an entry: so 16,000 empty folders count."""
     if size > MAX_WHEEL_BYTES:
         raise PackageError(f"{stem} unpacks to more than {MAX_WHEEL_BYTES >> 20} MiB")
     if size > RATIO_FREE and size > MAX_WHEEL_RATIO * archive_size:
@@ -239,7 +232,7 @@ def footprint(files: dict[str, int], size: int, archive_size: int, stem: str) ->
                 f"{stem} would make more than {MAX_ENTRIES:,} files and folders, the most"
                 " one package may make"
             )
-    return Footprint(size, disk + len(folders) * ENTRY_BYTES, len(files) + len(folders))
+    return disk + len(folders) * ENTRY_BYTES
 
 
 def same_version(text: str, version: Version) -> bool:

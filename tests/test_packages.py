@@ -7,6 +7,7 @@ error, leave the kernel alive and write nothing outside the kernel's package fol
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
@@ -24,10 +25,11 @@ import psutil
 import pytest
 from conftest import Kernel, ok, plain
 from packaging.tags import platform_tags
-from wheelmaker import make_sdist, make_wheel, symlink_member
+from wheelmaker import declare_size, make_sdist, make_wheel, symlink_member
 
-from wasm_kernel.packages import WheelCache
-from wasm_kernel.wheels import guest_markers
+from wasm_kernel.package_quota import LOCK_NAME, user_lock
+from wasm_kernel.wheel_cache import WheelCache
+from wasm_kernel.wheels import PackageError, guest_markers
 
 GUEST_FOLDER = "/usr/local/packages"
 RUN = uuid.uuid4().hex[:8]  # wheels are cached per user by sha256: fresh content per run
@@ -77,6 +79,26 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
         extra=(symlink_member("wkt_link_pw", "/etc/passwd"),),
     )
     make_wheel(house, "wkt-bomb", files={"wkt_bomb.py": "", "wkt_bomb.bin": bytes(64 << 20)})
+    # 100 MiB of zeros in members of half a MiB each: a 128 KiB wheel
+    zeros = {f"wkt_smallbomb/part{index}.bin": bytes(1 << 19) for index in range(200)}
+    make_wheel(house, "wkt-smallbomb", files={"wkt_smallbomb/__init__.py": "", **zeros})
+    lying = make_wheel(
+        house, "wkt-lying", files={"wkt_lying.py": "", "wkt_lying.bin": bytes(1 << 22)}
+    )
+    declare_size(lying, "wkt_lying.bin", 100)  # says 100 bytes, holds 4 MiB
+    make_wheel(house, "wkt-deep", files={"wkt_deep/" + "d/" * 100 + "x.py": ""})
+    # 4,000 files, each in its own chain of 12 folders: 52,000 files and folders to make
+    make_wheel(
+        house,
+        "wkt-inodes",
+        files={f"wkt_inodes/{index}/" + "d/" * 11 + "x.py": "" for index in range(4000)},
+    )
+    # 2,000 folders, each with an empty file: no bytes to speak of, 8 MiB of disk
+    make_wheel(
+        house,
+        "wkt-folders",
+        files={f"wkt_folders/d{index}/__init__.py": "" for index in range(2000)},
+    )
     make_wheel(
         house, "wkt-needs-hostile", files={"wkt_needs_hostile.py": ""}, requires=("wkt-record",)
     )
@@ -192,6 +214,10 @@ def test_source_distributions_are_never_built(
         ("wkt-absolute", "leaves its folder"),
         ("wkt-link", "link or special file"),
         ("wkt-bomb", "compressed more than"),
+        ("wkt-smallbomb", "compressed more than"),  # no member alone is a bomb
+        ("wkt-lying", "wkt_lying.bin"),  # unpacks to more than it declares
+        ("wkt-deep", "folders deep"),
+        ("wkt-inodes", "files and folders"),
         ("wkt-record", "RECORD does not match"),
         ("wkt-needs-hostile", "RECORD does not match"),  # nothing of it lands either
         ("wkt-collide", "cannot be unpacked"),
@@ -587,6 +613,48 @@ def test_a_users_kernels_share_one_package_quota(
     assert "wkt_big.bin" in installed_files(second)
 
 
+@pytest.mark.nokernel
+def test_the_package_lock_follows_no_link_and_excludes(tmp_path: Path) -> None:
+    """A link planted where the lock goes is refused, its target untouched; while one holder
+    has the lock, another waits (until its interrupt)."""
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    (tmp_path / LOCK_NAME).symlink_to(target)
+    with pytest.raises(PackageError, match="cannot be opened"), user_lock(tmp_path, no_wait):
+        pass
+    assert target.read_text() == "keep"
+    (tmp_path / LOCK_NAME).unlink()
+    with user_lock(tmp_path, no_wait):
+        child = subprocess.run(
+            [sys.executable, "-c", WAIT_FOR_LOCK, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert child.stdout.strip() == "interrupted while waiting", child.stderr
+    with user_lock(tmp_path, no_wait):  # released
+        pass
+
+
+def no_wait(seconds: float) -> bool:
+    return False
+
+
+WAIT_FOR_LOCK = """\
+import sys
+from pathlib import Path
+from wasm_kernel.package_quota import user_lock
+from wasm_kernel.pip_driver import Cancelled
+tries = []
+try:
+    with user_lock(Path(sys.argv[1]), lambda seconds: tries.append(1) or len(tries) > 3):
+        print("took the lock")
+except Cancelled:
+    print("interrupted while waiting")
+"""
+
+
+@pytest.mark.nokernel
 def test_the_wheel_cache_is_trimmed_least_recently_used_first(tmp_path: Path) -> None:
     cache = WheelCache(tmp_path)
     kept = {}
@@ -603,3 +671,114 @@ def test_the_wheel_cache_is_trimmed_least_recently_used_first(tmp_path: Path) ->
     assert cache.get(*kept["used"]) is not None and cache.get(*kept["new"]) is not None
     cache.trim(0)
     assert list(tmp_path.glob("??/*/*.whl")) == []
+
+
+def disk_taken(folder: Path) -> int:
+    """Bytes a folder's files and folders take on disk, as ``du`` counts them."""
+    taken = 0
+    for place, folders, files in os.walk(folder):
+        for name in folders + files:
+            taken += os.lstat(os.path.join(place, name)).st_blocks * 512
+    return taken
+
+
+def package_folder(kernel: Kernel, temporary: Path) -> Path:
+    """The host folder of a kernel's %pip packages (named after its process)."""
+    pid = kernel.manager.provisioner.process.pid
+    (folder,) = temporary.glob(f"wasm-kernel-packages-{pid}-*")
+    return folder
+
+
+@pytest.mark.slow
+def test_package_quota_counts_the_disk_files_and_folders_take(
+    start_kernel, wheelhouse: Path, tmp_path: Path
+) -> None:
+    """2,000 empty files in 2,000 folders hold no bytes, but take 8 MiB of disk: more than
+    a 1 MiB quota."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    quota = 1 << 20
+    kernel = start_kernel(
+        [f"--WasmKernel.packages={wheelhouse}", f"--WasmKernel.packages_quota={quota}"],
+        env={"TMPDIR": str(temporary)},
+    )
+    refused = failed(kernel.execute("%pip install wkt-folders"))
+    assert f"past their quota of {quota:,} bytes" in refused
+    assert "wkt_folders" not in installed_files(kernel)
+    assert disk_taken(package_folder(kernel, temporary)) <= quota
+    ok(kernel.execute("%pip install wkt-dep"))  # what fits still installs
+    assert disk_taken(package_folder(kernel, temporary)) <= quota
+
+
+@pytest.mark.slow
+def test_kernels_installing_at_once_share_the_user_quota(start_kernel, tmp_path: Path) -> None:
+    """Three kernels ask for a 160 MiB package at the same moment under a per-user quota that
+    holds one: exactly one gets it. (The package is large so that unpacking it takes longer
+    than the spread between the three pip runs: the old race window.)"""
+    from wasm_kernel.cache import default_cache_dir
+
+    house = tmp_path / "house"
+    house.mkdir()
+    parts = {f"wkt_large/part{index}.bin": os.urandom(1 << 20) for index in range(160)}
+    make_wheel(house, "wkt-large", files=parts, compression=zipfile.ZIP_STORED)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    environment = {
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),  # the user's folder of shared package state
+        "WASM_KERNEL_CACHE_DIR": str(default_cache_dir()),
+        "TMPDIR": str(temporary),  # no other kernel of this user counts against the quota
+    }
+    user_quota = (2 * 160 - 1) << 20  # one fits; two miss by a MiB, so a measurement taken
+    # before the other kernel has finished unpacking lets a second in
+    settings = [f"--WasmKernel.packages={house}", f"--WasmKernel.packages_user_quota={user_quota}"]
+    kernels = [start_kernel(settings, env=environment) for _ in range(3)]
+    requests = [kernel.client.execute("%pip install wkt-large") for kernel in kernels]
+    runs = [kernel.collect(msg_id) for kernel, msg_id in zip(kernels, requests, strict=True)]
+    installed = [run for run in runs if run.content["status"] == "ok"]
+    assert len(installed) == 1, [run.content.get("evalue") for run in runs]
+    for run in runs:
+        if run.content["status"] != "ok":
+            assert f"per-user quota of {user_quota:,} bytes" in run.content["evalue"]
+    taken = sum(disk_taken(package_folder(kernel, temporary)) for kernel in kernels)
+    assert taken <= user_quota
+
+
+def running(process: psutil.Process) -> bool:
+    """Whether a process still runs (a zombie has ended: only its parent's wait is missing)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.slow
+def test_pip_dies_with_a_killed_kernel(start_kernel, stalling_index: StallingIndex) -> None:
+    """SIGKILL gives the kernel no time to end pip: pip must end with it, not wait on the
+    index."""
+    env = {
+        "PIP_INDEX_URL": f"http://127.0.0.1:{stalling_index.port}/simple/",
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_EXTRA_INDEX_URL": "",
+        "PIP_FIND_LINKS": "",
+        "PIP_TIMEOUT": "600",
+        "PIP_RETRIES": "0",
+    }
+    kernel = start_kernel(["--WasmKernel.packages=index"], env=env)
+    kernel.client.execute("%pip install wkt-stalled")
+    process = psutil.Process(kernel.manager.provisioner.process.pid)
+    deadline = time.monotonic() + 60
+    while not (pips := process.children(recursive=True)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pips, "pip should be running"
+    while not stalling_index.held and time.monotonic() < deadline:  # pip waits on the index
+        time.sleep(0.1)
+    process.kill()
+    deadline = time.monotonic() + 30  # pip waits 600 s on the index
+    try:
+        while (alive := [pip for pip in pips if running(pip)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert alive == [], f"pip outlived its kernel: {alive}"
+    finally:
+        for pip in pips:
+            with contextlib.suppress(psutil.Error):
+                pip.kill()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import struct
 import tarfile
 import zipfile
 from pathlib import Path
@@ -27,6 +28,7 @@ def make_wheel(
     lie_in_record: bool = False,
     wheel_version: str = "1.0",
     extra: tuple[tuple[zipfile.ZipInfo, bytes], ...] = (),
+    compression: int = zipfile.ZIP_DEFLATED,
 ) -> Path:
     """A wheel as build backends write it: METADATA, WHEEL and a RECORD of every file."""
     dist = f"{name.replace('-', '_')}-{version}"
@@ -51,7 +53,7 @@ def make_wheel(
         rows[0] = rows[0].replace(rows[0].split(",")[1], _record_hash(b"something else"))
     members[f"{info}/RECORD"] = ("\n".join([*rows, f"{info}/RECORD,,"]) + "\n").encode()
     path = folder / f"{dist}-{tag}.whl"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+    with zipfile.ZipFile(path, "w", compression) as archive:
         for member, data in members.items():
             archive.writestr(member, data)
         for item, data in extra:
@@ -63,6 +65,21 @@ def symlink_member(name: str, target: str) -> tuple[zipfile.ZipInfo, bytes]:
     item = zipfile.ZipInfo(name)
     item.external_attr = 0o120777 << 16
     return item, target.encode()
+
+
+def declare_size(wheel: Path, member: str, size: int) -> None:
+    """Make the wheel's central directory declare ``size`` bytes for ``member``, whatever its
+    data holds: a wheel that lies about how much it unpacks to."""
+    data = bytearray(wheel.read_bytes())
+    with zipfile.ZipFile(wheel) as archive:
+        names = [info.filename for info in archive.infolist()]
+    entry = data.index(b"PK\x01\x02")  # the first central directory record
+    for name in names:
+        if name == member:
+            data[entry + 24 : entry + 28] = struct.pack("<I", size)
+        name_length, extra_length, comment_length = struct.unpack_from("<HHH", data, entry + 28)
+        entry += 46 + name_length + extra_length + comment_length
+    wheel.write_bytes(bytes(data))
 
 
 def make_sdist(folder: Path, name: str, setup_py: str) -> None:

@@ -17,9 +17,11 @@ import platformdirs
 from .guest.modules import _wasm_kernel_contract as declared
 from .interrupts import Interrupts
 from .mounts import SCRATCH, Mount, MountError, guest_cwd, holds_home, parse_mounts
-from .packages import GUEST_FOLDER, INDEX, OFF, Cancelled, Packages, Source, WheelCache
+from .packages import GUEST_FOLDER, INDEX, OFF, Packages
+from .pip_driver import Cancelled, Source
 from .runtime import DEFAULT_RUNTIME, Runtime, RuntimeUnavailable, load_runtime
 from .settings import ENV_PREFIX, config_source
+from .wheel_cache import WheelCache
 from .wheels import PackageError
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,8 @@ from .image_folder import ImageFolder
 from .kernel_settings import SESSION_ENV
 from .limits import Limits
 from .mounts import SCRATCH, Mount
-from .packages import Cancelled, Packages
+from .packages import Packages
+from .pip_driver import Cancelled
 from .wheels import PackageError
 
 if TYPE_CHECKING:

@@ -12,14 +12,6 @@ refused wheel leaves nothing behind and nothing is ever written outside that fol
 from __future__ import annotations
 
 import base64
-import contextlib
-import csv
-import hashlib
-import io
-import os
-import re
-import shutil
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from email.message import Message
@@ -35,10 +27,17 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from .scratch import ENTRY_BYTES
+
 MAX_MEMBERS = 20_000  # files in one wheel
+MAX_ENTRIES = 40_000  # files and folders one wheel makes (the largest seen make ~18,000)
+MAX_DEPTH = 32  # folders a member's path goes down (real wheels: up to ~15)
+MAX_PATH_TEXT = 1000  # characters of a member's path (real wheels: up to ~250)
 MAX_WHEEL_BYTES = 256 << 20  # one wheel's unpacked size, whatever the quota
 MAX_RATIO = 200  # a member may unpack to at most this many times its compressed size...
-RATIO_FREE = 1 << 20  # ...once it is past this size
+MAX_WHEEL_RATIO = 100  # ...and the whole wheel to this many times its file (real ones: < 20)...
+RATIO_FREE = 1 << 20  # ...once past this size
+BLOCK = 4096  # a file takes whole blocks of this size on disk
 MAX_METADATA = 4 << 20  # bytes of METADATA, WHEEL or RECORD read
 CHUNK = 1 << 16
 REGULAR, FOLDER = 0o100000, 0o040000
@@ -57,7 +56,7 @@ class Distribution:
     metadata: Message
     location: str  # as the guest sees it
     files: list[str] = field(default_factory=list)  # installed ones, relative to the folder
-    size: int = 0
+    size: int = 0  # disk bytes its files and folders take (installed ones), for the quotas
 
     @property
     def key(self) -> NormalizedName:
@@ -124,12 +123,17 @@ def runs_on_guest(tags: frozenset[Tag]) -> bool:
     )
 
 
-def _record_hash(digest: bytes) -> str:
+def record_hash(digest: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
-def _check_member_name(name: str, wheel: str) -> None:
+def check_member_name(name: str, wheel: str) -> None:
     """A member's path inside the wheel, refused unless it is plainly relative and inside."""
+    if len(name) > MAX_PATH_TEXT or name.count("/", 0, len(name) - 1) > MAX_DEPTH:
+        raise PackageError(
+            f"{wheel} holds a file more than {MAX_DEPTH} folders deep or with a path longer"
+            f" than {MAX_PATH_TEXT} characters: {name[:100]!r}..."
+        )
     if (
         not name
         or name.startswith("/")
@@ -177,249 +181,61 @@ class Wheel:
             )
 
 
-class WheelFolder:
-    """This kernel's package folder: what is installed, and the quota it must stay within."""
+def check_members(archive: zipfile.ZipFile, stem: str) -> list[zipfile.ZipInfo]:
+    """The wheel's members, each a plain file or folder, named once, not a bomb by itself."""
+    members = archive.infolist()
+    if len(members) > MAX_MEMBERS:
+        raise PackageError(f"{stem} holds more than {MAX_MEMBERS:,} files")
+    seen = set()
+    for info in members:
+        check_member_name(info.filename, stem)
+        kind = (info.external_attr >> 16) & 0o170000
+        if kind not in (0, REGULAR, FOLDER) or (kind == FOLDER and not info.is_dir()):
+            raise PackageError(f"{stem}: {info.filename!r} is a link or special file")
+        if info.flag_bits & 0x1:
+            raise PackageError(f"{stem}: {info.filename!r} is encrypted")
+        key = info.filename.rstrip("/")
+        if key in seen:
+            raise PackageError(f"{stem}: {info.filename!r} appears twice")
+        seen.add(key)
+        if info.file_size > RATIO_FREE and info.file_size > MAX_RATIO * info.compress_size:
+            raise PackageError(
+                f"{stem}: {info.filename!r} is compressed more than {MAX_RATIO}:1"
+                " (a zip bomb is refused)"
+            )
+    return members
 
-    def __init__(self, root: Path, quota: int, location: str, user_quota: int):
-        self.root = root
-        self.location = location  # the site folder's guest path
-        self.site = root / "site"  # the folder the guest sees
-        self.site.mkdir()
-        self.quota = quota
-        self.user_quota = user_quota  # all of the user's kernels' package folders together
-        self.installed: dict[str, Distribution] = {}
 
-    @property
-    def used(self) -> int:
-        return sum(dist.size for dist in self.installed.values())
-
-    def owner(self, top: str) -> Distribution | None:
-        for dist in self.installed.values():
-            if top in dist.tops:
-                return dist
-        return None
-
-    def install(self, wheels: list[Wheel], user_room: int) -> list[Distribution]:
-        """Unpack each wheel into a staging folder and check it; only when all pass do they
-        move in (replacing their earlier versions), so a refused one leaves nothing installed.
-        ``user_room``: bytes the user's quota leaves for this folder to grow by."""
-        staging = Path(tempfile.mkdtemp(prefix="staging-", dir=self.root))
-        try:
-            staged: list[tuple[Distribution, Path]] = []
-            room = self.quota - self.used
-            for index, wheel in enumerate(wheels):
-                wheel.check_tags()
-                replacing = self.installed.get(wheel.name)
-                room += replacing.size if replacing else 0
-                user_room += replacing.size if replacing else 0
-                folder = staging / str(index)
-                folder.mkdir()
-                dist = self._unpack(wheel, folder, room, user_room)
-                room -= dist.size
-                user_room -= dist.size
-                staged.append((dist, folder))
-            self._check_owners([dist for dist, _ in staged])
-            for dist, folder in staged:
-                replacing = self.installed.get(dist.key)
-                if replacing is not None:
-                    self.remove(replacing)
-                for top in sorted(dist.tops):
-                    os.rename(folder / top, self.site / top)
-                self.installed[dist.key] = dist
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        return [dist for dist, _ in staged]
-
-    def _check_owners(self, incoming: list[Distribution]) -> None:
-        """No file or folder may belong to two packages, installed or incoming."""
-        replaced = {dist.key for dist in incoming}
-        claimed: dict[str, Distribution] = {}
-        for dist in incoming:
-            for top in sorted(dist.tops):
-                owner = claimed.get(top)
-                installed = self.owner(top)
-                if owner is None and installed is not None and installed.key not in replaced:
-                    owner = installed
-                if owner is not None and owner is not dist:
-                    raise PackageError(
-                        f"{dist.name} {dist.version} would overwrite {top!r}, which belongs to"
-                        f" {owner.name} {owner.version}"
-                    )
-                claimed[top] = dist
-
-    def remove(self, dist: Distribution) -> None:
-        for top in dist.tops:
-            target = self.site / top
-            if target.is_dir():
-                shutil.rmtree(target)
-            else:
-                target.unlink(missing_ok=True)
-        self.installed.pop(dist.key, None)
-
-    def _unpack(self, wheel: Wheel, staging: Path, room: int, user_room: int) -> Distribution:
-        stem = wheel.path.name
-        try:
-            archive = zipfile.ZipFile(wheel.path)
-        except (zipfile.BadZipFile, OSError) as exc:
-            raise PackageError(f"{stem} is not a valid wheel: {exc}") from None
-        with archive:
-            members = self._checked_members(archive, wheel, room, user_room)
-            info_dir = self._info_dir(members, wheel)
-            metadata = parse_metadata(self._read(archive, f"{info_dir}/METADATA"), "METADATA")
-            self._check_metadata(metadata, wheel)
-            self._check_wheel_file(self._read(archive, f"{info_dir}/WHEEL"))
-            record = self._record(self._read(archive, f"{info_dir}/RECORD"))
-            files, size = [], 0
-            for info in members:
-                if info.is_dir():
-                    continue
-                target = self._target(info.filename, info_dir)
-                digest = self._extract(archive, info, staging / target if target else None)
-                size += info.file_size
-                listed = record.pop(info.filename, None)
-                if info.filename != f"{info_dir}/RECORD" and listed != digest:
-                    raise PackageError(
-                        f"{stem}: its RECORD does not match the file {info.filename!r}"
-                        " (a wheel whose RECORD lies is refused)"
-                    )
-                if target:
-                    files.append(target)
-            leftover = [name for name in record if not name.endswith("/")]
-            if leftover:
-                raise PackageError(f"{stem}: its RECORD lists files it lacks: {leftover[:3]}")
-        return Distribution(
-            metadata["Name"], metadata["Version"], metadata, self.location, files, size
+def declared_disk(files: dict[str, int], size: int, archive_size: int, stem: str) -> int:
+    """The disk a wheel's installed files and folders will take, from what it declares,
+    before anything is written; refused past the wheel-wide limits. ``files``: the installed
+    paths and their declared sizes; ``size``: all members' declared bytes; ``archive_size``:
+    the wheel file's. A file costs its whole blocks and at least an entry (``ENTRY_BYTES``),
+    a folder an entry: so 16,000 empty folders count."""
+    if size > MAX_WHEEL_BYTES:
+        raise PackageError(f"{stem} unpacks to more than {MAX_WHEEL_BYTES >> 20} MiB")
+    if size > RATIO_FREE and size > MAX_WHEEL_RATIO * archive_size:
+        raise PackageError(
+            f"{stem} unpacks to {size:,} bytes from {archive_size:,}: it is compressed more"
+            f" than {MAX_WHEEL_RATIO}:1 (a zip bomb is refused)"
         )
-
-    def _checked_members(
-        self, archive: zipfile.ZipFile, wheel: Wheel, room: int, user_room: int
-    ) -> list[zipfile.ZipInfo]:
-        members = archive.infolist()
-        stem = wheel.path.name
-        if len(members) > MAX_MEMBERS:
-            raise PackageError(f"{stem} holds more than {MAX_MEMBERS:,} files")
-        seen, total = set(), 0
-        for info in members:
-            _check_member_name(info.filename, stem)
-            kind = (info.external_attr >> 16) & 0o170000
-            if kind not in (0, REGULAR, FOLDER) or (kind == FOLDER and not info.is_dir()):
-                raise PackageError(f"{stem}: {info.filename!r} is a link or special file")
-            if info.flag_bits & 0x1:
-                raise PackageError(f"{stem}: {info.filename!r} is encrypted")
-            key = info.filename.rstrip("/")
-            if key in seen:
-                raise PackageError(f"{stem}: {info.filename!r} appears twice")
-            seen.add(key)
-            if info.file_size > RATIO_FREE and info.file_size > MAX_RATIO * info.compress_size:
-                raise PackageError(
-                    f"{stem}: {info.filename!r} is compressed more than {MAX_RATIO}:1"
-                    " (a zip bomb is refused)"
-                )
-            total += info.file_size
-        if total > MAX_WHEEL_BYTES:
-            raise PackageError(f"{stem} unpacks to more than {MAX_WHEEL_BYTES >> 20} MiB")
-        if total > room:
+    folders: set[str] = set()
+    disk = 0
+    for path, length in files.items():
+        disk += max(ENTRY_BYTES, -(-length // BLOCK) * BLOCK)
+        parent = path.rpartition("/")[0]
+        while parent and parent not in folders:  # each path's folders, counted once
+            folders.add(parent)
+            parent = parent.rpartition("/")[0]
+        if len(files) + len(folders) > MAX_ENTRIES:
             raise PackageError(
-                f"installing {wheel.name} {wheel.version} ({total:,} bytes unpacked) would take"
-                f" this kernel's packages past their quota of {self.quota:,} bytes"
-                f" ({self.used:,} used). The quota is --WasmKernel.packages_quota=BYTES."
+                f"{stem} would make more than {MAX_ENTRIES:,} files and folders, the most"
+                " one package may make"
             )
-        if total > user_room:
-            raise PackageError(
-                f"installing {wheel.name} {wheel.version} ({total:,} bytes unpacked) would take"
-                f" the packages of all your running kernels past their per-user quota of"
-                f" {self.user_quota:,} bytes. Stop kernels you no longer use, or ask for a"
-                " larger --WasmKernel.packages_user_quota=BYTES."
-            )
-        return members
-
-    @staticmethod
-    def _info_dir(members: list[zipfile.ZipInfo], wheel: Wheel) -> str:
-        tops = {info.filename.split("/", 1)[0] for info in members if "/" in info.filename}
-        info_dirs = [top for top in tops if top.endswith(".dist-info")]
-        if len(info_dirs) != 1:
-            raise PackageError(f"{wheel.path.name} must hold exactly one .dist-info folder")
-        name, _, version = info_dirs[0][: -len(".dist-info")].rpartition("-")
-        if canonicalize_name(name) != wheel.name or not _same_version(version, wheel.version):
-            raise PackageError(f"{wheel.path.name}: its metadata folder is {info_dirs[0]!r}")
-        return info_dirs[0]
-
-    @staticmethod
-    def _read(archive: zipfile.ZipFile, name: str) -> bytes:
-        try:
-            info = archive.getinfo(name)
-        except KeyError:
-            raise PackageError(f"the wheel has no {name}") from None
-        if info.file_size > MAX_METADATA:
-            raise PackageError(f"{name} is larger than {MAX_METADATA >> 20} MiB")
-        with archive.open(info) as member:
-            return member.read(MAX_METADATA + 1)
-
-    @staticmethod
-    def _check_metadata(metadata: Message, wheel: Wheel) -> None:
-        name, version = metadata["Name"], metadata["Version"]
-        if not name or not version:
-            raise PackageError(f"{wheel.path.name}: METADATA lacks Name or Version")
-        if canonicalize_name(str(name)) != wheel.name or not _same_version(version, wheel.version):
-            raise PackageError(
-                f"{wheel.path.name}: its METADATA names {str(name)[:100]!r}"
-                f" {str(version)[:100]!r}, not the wheel's own name and version"
-            )
-
-    @staticmethod
-    def _check_wheel_file(data: bytes) -> None:
-        wheel_file = parse_metadata(data, "WHEEL")
-        version = str(wheel_file["Wheel-Version"] or "")
-        if not re.fullmatch(r"1\.\d+", version.strip()):
-            raise PackageError(f"WHEEL gives Wheel-Version {version[:40]!r}; only 1.x is known")
-
-    @staticmethod
-    def _record(data: bytes) -> dict[str, str]:
-        try:
-            rows = list(csv.reader(io.StringIO(data.decode("utf-8"))))
-        except (UnicodeDecodeError, csv.Error) as exc:
-            raise PackageError(f"RECORD cannot be read: {exc}") from None
-        record = {}
-        for row in rows:
-            if row:
-                record[row[0]] = row[1] if len(row) > 1 else ""
-        return record
-
-    @staticmethod
-    def _target(name: str, info_dir: str) -> str | None:
-        """Where a member goes, relative to the folder; None for files not installed
-        (scripts, headers and data files: nothing here can run or use them)."""
-        data_dir = info_dir[: -len(".dist-info")] + ".data"
-        if name.startswith(data_dir + "/"):
-            parts = name.split("/", 2)
-            if len(parts) == 3 and parts[1] in ("purelib", "platlib"):
-                return parts[2]
-            return None
-        return name
-
-    @staticmethod
-    def _extract(archive: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path | None) -> str:
-        """Write one member (or only read it, if it is not installed); its RECORD hash."""
-        digest = hashlib.sha256()
-        try:
-            with contextlib.ExitStack() as stack:
-                out = None
-                if target is not None:
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    out = stack.enter_context(open(target, "xb"))  # a file, never replaced
-                member = stack.enter_context(archive.open(info))
-                while chunk := member.read(CHUNK):
-                    digest.update(chunk)
-                    if out is not None:
-                        out.write(chunk)
-        except (zipfile.BadZipFile, EOFError) as exc:
-            raise PackageError(f"{info.filename!r} is damaged: {exc}") from None
-        except OSError as exc:  # e.g. a file and a folder of the same name
-            raise PackageError(f"{info.filename!r} cannot be unpacked: {exc.strerror}") from None
-        return _record_hash(digest.digest())
+    return disk + len(folders) * ENTRY_BYTES
 
 
-def _same_version(text: str, version: Version) -> bool:
+def same_version(text: str, version: Version) -> bool:
     try:
         return Version(str(text)) == version
     except InvalidVersion:

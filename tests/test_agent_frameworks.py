@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -107,7 +108,7 @@ def test_langgraph_codeact_eval_fn_runs_the_model_s_code_in_the_sandbox() -> Non
 
     from wasm_kernel.client import Session
 
-    make_eval_fn = example("langgraph_codeact").make_eval_fn
+    make_eval_fn = example("langgraph_codeact_sandbox").make_eval_fn
     model = FakeListChatModel(
         responses=[
             (
@@ -126,3 +127,60 @@ def test_langgraph_codeact_eval_fn_runs_the_model_s_code_in_the_sandbox() -> Non
         assert "FileNotFoundError" in observations[1]
         assert state["messages"][-1].content == "The mean is 5."
         assert session.run("m").text == "5"  # the variables live in the kernel
+
+
+@pytest.mark.parametrize(
+    "name, framework, shown",
+    [
+        (
+            "autogen_jupyter",
+            "autogen_ext.code_executors.jupyter",
+            [
+                "exit code 0: 42",
+                "exit code 0: 7",
+                "FileNotFoundError",
+                "no network in this sandbox",
+            ],
+        ),
+        ("smolagents_executor", "smolagents", ["logs: 'sum: 45'", "final answer: 90"]),
+        ("langgraph_codeact_sandbox", "langgraph_codeact", ["mean: 5", "10", "FileNotFoundError"]),
+    ],
+)
+def test_each_example_runs_as_a_script(name: str, framework: str, shown: list[str]) -> None:
+    """`python docs/examples/NAME.py` shows the sandbox at work, with fixed code in place of
+    a model's: nothing else, and no network, is needed."""
+    if importlib.util.find_spec(framework.split(".")[0]) is None:
+        pytest.skip(f"{framework} is not installed (pip install '.[frameworks]')")
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / f"{name}.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for text in shown:
+        assert text in done.stdout, done.stdout
+    assert "not in the sandbox" not in done.stdout + done.stderr
+
+
+def test_smolagents_executor_names_only_the_packages_the_sandbox_lacks() -> None:
+    """A tool's requirements that the runtime ships (numpy) are not reported missing."""
+    pytest.importorskip("smolagents")
+
+    class Lines:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def log(self, *parts: object, **_: object) -> None:
+            self.lines.append(" ".join(map(str, parts)))
+
+    logger = Lines()
+    executor = example("smolagents_executor").WasmKernelExecutor([], logger)
+    try:
+        assert executor.install_packages(["numpy", "wkm-absent"]) == ["numpy", "wkm-absent"]
+    finally:
+        executor.cleanup()
+    reported = [line for line in logger.lines if "not in the sandbox" in line]
+    assert len(reported) == 1 and "wkm-absent" in reported[0] and "numpy" not in reported[0]

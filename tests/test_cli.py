@@ -55,6 +55,14 @@ def test_help_lists_our_commands_and_where_the_settings_are() -> None:
     assert "IPython kernel" not in shown  # ipykernel's own `install` is not offered
 
 
+def test_help_shows_each_command_s_line_as_written() -> None:
+    """Subcommand help lines are argparse format strings too: '%snapshot' in one was read as
+    a format code and printed argparse's dictionary in its place."""
+    shown = " ".join(cli("--help").stdout.split())
+    assert "(%snapshot, hibernation)" in shown
+    assert "option_strings" not in shown and "{'" not in shown
+
+
 @pytest.mark.parametrize("command", ["install", "precompile", "run", "mcp", "snapshot"])
 def test_every_command_has_help(command: str) -> None:
     """Help texts are argparse format strings: a bare % in one (from a profile's summary,
@@ -296,3 +304,33 @@ def test_readme_list_of_what_works_is_true(start_kernel) -> None:
     for works, example in readme_examples():
         reply = kernel.execute(example).content
         assert reply["status"] == ("ok" if works == "yes" else "error"), (example, reply)
+
+
+# -- jupyter console -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_jupyter_console_as_the_readme_suggests_runs_a_line() -> None:
+    """README and install's closing message say `jupyter console --kernel wasm-python`:
+    it must be installed with the kernel, start it and run what is typed."""
+    pexpect = pytest.importorskip("pexpect")
+    jupyter = shutil.which("jupyter", path=str(BIN))
+    assert jupyter is not None
+    console = pexpect.spawn(
+        jupyter,
+        ["console", "--kernel", "wasm-python", "--simple-prompt"],
+        encoding="utf-8",
+        timeout=60,
+        env={**os.environ, "TERM": "dumb"},
+    )
+    try:
+        console.expect(r"In \[1\]: ")
+        console.sendline("print(6 * 7, 'from the sandbox')")
+        console.expect("42 from the sandbox")
+        console.expect(r"In \[2\]: ")
+        console.sendline("import sys; sys.platform")
+        console.expect(r"Out\[2\]: 'wasi'")
+        console.sendline("exit")
+        console.expect(pexpect.EOF)
+    finally:
+        console.close(force=True)

@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -358,3 +359,221 @@ def test_an_exposed_or_weakly_guarded_http_server_does_not_start(
     )
     assert result.returncode == 2, result.stderr
     assert reason in result.stderr
+
+
+# -- what the model reads back ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_results_say_what_failed_and_nothing_more() -> None:
+    """An upload's failure carries its reason; a cell that raised is an error result with its
+    traceback; a figure alone comes without "[no output]"; the server names its version."""
+    from wasm_kernel import __version__
+
+    async def check(session: ClientSession) -> None:
+        assert session.server_info is not None
+        assert session.server_info.version == __version__
+        readonly = await session.call_tool(
+            "upload_file", {"path": "/usr/local/lib/x.py", "content": "x"}
+        )
+        assert readonly.is_error
+        assert "cannot write /usr/local/lib/x.py" in text_of(readonly), text_of(readonly)
+        garbled = await session.call_tool(
+            "upload_file", {"path": "/tmp/x", "content": "not base64!", "encoding": "base64"}
+        )
+        assert garbled.is_error and "content is not valid base64" in text_of(garbled)
+        raised = await session.call_tool("run_python", {"code": "print('before')\n1 / 0"})
+        assert raised.is_error
+        assert text_of(raised).startswith("before\n")
+        assert "Traceback" in text_of(raised) and "ZeroDivisionError" in text_of(raised)
+        assert "[error]" not in text_of(raised)
+        figure = await session.call_tool("run_python", {"code": PNG})
+        assert not figure.is_error
+        assert [block.type for block in figure.content] == ["image"], text_of(figure)
+        empty = await session.call_tool("run_python", {"code": "x = 1"})
+        assert not empty.is_error and text_of(empty) == "[no output]"
+
+    serve([], check)
+
+
+# -- the HTTP server's sessions -----------------------------------------------------------------
+
+
+def start_http(*arguments: str) -> tuple[subprocess.Popen[str], str, str]:
+    """The HTTP server on a free port, its URL, and the first line it printed (its stderr
+    goes to a file, which nothing has to keep draining)."""
+    port = free_port()
+    with tempfile.TemporaryFile("w+") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "wasm_kernel", "mcp", "--transport", "streamable-http"]
+            + ["--port", str(port), *arguments],
+            stdin=subprocess.DEVNULL,
+            stderr=log,
+            text=True,
+        )
+        wait_for_port(port)
+        log.seek(0)
+        line = log.readline()
+    return server, f"http://127.0.0.1:{port}/mcp", line
+
+
+def stop_http(server: subprocess.Popen[str]) -> None:
+    kernels = kernels_under(server.pid)
+    server.terminate()
+    server.wait(timeout=30)
+    _, alive = psutil.wait_procs(kernels, timeout=20)
+    assert not alive, "kernels outlived the server"
+
+
+def test_the_http_server_says_where_it_listens_and_help_gives_the_defaults() -> None:
+    from mcp.client.streamable_http import streamable_http_client
+
+    server, expected, line = start_http()
+    try:
+        url = line.split()[-1]
+        assert url == expected, line
+
+        async def main() -> None:
+            async with (
+                streamable_http_client(url) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                assert "run_python" in {tool.name for tool in (await session.list_tools()).tools}
+
+        asyncio.run(main())
+    finally:
+        stop_http(server)
+    shown = " ".join(
+        subprocess.run(
+            [sys.executable, "-m", "wasm_kernel", "mcp", "--help"],
+            capture_output=True,
+            check=True,
+            text=True,
+        ).stdout.split()
+    )
+    assert "(default 127.0.0.1)" in shown and "(default 8000)" in shown
+    assert "http://HOST:PORT/mcp" in shown
+
+
+@pytest.mark.slow
+def test_a_call_in_progress_keeps_its_kernel_past_the_idle_timeout() -> None:
+    """A call longer than --idle-timeout (and than the sweep's interval, 30 s before) is a
+    session in use: it returns, and the kernel keeps its names. Once idle, the kernel ends."""
+    from mcp.client.streamable_http import streamable_http_client
+
+    server, url, _ = start_http("--idle-timeout", "2", "--set", "time_limit=120")
+
+    async def main() -> None:
+        async with (
+            streamable_http_client(url) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            await session.call_tool("run_python", {"code": "kept = 'names'"})
+            started = time.monotonic()
+            long = await session.call_tool(
+                "run_python", {"code": "import time\ntime.sleep(35)\n'slept'"}
+            )
+            print(f"the long call took {time.monotonic() - started:.1f} s")
+            assert not long.is_error and text_of(long) == "'slept'", text_of(long)
+            assert text_of(await session.call_tool("run_python", {"code": "kept"})) == "'names'"
+            assert len(kernels_under(server.pid)) == 1
+            idle_since = time.monotonic()
+            while kernels_under(server.pid) and time.monotonic() - idle_since < 30:
+                await asyncio.sleep(0.2)
+            print(f"the idle kernel ended after {time.monotonic() - idle_since:.1f} s")
+            assert kernels_under(server.pid) == []
+
+    try:
+        asyncio.run(main())
+    finally:
+        stop_http(server)
+
+
+@pytest.mark.slow
+def test_expired_sessions_hold_their_place_until_their_kernel_is_gone() -> None:
+    """Clients that leave without ending their session (no DELETE) one after another, each
+    after its session expired: never more kernels than --max-sessions at once."""
+    from mcp.client.streamable_http import streamable_http_client
+
+    server, url, _ = start_http("--idle-timeout", "2", "--max-sessions", "2")
+    most = 0
+
+    async def one_client(number: int) -> None:
+        nonlocal most
+        async with (
+            streamable_http_client(url, terminate_on_close=False) as (
+                read,
+                write,
+            ),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            result = await session.call_tool("run_python", {"code": f"{number} * 2"})
+            assert text_of(result) == str(number * 2), text_of(result)
+            most = max(most, len(kernels_under(server.pid)))
+
+    async def main() -> None:
+        nonlocal most
+        for number in range(5):
+            await one_client(number)
+            await asyncio.sleep(2.5)  # past the idle timeout: the SDK ends the session
+            most = max(most, len(kernels_under(server.pid)))
+
+    try:
+        asyncio.run(main())
+    finally:
+        stop_http(server)
+    print(f"at most {most} kernels at once")
+    assert most <= 2
+
+
+# -- the token file ------------------------------------------------------------------------------
+
+
+def token_files(tmp_path) -> dict[str, str]:
+    good = tmp_path / "token"
+    good.write_text(TOKEN + "\n")
+    link = tmp_path / "link"
+    link.symlink_to(good)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big"
+    big.write_text("x" * (1 << 20))
+    return {
+        "link": str(link),
+        "fifo": str(fifo),
+        "big": str(big),
+        "device": "/dev/zero",
+        "folder": str(tmp_path),
+    }
+
+
+@pytest.mark.parametrize(
+    "kind, reason",
+    [
+        ("link", "is a symbolic link"),
+        ("fifo", "is not a regular file"),
+        ("big", "holds one line of at most"),
+        ("device", "is not a regular file"),
+        ("folder", "is not a regular file"),
+    ],
+)
+def test_a_token_file_that_is_not_a_small_regular_file_is_refused(
+    tmp_path, kind: str, reason: str
+) -> None:
+    """--token-file /dev/zero read without bound, a FIFO blocked the start, a link was
+    followed: each is refused at once with the reason."""
+    path = token_files(tmp_path)[kind]
+    result = subprocess.run(
+        [sys.executable, "-m", "wasm_kernel", "mcp", "--transport", "streamable-http"]
+        + ["--port", str(free_port()), "--token-file", path],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 2, result.stderr
+    assert reason in result.stderr and path in result.stderr

@@ -27,6 +27,12 @@ SUBCOMMANDS = {
 HELP_ALL = "python -m wasm_kernel --help-all"
 
 
+def _help(text: str) -> str:
+    """``text`` as an argparse help string, which argparse formats with %: '%snapshot'
+    would otherwise be read as a format code."""
+    return text.replace("%", "%%")
+
+
 class _OldProfileFlag(argparse.Action):
     """``install --profile NAME``, our spelling before --sandbox-profile: still taken, with a
     note, since ipykernel's --profile names an IPython profile, which this kernel never uses."""
@@ -61,13 +67,11 @@ def parser() -> argparse.ArgumentParser:
         " variables (install --env).",
     )
     commands = top.add_subparsers(dest="command", metavar="COMMAND", title="commands")
-    profiles_help = "; ".join(f"{p.name}: {p.summary}" for p in PROFILES.values()).replace(
-        "%", "%%"
-    )  # argparse formats help with %
+    profiles_help = _help("; ".join(f"{p.name}: {p.summary}" for p in PROFILES.values()))
 
     cmd = commands.add_parser(
         "install",
-        help=SUBCOMMANDS["install"],
+        help=_help(SUBCOMMANDS["install"]),
         description=SUBCOMMANDS["install"] + ".",
         epilog="Default names: "
         + ", ".join(f"{kernelspec_name(p)} for {p.name}" for p in PROFILES.values())
@@ -121,13 +125,15 @@ def parser() -> argparse.ArgumentParser:
     )
 
     cmd = commands.add_parser(
-        "precompile", help=SUBCOMMANDS["precompile"], description=SUBCOMMANDS["precompile"] + "."
+        "precompile",
+        help=_help(SUBCOMMANDS["precompile"]),
+        description=SUBCOMMANDS["precompile"] + ".",
     )
     cmd.add_argument("--cache-dir", metavar="DIR", help="cache folder (default: per-user cache)")
 
     cmd = commands.add_parser(
         "run",
-        help=SUBCOMMANDS["run"],
+        help=_help(SUBCOMMANDS["run"]),
         description=SUBCOMMANDS["run"] + ". The kernel starts"
         " in the notebook's folder, as under Jupyter: the notebook profile mounts it read-only"
         " at /notebook.",
@@ -149,7 +155,7 @@ def parser() -> argparse.ArgumentParser:
 
     cmd = commands.add_parser(
         "mcp",
-        help=SUBCOMMANDS["mcp"],
+        help=_help(SUBCOMMANDS["mcp"]),
         description=SUBCOMMANDS["mcp"] + ". One kernel per MCP session; its profile and limits"
         " are set here, never by the model.",
     )
@@ -159,7 +165,7 @@ def parser() -> argparse.ArgumentParser:
 
     cmd = commands.add_parser(
         "snapshot",
-        help=SUBCOMMANDS["snapshot"],
+        help=_help(SUBCOMMANDS["snapshot"]),
         description=SUBCOMMANDS["snapshot"] + ". The folder is WasmKernel.snapshot_dir's"
         " default unless --snapshot-dir (or WASM_KERNEL_SNAPSHOT_DIR) names another.",
     )
@@ -167,5 +173,5 @@ def parser() -> argparse.ArgumentParser:
     cmd.add_argument("name", nargs="?", help="snapshot name (info also takes an image's path)")
     cmd.add_argument("--snapshot-dir", metavar="DIR", help="folder of the images")
 
-    commands.add_parser("kernel", help=SUBCOMMANDS["kernel"], add_help=False)
+    commands.add_parser("kernel", help=_help(SUBCOMMANDS["kernel"]), add_help=False)
     return top

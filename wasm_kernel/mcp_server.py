@@ -3,9 +3,10 @@
 Built on the official ``mcp`` SDK (``MCPServer``). Each MCP session gets its own kernel
 (an ``AsyncSession``): over stdio the session is the server process, so the kernel lives and
 dies with it; over streamable HTTP kernels are kept per ``Mcp-Session-Id`` and shut down
-when their session has been idle for ``--idle-timeout`` seconds, and all of them when the
-server stops; every HTTP request must carry the operator's bearer token (``--token-file`` or
-``WASM_KERNEL_MCP_TOKEN``), which is required unless the server listens on loopback only.
+when their session has been idle (no call in progress) for ``--idle-timeout`` seconds, and
+all of them when the server stops; every HTTP request must carry the operator's bearer token
+(``--token-file`` or ``WASM_KERNEL_MCP_TOKEN``, see mcp_http.py), which is required unless
+the server listens on loopback only.
 The profile, limits and mounts come from the server's command line: no tool
 takes a setting, so the model cannot raise a limit. The ``snapshot``, ``restore`` and
 ``install_packages`` tools exist only where those settings allow what they do.
@@ -16,8 +17,6 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import hmac
-import ipaddress
 import os
 import subprocess
 import sys
@@ -26,18 +25,18 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from . import __version__
 from .client import AsyncSession, Execution, SessionError, kernel_arguments
+from .mcp_http import PATH, TOKEN_ENV, bearer_token, closing_kernels, requiring_token, url
 from .profiles import PROFILES
 from .settings import TRUE_WORDS
 
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 MAX_TEXT = 100_000  # characters of one run's text returned to the model; the rest is cut
 IDLE_TIMEOUT = 1800.0  # seconds an HTTP session's kernel is kept without requests
-SWEEP = 30.0  # seconds between idle checks
+SWEEP = 30.0  # seconds between idle checks at most; a shorter --idle-timeout checks oftener
 MAX_SESSIONS = 8  # HTTP sessions at once: each runs a kernel process (~150 MB)
-TOKEN_ENV = "WASM_KERNEL_MCP_TOKEN"
-MIN_TOKEN = 16  # characters: shorter tokens can be guessed
-UNAUTHORIZED = b'{"error": "unauthorized: this server needs its bearer token"}'
+HOST, PORT = "127.0.0.1", 8000  # where the streamable HTTP server listens by default
 INSTRUCTIONS = (
     "run_python runs code in a persistent, sandboxed CPython 3.15 (WebAssembly): names stay"
     " between calls, numpy, pandas and matplotlib are there, figures come back as images. There"
@@ -49,22 +48,44 @@ INSTRUCTIONS = (
 
 @dataclass
 class Kernels:
-    """The kernels of this server, one per MCP session (key None: the stdio session)."""
+    """The kernels of this server, one per MCP session (key None: the stdio session).
+
+    A kernel is idle when no call uses it and its last call ended ``idle_timeout`` seconds
+    ago (the SDK expires the session itself on the same clock); ``max_sessions`` bounds
+    the kernels alive, so a session the SDK has expired holds its place until its kernel
+    is gone."""
 
     profile: str
     settings: dict[str, Any]
     cwd: str | None = None
+    max_sessions: int = MAX_SESSIONS
     sessions: dict[str | None, AsyncSession] = field(default_factory=dict)
     used: dict[str | None, float] = field(default_factory=dict)
+    calls: dict[str | None, int] = field(default_factory=dict)  # calls in progress
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    async def get(self, key: str | None) -> AsyncSession:
+    @contextlib.asynccontextmanager
+    async def use(self, key: str | None, idle_timeout: float) -> AsyncIterator[AsyncSession]:
+        """The session's kernel (started on first use), marked in use until the call ends."""
         async with self._lock:
-            self.used[key] = time.monotonic()
             session = self.sessions.get(key)
             if session is None:
+                if len(self.sessions) >= self.max_sessions:
+                    await self._close_idle(idle_timeout)
+                if len(self.sessions) >= self.max_sessions:
+                    raise SessionError(
+                        f"this server already runs its {self.max_sessions} kernels, one per"
+                        " session (--max-sessions): try again when another session has ended"
+                    )
                 session = self.sessions[key] = await self.start()
-            return session
+            self.calls[key] = self.calls.get(key, 0) + 1
+            self.used[key] = time.monotonic()
+        try:
+            yield session
+        finally:
+            if self.sessions.get(key) is session:  # not closed meanwhile (DELETE)
+                self.calls[key] -= 1
+                self.used[key] = time.monotonic()
 
     async def start(self) -> AsyncSession:
         session = AsyncSession(
@@ -74,13 +95,19 @@ class Kernels:
         return session
 
     async def close_idle(self, seconds: float) -> None:
+        async with self._lock:
+            await self._close_idle(seconds)
+
+    async def _close_idle(self, seconds: float) -> None:
         now = time.monotonic()
-        for key in [key for key, when in self.used.items() if now - when > seconds]:
-            await self.close(key)
+        for key, when in list(self.used.items()):
+            if not self.calls.get(key) and now - when >= seconds:
+                await self.close(key)
 
     async def close(self, key: str | None) -> None:
         session = self.sessions.pop(key, None)
         self.used.pop(key, None)
+        self.calls.pop(key, None)
         if session is not None:
             await session.close()
 
@@ -100,9 +127,10 @@ class Kernels:
         return str(value).strip().lower() in TRUE_WORDS
 
 
-def content_of(execution: Execution) -> list[Any]:
-    """An Execution as MCP content: text for streams, results and errors; images as images."""
-    from mcp_types import ImageContent, TextContent
+def content_of(execution: Execution) -> Any:
+    """An Execution as an MCP tool result: text for streams, results and errors, images as
+    images; a cell that raised is an error result (``isError``) with its traceback."""
+    from mcp_types import CallToolResult, ImageContent, TextContent
 
     texts: list[str] = []
     images: list[ImageContent] = []
@@ -119,11 +147,14 @@ def content_of(execution: Execution) -> list[Any]:
     if execution.error is not None:
         if execution.timed_out:
             texts.append("[the call ran past its time and was interrupted]")
-        texts.append(f"[error]\n{execution.error.traceback or execution.error}")
-    text = "\n".join(texts) or "[no output]"
+        texts.append(execution.error.traceback or str(execution.error))
+    text = "\n".join(texts)
     if len(text) > MAX_TEXT:
         text = text[:MAX_TEXT] + f"\n[... {len(text) - MAX_TEXT:,} more characters cut]"
-    return [TextContent(type="text", text=text), *images]
+    if not text and not images:
+        text = "[no output]"
+    blocks = [TextContent(type="text", text=text)] if text else []
+    return CallToolResult(content=[*blocks, *images], is_error=execution.error is not None)
 
 
 def _is_base64(data: str) -> bool:
@@ -134,40 +165,48 @@ def _is_base64(data: str) -> bool:
     return True
 
 
-def build_server(kernels: Kernels, idle_timeout: float = IDLE_TIMEOUT) -> Any:
-    """The MCP server with its tools; ``kernels`` supplies one kernel per session."""
+def build_server(kernels: Kernels, idle_timeout: float | None = None) -> Any:
+    """The MCP server with its tools; ``kernels`` supplies one kernel per session, and with
+    an ``idle_timeout`` (HTTP) a sweep stops the kernels of sessions idle that long."""
     from mcp.server.mcpserver import Context, MCPServer
+    from mcp_types import CallToolResult
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[Kernels]:
-        sweeper = asyncio.create_task(_sweep(kernels, idle_timeout))
+        sweeper = None
+        if idle_timeout is not None:
+            sweeper = asyncio.create_task(_sweep(kernels, idle_timeout))
         try:
             yield kernels
         finally:
-            sweeper.cancel()
+            if sweeper is not None:
+                sweeper.cancel()
             await kernels.close_all()
 
-    server = MCPServer("wasm-kernel", instructions=INSTRUCTIONS, lifespan=lifespan)
+    server = MCPServer(
+        "wasm-kernel", version=__version__, instructions=INSTRUCTIONS, lifespan=lifespan
+    )
 
-    async def kernel(ctx: Context) -> AsyncSession:
+    @contextlib.asynccontextmanager
+    async def kernel(ctx: Context) -> AsyncIterator[AsyncSession]:
+        """The caller's kernel, in use for the whole call; failures reported to the model."""
         request = ctx.request_context.request
         key = request.headers.get("mcp-session-id") if request is not None else None
         with reported():
-            return await kernels.get(key)
+            async with kernels.use(key, idle_timeout or IDLE_TIMEOUT) as session:
+                yield session
 
     @server.tool()
-    async def run_python(code: str, ctx: Context) -> list[Any]:
+    async def run_python(code: str, ctx: Context) -> CallToolResult:
         """Run Python code in the sandbox, like a notebook cell: names persist between calls,
         the value of the last line is returned, figures come back as images."""
-        session = await kernel(ctx)
-        with reported():
+        async with kernel(ctx) as session:
             return content_of(await session.run(code))
 
     @server.tool()
     async def list_files(ctx: Context, path: str = "/tmp") -> list[dict[str, Any]]:
         """List a folder in the sandbox: each entry's name, whether it is a folder, its size."""
-        session = await kernel(ctx)
-        with reported():
+        async with kernel(ctx) as session:
             return await session.files(path)
 
     @server.tool()
@@ -176,17 +215,21 @@ def build_server(kernels: Kernels, idle_timeout: float = IDLE_TIMEOUT) -> Any:
     ) -> str:
         """Write a file in the sandbox (under /tmp, or a folder the operator made writable).
         ``encoding`` is 'utf-8' for text or 'base64' for binary content."""
-        data = (
-            base64.b64decode(content, validate=True) if encoding == "base64" else content.encode()
-        )
-        await (await kernel(ctx)).upload(path, data)
+        async with kernel(ctx) as session:
+            if encoding == "base64":
+                try:
+                    data = base64.b64decode(content, validate=True)
+                except binascii.Error as exc:
+                    raise ValueError(f"content is not valid base64 ({exc})") from None
+            else:
+                data = content.encode()
+            await session.upload(path, data)
         return f"wrote {len(data):,} bytes to {path}"
 
     @server.tool()
     async def download_file(path: str, ctx: Context) -> dict[str, Any]:
         """Read a file from the sandbox: text as UTF-8, anything else as base64."""
-        session = await kernel(ctx)
-        with reported():
+        async with kernel(ctx) as session:
             data = await session.download(path)
         try:
             return {"path": path, "encoding": "utf-8", "content": data.decode("utf-8")}
@@ -196,8 +239,7 @@ def build_server(kernels: Kernels, idle_timeout: float = IDLE_TIMEOUT) -> Any:
     @server.tool()
     async def reset(ctx: Context) -> str:
         """Start over: a fresh interpreter and an empty /tmp."""
-        session = await kernel(ctx)
-        with reported():
+        async with kernel(ctx) as session:
             await session.reset()
         return "the sandbox was reset: no names, an empty /tmp"
 
@@ -207,16 +249,14 @@ def build_server(kernels: Kernels, idle_timeout: float = IDLE_TIMEOUT) -> Any:
         async def snapshot(name: str, ctx: Context) -> str:
             """Save the sandbox's state (names, /tmp, installed packages) as ``name``, to go
             back to later with restore."""
-            session = await kernel(ctx)
-            with reported():
+            async with kernel(ctx) as session:
                 await session.snapshot(name)
             return f"saved snapshot {name!r}"
 
         @server.tool()
         async def restore(name: str, ctx: Context) -> str:
             """Bring the sandbox back to the state saved as ``name``."""
-            session = await kernel(ctx)
-            with reported():
+            async with kernel(ctx) as session:
                 await session.restore(name)
             return f"restored snapshot {name!r}"
 
@@ -226,8 +266,7 @@ def build_server(kernels: Kernels, idle_timeout: float = IDLE_TIMEOUT) -> Any:
         async def install_packages(requirements: list[str], ctx: Context) -> str:
             """Install pure-Python packages into the sandbox (pip requirements such as
             'tabulate' or 'attrs>=23'), from the package source the operator allows."""
-            session = await kernel(ctx)
-            with reported():
+            async with kernel(ctx) as session:
                 await session.install(*requirements)
             return f"installed {', '.join(requirements)}"
 
@@ -242,13 +281,19 @@ def reported() -> Iterator[None]:
 
     try:
         yield
-    except (SessionError, binascii.Error, ValueError) as exc:
+    except (SessionError, ValueError) as exc:
         raise ToolError(str(exc)) from exc
+
+
+def sweep_interval(idle_timeout: float) -> float:
+    """Seconds between idle checks: a kernel outlives its timeout by at most half of it
+    (30 s at most between checks, so the default 30 minutes is not checked needlessly)."""
+    return min(SWEEP, idle_timeout / 2)
 
 
 async def _sweep(kernels: Kernels, idle_timeout: float) -> None:
     while True:
-        await asyncio.sleep(SWEEP)
+        await asyncio.sleep(sweep_interval(idle_timeout))
         await kernels.close_idle(idle_timeout)
 
 
@@ -288,8 +333,16 @@ def add_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--transport", choices=["stdio", "streamable-http"], default="stdio", help="default: stdio"
     )
-    command.add_argument("--host", default="127.0.0.1", help="streamable HTTP address")
-    command.add_argument("--port", type=int, default=8000, help="streamable HTTP port")
+    command.add_argument(
+        "--host", default=HOST, help=f"streamable HTTP: the address to listen on (default {HOST})"
+    )
+    command.add_argument(
+        "--port",
+        type=int,
+        default=PORT,
+        help=f"streamable HTTP: the port (default {PORT}); clients connect to"
+        f" http://HOST:PORT{PATH}",
+    )
     command.add_argument(
         "--token-file",
         help=f"streamable HTTP: a file holding the bearer token every request must carry"
@@ -314,14 +367,15 @@ def serve(args: argparse.Namespace) -> int:
     settings = settings_from(args.set)
     if args.mount:
         settings["mounts"] = args.mount
-    kernels = Kernels(args.sandbox_profile, settings, cwd=args.cwd)
+    kernels = Kernels(args.sandbox_profile, settings, cwd=args.cwd, max_sessions=args.max_sessions)
     try:  # unknown names are refused now; values by each kernel as it starts
         kernel_arguments(args.sandbox_profile, settings)
     except SessionError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        server = build_server(kernels, args.idle_timeout)
+        http = args.transport != "stdio"
+        server = build_server(kernels, args.idle_timeout if http else None)
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] != "mcp":
             raise
@@ -330,7 +384,7 @@ def serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.transport == "stdio":
+    if not http:
         server.run("stdio")
         return 0
     try:
@@ -341,104 +395,14 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     app = server.streamable_http_app(
-        host=args.host, session_idle_timeout=args.idle_timeout, max_sessions=args.max_sessions
+        streamable_http_path=PATH,
+        host=args.host,
+        session_idle_timeout=args.idle_timeout,
+        max_sessions=args.max_sessions,
     )
     app = closing_kernels(app, kernels)
     if token is not None:
         app = requiring_token(app, token)
+    print(f"wasm-kernel MCP server on {url(args.host, args.port)}", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
-
-
-def bearer_token(token_file: str | None, host: str) -> bytes | None:
-    """The operator's token, from ``token_file`` or the environment; None only on loopback.
-    Raises ValueError with the reason when it is missing where it is needed, or weak."""
-    if token_file is not None:
-        try:
-            with open(token_file, encoding="utf-8") as file:
-                token = file.read().strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"cannot read the token file: {exc}") from None
-    else:
-        token = os.environ.get(TOKEN_ENV, "").strip()
-    if not token:
-        if token_file is not None:
-            raise ValueError(f"the token file {token_file} is empty")
-        if not _is_loopback(host):
-            raise ValueError(
-                f"--host {host} is reachable from other machines: give a bearer token"
-                f" (--token-file FILE or {TOKEN_ENV}) or listen on 127.0.0.1"
-            )
-        return None
-    if len(token) < MIN_TOKEN or any(char.isspace() for char in token):
-        raise ValueError(f"the bearer token must be at least {MIN_TOKEN} characters, no spaces")
-    return token.encode()
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to anything
-
-
-def requiring_token(app: Any, token: bytes) -> Any:
-    """The HTTP app, refusing with 401 every request without ``Authorization: Bearer
-    <token>``. The SDK's auth (AuthSettings, TokenVerifier) is OAuth's, with an issuer and
-    resource metadata; an operator's static token needs only this constant-time check."""
-    expected = b"bearer " + token
-
-    async def checked(scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            await app(scope, receive, send)
-            return
-        given = b""
-        for name, value in scope.get("headers", ()):
-            if name == b"authorization":
-                given = value
-        # the scheme is case-insensitive (RFC 9110); the token itself is compared exactly
-        given = given[:7].lower() + given[7:]
-        if hmac.compare_digest(given, expected):
-            await app(scope, receive, send)
-            return
-        if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1008})
-            return
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"www-authenticate", b"Bearer"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": UNAUTHORIZED})
-
-    return checked
-
-
-def closing_kernels(app: Any, kernels: Kernels) -> Any:
-    """The HTTP app, with a session's kernel stopped as soon as its client ends the session
-    (DELETE with its Mcp-Session-Id) rather than when it has been idle long enough."""
-
-    async def wrapped(scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] != "DELETE":
-            await app(scope, receive, send)
-            return
-        statuses = []
-
-        async def noting_status(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                statuses.append(message["status"])
-            await send(message)
-
-        await app(scope, receive, noting_status)
-        key = dict(scope["headers"]).get(b"mcp-session-id")
-        if key is not None and statuses == [200]:  # the session manager ended that session
-            await kernels.close(key.decode("latin-1"))
-
-    return wrapped

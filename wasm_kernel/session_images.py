@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from . import images
 from .history import History
@@ -99,7 +100,7 @@ class SessionImages:
         """Save or restore between turns (on the guest thread); returns what to tell the user."""
         began = time.perf_counter()
         if action == "save":
-            path = self.folder.store(name, self._image_bytes(sandbox, execution_count))
+            path = self.folder.store(name, partial(self._write, sandbox, execution_count))
             size = path.stat().st_size
             return (
                 f"Saved snapshot {name!r} ({size / (1 << 20):.1f} MiB,"
@@ -134,14 +135,14 @@ class SessionImages:
                 f" {IMAGE_PACKAGES_SECONDS} s and was stopped; %pip install them again"
             ]
 
-    def _image_bytes(self, sandbox: Sandbox, execution_count: int) -> bytes:
+    def _write(self, sandbox: Sandbox, execution_count: int, out: BinaryIO) -> None:
         entries = self.history.range(0, 0, None)
         host = images.HostState(
             execution_count=execution_count,
             history=[(line, source) for _, line, source in entries],
             packages=self.packages.pins() if self.packages is not None else [],
         )
-        return sandbox.save_image(host, [str(mount) for mount in self.granted])
+        sandbox.save_image(out, host, [str(mount) for mount in self.granted])
 
     def hibernate(self, sandbox: Sandbox, execution_count: int) -> None:
         """At shutdown: this notebook's session, for the next kernel started for it."""
@@ -150,7 +151,8 @@ class SessionImages:
             return
         try:
             self.folder.store(
-                self.folder.hibernation_name(session), self._image_bytes(sandbox, execution_count)
+                self.folder.hibernation_name(session),
+                partial(self._write, sandbox, execution_count),
             )
         except images.ImageError as exc:
             log.warning("could not hibernate this session: %s", exc)

@@ -108,7 +108,7 @@ class SandboxStart:
             taken = image.taken or "an unknown time"
             self.started_from = f"this notebook's hibernated session, saved {taken}"
             self.resume_note = (
-                f"wasm-kernel: resumed this notebook's session as it was when its kernel shut"
+                "wasm-kernel: resumed this notebook's session as it was when its kernel shut"
                 f" down ({taken}). Restart the kernel for a fresh interpreter; `%snapshot"
                 " forget` keeps the session from being saved when the notebook is closed.\n"
             )

@@ -65,8 +65,8 @@ class SessionImages:
         )
 
     def snapshot_message(self, cell: CellMessages, action: str, name: str) -> dict:
-        """``%snapshot`` from the guest, during its turn: list and delete at once; save and
-        restore are noted on the cell and done when its turn has ended."""
+        """``%snapshot`` from the guest, during its turn: list, delete and forget at once;
+        save and restore are noted on the cell and done when its turn has ended."""
         try:
             if action == "forget":  # this notebook's own hibernation, snapshots or not
                 return {"text": self.hibernation.forget()}

@@ -31,7 +31,7 @@ import zstandard
 from .images import FORMAT, MAGIC, PAGE, HostState, ImageError
 
 COMPRESSION = 1  # zstd level: saving fast matters more than the last few per cent
-CHUNK = 1 << 20  # bytes copied at a time into the archive
+CHUNK = 1 << 20  # most stand-in bytes handed to the tar writer at a time while measuring
 _ZEROS = memoryview(bytes(CHUNK))
 
 
@@ -135,8 +135,10 @@ class ScratchArchive:
 
 
 def _members(folder: Path, limit: int) -> list[tuple[Path, tarfile.TarInfo]]:
+    """The plain files and folders under ``folder``, each with its tar header."""
     members = []
     total = 0
+    # an archive of nothing, for its gettarinfo (which reads a file's metadata, not its data)
     with tarfile.open(fileobj=io.BytesIO(), mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path in sorted(folder.rglob("*")):
             kind = path.lstat().st_mode

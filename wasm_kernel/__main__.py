@@ -17,11 +17,14 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .commands import SUBCOMMANDS, parser
 from .kernelspecs import KERNEL_NAME, kernelspec, kernelspec_name, write_kernelspec
 from .profiles import DEFAULT_PROFILE, PROFILES, Profile
+
+if TYPE_CHECKING:
+    from .image_folder import ImageFolder
 
 
 @contextlib.contextmanager
@@ -272,6 +275,8 @@ def snapshot_command(args: argparse.Namespace) -> int:
         if args.action == "list":
             print(folder.describe())
             return 0
+        if args.action == "forget":
+            return _forget_hibernated(folder, args.name)
         if not args.name:
             print(f"error: snapshot {args.action} needs a NAME", file=sys.stderr)
             return 2
@@ -287,6 +292,26 @@ def snapshot_command(args: argparse.Namespace) -> int:
     except images.ImageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _forget_hibernated(folder: ImageFolder, name: str | None) -> int:
+    """``snapshot forget``: remove every notebook's hibernated session."""
+    from .hibernation import hibernated, remove
+
+    if name:
+        print(
+            "error: snapshot forget takes no NAME: it forgets every notebook's hibernated"
+            " session (snapshot delete NAME removes one image)",
+            file=sys.stderr,
+        )
+        return 2
+    found = hibernated(folder)
+    freed = remove(found)
+    print(
+        f"Forgot {len(found)} hibernated session(s), {freed / (1 << 20):.1f} MiB, in"
+        f" {folder.directory}: those notebooks open with a fresh interpreter."
+    )
     return 0
 
 

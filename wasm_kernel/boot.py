@@ -87,6 +87,9 @@ class SandboxStart:
             checkpoint_mode=settings.checkpoint_mode,
             plain_tracebacks=settings.plain_tracebacks,
         )
+        expired = self.images.hibernation.sweep()
+        if expired:
+            self.resume_note = f"wasm-kernel: {expired}.\n"
         source = self.images.to_resume(settings.resume_from)
         if source is None:
             return self._from_boot_image(cache.entry_dir(self.runtime), start)
@@ -102,6 +105,13 @@ class SandboxStart:
         self.started_from = f"image {source.name}"
         if source.name.startswith(ImageFolder.HIBERNATED):
             source.unlink(missing_ok=True)  # used up: a restart afterwards starts afresh
+            taken = image.taken or "an unknown time"
+            self.started_from = f"this notebook's hibernated session, saved {taken}"
+            self.resume_note = (
+                "wasm-kernel: resumed this notebook's session as it was when its kernel shut"
+                f" down ({taken}). Restart the kernel for a fresh interpreter; `%snapshot"
+                " forget` keeps the session from being saved when the notebook is closed.\n"
+            )
         self.resumed = image.host
         self.resume_note += "".join(
             f"wasm-kernel: {line}\n" for line in self.images.match_packages(image.host.packages)

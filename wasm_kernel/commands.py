@@ -167,9 +167,10 @@ def parser() -> argparse.ArgumentParser:
         "snapshot",
         help=_help(SUBCOMMANDS["snapshot"]),
         description=SUBCOMMANDS["snapshot"] + ". The folder is WasmKernel.snapshot_dir's"
-        " default unless --snapshot-dir (or WASM_KERNEL_SNAPSHOT_DIR) names another.",
+        " default unless --snapshot-dir (or WASM_KERNEL_SNAPSHOT_DIR) names another. forget"
+        " removes every notebook's hibernated session: each opens with a fresh interpreter.",
     )
-    cmd.add_argument("action", choices=["list", "info", "delete"])
+    cmd.add_argument("action", choices=["list", "info", "delete", "forget"])
     cmd.add_argument("name", nargs="?", help="snapshot name (info also takes an image's path)")
     cmd.add_argument("--snapshot-dir", metavar="DIR", help="folder of the images")
 

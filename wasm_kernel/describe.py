@@ -21,9 +21,11 @@ def describe(
     limits: Limits,
     started_from: str,
     sandbox: Sandbox | None,
+    hibernation: str,
 ) -> str:
-    """The running configuration (``sandbox``: the running one, once started); or, with
-    invalid settings (``problem``), why there is none."""
+    """The running configuration (``sandbox``: the running one, once started; ``hibernation``:
+    what becomes of the session when the notebook is closed); or, with invalid settings
+    (``problem``), why there is none."""
     runtime = grants.runtime
     if problem is not None:
         return (
@@ -46,6 +48,7 @@ def describe(
         f" memory {_size(limits.memory_limit)}, output {_size(limits.output_limit)}\n"
         f"Packages: {grants.packages.describe() if grants.packages else 'off'}\n"
         f"Rollback: {_rollback(settings, runtime.restorable, sandbox)}\n"
+        f"Hibernation: {hibernation}\n"
         "No host environment, network or processes."
     )
 

@@ -4,10 +4,14 @@ over all of them. The images themselves are ``images``' business."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
+from .image_writer import staged
 from .images import SUFFIX, ImageError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -60,23 +64,31 @@ class ImageFolder:
     def used(self, besides: Path | None = None) -> int:
         return sum(entry.size for entry in self.entries() if entry.path != besides)
 
-    def store(self, name: str, data: bytes) -> Path:
-        """Write an image under ``name`` (replacing one of that name) within the quota."""
+    def store(
+        self,
+        name: str,
+        write: Callable[[BinaryIO], None],
+        admit: Callable[[int], None] | None = None,
+    ) -> Path:
+        """Write an image under ``name`` (replacing one of that name) within the quota:
+        ``write`` streams it into a staging file, ``admit`` may refuse (or make room for) its
+        size before the quota is checked, and only then does it take the name."""
         target = self.path(name)
-        used = self.used(besides=target)
-        if self.quota and used + len(data) > self.quota:
-            raise ImageError(
-                f"saving {name!r} ({len(data) / (1 << 20):.1f} MiB) would pass the snapshot"
-                f" quota of {self.quota / (1 << 20):.0f} MiB ({used / (1 << 20):.1f} MiB in"
-                " use). Delete snapshots (%snapshot delete NAME) or raise"
-                " --WasmKernel.snapshot_quota."
-            )
         try:
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            staging = target.with_name(f".{target.name}.partial")
-            staging.write_bytes(data)
-            staging.chmod(0o600)
-            staging.replace(target)
+            with staged(target, 0o600) as out:
+                write(out)
+                size = os.fstat(out.fileno()).st_size
+                if admit is not None:
+                    admit(size)
+                used = self.used(besides=target)
+                if self.quota and used + size > self.quota:
+                    raise ImageError(
+                        f"saving {name!r} ({size / (1 << 20):.1f} MiB) would pass the snapshot"
+                        f" quota of {self.quota / (1 << 20):.0f} MiB ({used / (1 << 20):.1f} MiB"
+                        " in use). Delete snapshots (%snapshot delete NAME) or raise"
+                        " --WasmKernel.snapshot_quota."
+                    )
         except OSError as exc:
             raise ImageError(f"cannot write {target}: {exc.strerror or exc}") from None
         return target

@@ -1,5 +1,6 @@
 """Images in and out of an interpreter: an image's memory and globals put into a fresh
-instance, and an instance's taken out as an image file (see ``images`` for the format).
+instance, and an instance's taken out as an image file (see ``images`` for the format,
+``image_writer`` for how it is written).
 
 The guest's own part of a resume (its folders, seeds, stale files) is a turn the sandbox
 runs afterwards (``settle``); this module touches only memory and globals.
@@ -10,10 +11,11 @@ from __future__ import annotations
 import ctypes
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 import wasmtime
 
-from . import images
+from . import image_writer, images
 from .cache import CompiledRuntime, exported
 from .checkpoints import memory_address
 from .cow import map_copy_on_write
@@ -67,19 +69,21 @@ def _map_memory_file(interpreter: Interpreter, path: Path, size: int) -> None:
 
 def capture(
     interpreter: Interpreter,
+    out: BinaryIO,
     host: images.HostState,
     mounts: list[str],
-    scratch: bytes,
+    scratch: image_writer.ScratchArchive,
     memory_file: Path | None = None,
-) -> bytes:
-    """The interpreter as an image file's bytes, between turns (its memory as a raw file at
-    ``memory_file`` instead, for a boot image)."""
+) -> None:
+    """The interpreter as an image file written into ``out``, between turns (its memory as a
+    raw file at ``memory_file`` instead, for a boot image)."""
     store = interpreter.store
     globals_ = interpreter.mutable_globals()
     if globals_[BRK_EXPORT].value(store) == 0:
         globals_[BRK_EXPORT].set_value(store, interpreter.size)  # as GuestState.take does
     compiled = interpreter.compiled
-    return images.write_image(
+    image_writer.write_image(
+        out,
         needs=images.identity(compiled.runtime.module.sha256),
         mounts=mounts,
         memory=interpreter.view(),

@@ -15,8 +15,9 @@ An image holds what a resumed guest needs and nothing that grants anything:
   wasmtime version, machine) and, for information only, the mounts it was taken with: a
   resumed guest always gets the mounts of the kernel resuming it.
 
-Layout: ``MAGIC``, the format version (u32), the header's length (u32), the header (JSON),
-the blobs the header describes, then the sha256 of everything before it.
+Layout: ``MAGIC``, the format version (u32), the header's length (u32), the header (JSON,
+perhaps padded with spaces), the blobs the header describes, then the sha256 of everything
+before it. ``image_writer`` writes images; this module defines the format and reads them.
 
 An image is hostile input (anyone can write one, and compute its checksum): ``read_image``
 checks the format, the checksum, every field's type and bound (memory within the kernel's
@@ -57,7 +58,6 @@ MAX_GUEST_PATH = 4096
 MAX_PACKAGES = 1000  # %pip pins an image may name (the host parses each again)
 SUFFIX = ".wkimg"
 MEMORY_SUFFIX = ".memory"
-COMPRESSION = 1  # zstd level: saving fast matters more than the last few per cent
 
 
 class ImageError(Exception):
@@ -127,125 +127,6 @@ class Image:
     @property
     def stored_pages(self) -> int:
         return sum(len(data) for _, data in self.extents) // PAGE
-
-
-# -- writing ------------------------------------------------------------------------------------
-
-
-def changed_extents(memory: bytes | memoryview, base: bytes) -> list[tuple[int, int]]:
-    """(first page, page count) runs of ``memory`` that differ from ``base`` (zero past its end).
-
-    Pages are compared as bytes (memcmp); memoryviews would compare byte by byte."""
-    zero = bytes(PAGE)
-    runs: list[tuple[int, int]] = []
-    for page in range(len(memory) // PAGE):
-        start = page * PAGE
-        reference = base[start : start + PAGE] if start < len(base) else zero
-        if bytes(memory[start : start + PAGE]) == reference:
-            continue
-        if runs and runs[-1][0] + runs[-1][1] == page:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((page, 1))
-    return runs
-
-
-def archive_folder(folder: Path, limit: int) -> bytes:
-    """A tar of ``folder``'s files and folders (links and special files are left out); refuses
-    to grow past ``limit`` bytes of content."""
-    try:
-        return _archive(folder, limit)
-    except OSError as exc:
-        raise ImageError(f"cannot archive the private /tmp: {exc.strerror or exc}") from None
-
-
-def _archive(folder: Path, limit: int) -> bytes:
-    out = io.BytesIO()
-    total = 0
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(folder.rglob("*")):
-            if path.is_symlink() or not (path.is_file() or path.is_dir()):
-                continue
-            info = tar.gettarinfo(str(path), arcname=str(path.relative_to(folder)))
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            if info.isfile():
-                total += info.size
-                if limit and total > limit:
-                    raise ImageError(
-                        f"the private /tmp holds more than {limit >> 20} MiB; delete files there"
-                        " before saving"
-                    )
-                with path.open("rb") as file:
-                    tar.addfile(info, file)
-            else:
-                tar.addfile(info)
-    return out.getvalue()
-
-
-def write_image(
-    *,
-    needs: dict[str, object],
-    mounts: list[str],
-    memory: bytes | memoryview,
-    base: bytes,
-    globals_: dict[str, int],
-    host: HostState,
-    scratch: bytes,
-    taken: str,
-    memory_file: Path | None = None,
-) -> bytes:
-    """The image file's bytes. With ``memory_file`` (a boot image), the memory goes there as
-    raw pages instead, for kernels to map, and the image only says that it lives elsewhere."""
-    blobs: list[bytes] = []
-    extents = []
-    view = memoryview(memory)
-    if memory_file is not None:
-        write_memory_file(memory_file, view)
-    else:
-        for first, count in changed_extents(memory, base):
-            packed = _pack(view[first * PAGE : (first + count) * PAGE])
-            extents.append([first, count, len(packed)])
-            blobs.append(packed)
-    history = _pack(json.dumps(host.history).encode())
-    packed_scratch = _pack(scratch)
-    header = {
-        "needs": needs,
-        "mounts": mounts,
-        "taken": taken,
-        "memory": {"size": len(memory), "extents": extents, "separate": memory_file is not None},
-        "globals": globals_,
-        "host": {
-            "execution_count": host.execution_count,
-            "cwd": host.cwd,
-            "clocks": {str(clock): value for clock, value in host.clocks.items()},
-            "packages": host.packages,
-        },
-        "history": len(history),
-        "scratch": len(packed_scratch),
-    }
-    encoded = json.dumps(header).encode()
-    body = b"".join(
-        [MAGIC, struct.pack("<II", FORMAT, len(encoded)), encoded, *blobs, history, packed_scratch]
-    )
-    return body + hashlib.sha256(body).digest()
-
-
-def write_memory_file(path: Path, memory: memoryview) -> None:
-    """Raw pages, zero pages left as holes (the file is sparse), written under a temporary name
-    and renamed: a kernel mapping the previous file keeps reading that one."""
-    staging = path.with_name(f".{path.name}.partial")
-    zero = bytes(PAGE)
-    with staging.open("wb") as out:
-        for start in range(0, len(memory), PAGE):
-            page = memory[start : start + PAGE]
-            if bytes(page) == zero:  # memcmp, where a memoryview compares item by item
-                out.seek(PAGE, io.SEEK_CUR)
-            else:
-                out.write(page)
-        out.truncate(len(memory))
-    staging.chmod(0o644)  # shared by every user of the cache, as the compiled module is
-    staging.replace(path)
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -478,11 +359,6 @@ def _checked(
         taken=str(header.get("taken", ""))[:64],
         memory_elsewhere=separate,
     )
-
-
-def _pack(data: bytes | memoryview) -> bytes:
-    """One zstd frame, which records its content size (the reader checks it before inflating)."""
-    return zstandard.ZstdCompressor(level=COMPRESSION).compress(data)
 
 
 def _inflate(data: memoryview, size: int, exact: bool = True) -> bytes:

@@ -34,6 +34,7 @@ from .describe import describe
 from .grants import Grants, configured_runtime
 from .guest.modules import _wasm_kernel_contract as declared
 from .guest_thread import GuestThread, InterruptRelay, sent_before
+from .hibernation import Hibernation
 from .history import History
 from .image_folder import ImageFolder
 from .kernel_settings import KernelSettings, screened
@@ -113,15 +114,18 @@ class WasmKernel(KernelSettings, CheckedRequests):
         self.history = History(self.history_file)
         self.grants = Grants(self, runtime, configured, valid=self._settings_error is None)
         self._withheld_told = False  # said once, on the first cell's stderr
+        folder = ImageFolder(Path(self.snapshot_dir).expanduser(), self.snapshot_quota)
         self.session_images = SessionImages(
-            ImageFolder(Path(self.snapshot_dir).expanduser(), self.snapshot_quota),
+            folder,
             runtime.module.sha256,
             self.limits,
             self.grants.packages,
             self.history,
             self.grants.granted,
             snapshots=self.snapshots,
-            hibernate=self.hibernate,
+            hibernation=Hibernation(
+                folder, self.hibernate, self.hibernation_quota, self.hibernation_days
+            ),
         )
         self._doors = KernelDoors(
             publish=self._publish_guest_output,
@@ -179,7 +183,13 @@ class WasmKernel(KernelSettings, CheckedRequests):
         """The running configuration, for the banner and ``%sandbox``; or why there is none."""
         sandbox = self._boot.result() if self._boot.done() and not self._boot.exception() else None
         return describe(
-            self, self._settings_error, self.grants, self.limits, self._start.started_from, sandbox
+            self,
+            self._settings_error,
+            self.grants,
+            self.limits,
+            self._start.started_from,
+            sandbox,
+            self.session_images.hibernation.describe(),
         )
 
     # -- execution --------------------------------------------------------------------------------

@@ -50,6 +50,8 @@ from .settings import (
 DEFAULT_HISTORY_FILE = str(Path(platformdirs.user_data_dir("wasm-kernel")) / "history.sqlite")
 DEFAULT_SNAPSHOT_DIR = str(Path(platformdirs.user_data_dir("wasm-kernel")) / "snapshots")
 MIN_SNAPSHOT_QUOTA = 16 << 20  # smaller holds no image at all: a unit slip
+MIN_HIBERNATION_DAYS = 0.01  # about a quarter of an hour: shorter is a unit slip (hours meant?)
+MAX_HIBERNATION_DAYS = 3650.0
 SESSION_ENV = "JPY_SESSION_NAME"  # the notebook's path, set by Jupyter Server
 # config sections the settings are read from (the second, as the class they are declared on)
 SECTIONS = ("WasmKernel", "KernelSettings")
@@ -253,7 +255,29 @@ class KernelSettings(Configurable):
         default=FROM_PROFILE,
         help="At shutdown (not restart) save the session's image, keyed by the notebook"
         f" ({SESSION_ENV}, set by Jupyter Server), and resume it in the next kernel started for"
-        " that notebook.",
+        " that notebook. The banner and %sandbox say so; %snapshot forget opts one notebook"
+        " out.",
+    ).tag(config=True)
+    hibernation_quota = Limit(
+        integer=True,
+        low=MIN_SNAPSHOT_QUOTA,
+        high=INT64_MAX,
+        unit="bytes",
+        zero="no quota of their own; snapshot_quota still applies",
+        default=512 << 20,
+        help="Bytes the hibernated sessions of all notebooks may take together (each is about"
+        " 16 MiB plus the session's data); to make room for a new one, the least recently"
+        " saved are removed.",
+    ).tag(config=True)
+    hibernation_days = Limit(
+        integer=False,
+        low=MIN_HIBERNATION_DAYS,
+        high=MAX_HIBERNATION_DAYS,
+        unit="days",
+        zero="kept until resumed",
+        default=14.0,
+        help="Days a hibernated session is kept for its notebook to be reopened; older ones are"
+        " removed when a kernel starts.",
     ).tag(config=True)
 
     def __init__(self, **kwargs: Any):

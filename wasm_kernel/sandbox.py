@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
+from typing import BinaryIO
 
 import wasmtime
 
@@ -32,6 +33,7 @@ from .descriptors import GuestFiles
 from .guest.modules import _wasm_kernel_contract as declared
 from .guest_code import install_source
 from .host_functions import MAX_MESSAGE, Discard, GuestClock, HostCall, Receiver, SymlinkRefusal
+from .image_writer import ScratchArchive, staged
 from .interpreter import Interpreter, wasi_config
 from .interrupts import Interrupts, Metering
 from .limits import Limits
@@ -223,10 +225,14 @@ class Sandbox:
     # -- images ---------------------------------------------------------------------------------
 
     def save_image(
-        self, host: images.HostState, mounts: list[str], memory_file: Path | None = None
-    ) -> bytes:
-        """This interpreter as an image file's bytes, taken between turns (its memory as a raw
-        file at ``memory_file`` instead, for a boot image)."""
+        self,
+        out: BinaryIO,
+        host: images.HostState,
+        mounts: list[str],
+        memory_file: Path | None = None,
+    ) -> None:
+        """This interpreter as an image file written into ``out``, taken between turns (its
+        memory as a raw file at ``memory_file`` instead, for a boot image)."""
         with self._turn_lock:
             interpreter = self._interpreter
             self._host_call.reply = None
@@ -241,8 +247,8 @@ class Sandbox:
             cwd = reply.get("cwd") if reply else None
             host.cwd = cwd if isinstance(cwd, str) and cwd else self.cwd
             host.clocks = self._clock.readings()
-            scratch = images.archive_folder(self._tmp, self.limits.scratch_limit)
-            return image_transfer.capture(interpreter, host, mounts, scratch, memory_file)
+            scratch = ScratchArchive.of(self._tmp, self.limits.scratch_limit)
+            image_transfer.capture(interpreter, out, host, mounts, scratch, memory_file)
 
     def restore_image(self, image: images.Image) -> None:
         """Replace this interpreter by the image's, in place (like a rollback); on failure the
@@ -478,15 +484,15 @@ def build_boot_image(compiled: CompiledRuntime, limits: Limits, path: Path) -> i
 
     The image holds nothing of any session: no mounts, an empty /tmp, no history."""
     sandbox = Sandbox(compiled, limits, rollback=False)
+    memory_file = images.boot_memory_path(path)
     try:
         sandbox._host_call.making_boot_image = True
         sandbox.request(declared.WARM_UP)
-        memory_file = images.boot_memory_path(path)
-        data = sandbox.save_image(images.HostState(), [], memory_file=memory_file)
+        # shared by every user of the cache, as the compiled module is; renamed after the
+        # memory file: a kernel that finds the image finds both
+        with staged(path, 0o644) as out:
+            sandbox.save_image(out, images.HostState(), [], memory_file=memory_file)
+            size = out.tell()
     finally:
         sandbox.close()
-    staging = path.with_name(f".{path.name}.partial")
-    staging.write_bytes(data)
-    staging.chmod(0o644)  # shared by every user of the cache, as the compiled module is
-    staging.replace(path)  # after the memory file: a kernel that finds the image finds both
-    return len(data) + memory_file.stat().st_blocks * 512
+    return size + memory_file.stat().st_blocks * 512

@@ -1,23 +1,23 @@
 """A session's images on the kernel's side: ``%snapshot`` and hibernation.
 
-The guest asks (``%snapshot save NAME`` ...); the kernel answers list and delete at once and
-notes save and restore on the cell, to be done between turns on the guest thread. At
-shutdown, a session may hibernate: its image is saved under the notebook's name, to be
-resumed by the next kernel started for it (see ``boot``).
+The guest asks (``%snapshot save NAME`` ...); the kernel answers list, delete and forget at
+once and notes save and restore on the cell, to be done between turns on the guest thread. At
+shutdown, a session may hibernate: its image is saved under the notebook's name, within the
+bounds ``hibernation`` keeps, to be resumed by the next kernel started for it (see ``boot``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from . import images
+from .hibernation import Hibernation
 from .history import History
 from .image_folder import ImageFolder
-from .kernel_settings import SESSION_ENV
 from .limits import Limits
 from .mounts import SCRATCH, Mount
 from .packages import Packages
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 IMAGE_PACKAGES_SECONDS = 120  # longest a resume or restore spends installing its %pip packages
-SNAPSHOT_ACTIONS = ("save", "restore", "list", "delete")
+SNAPSHOT_ACTIONS = ("save", "restore", "list", "delete", "forget")
 
 
 class SessionImages:
@@ -45,7 +45,7 @@ class SessionImages:
         history: History,
         granted: list[Mount],
         snapshots: bool,
-        hibernate: bool,
+        hibernation: Hibernation,
     ):
         self.folder = folder
         self.needs = images.identity(runtime_sha256)
@@ -54,7 +54,7 @@ class SessionImages:
         self.history = history
         self.granted = granted
         self.snapshots = snapshots
-        self.hibernate_on_shutdown = hibernate
+        self.hibernation = hibernation
 
     def read(self, path: Path, memory_file: Path | None = None) -> images.Image:
         return images.read_image(
@@ -66,9 +66,11 @@ class SessionImages:
         )
 
     def snapshot_message(self, cell: CellMessages, action: str, name: str) -> dict:
-        """``%snapshot`` from the guest, during its turn: list and delete at once; save and
-        restore are noted on the cell and done when its turn has ended."""
+        """``%snapshot`` from the guest, during its turn: list, delete and forget at once;
+        save and restore are noted on the cell and done when its turn has ended."""
         try:
+            if action == "forget":  # this notebook's own hibernation, snapshots or not
+                return {"text": self.hibernation.forget()}
             if not self.snapshots:
                 raise images.ImageError(
                     "%snapshot is off in this kernel (--WasmKernel.snapshots, off in the"
@@ -76,7 +78,7 @@ class SessionImages:
                 )
             if action not in SNAPSHOT_ACTIONS:
                 raise images.ImageError(
-                    "usage: %snapshot save NAME | restore NAME | list | delete NAME"
+                    "usage: %snapshot save NAME | restore NAME | list | delete NAME | forget"
                 )
             if action == "list":
                 return {"text": self.folder.describe()}
@@ -100,7 +102,7 @@ class SessionImages:
         """Save or restore between turns (on the guest thread); returns what to tell the user."""
         began = time.perf_counter()
         if action == "save":
-            path = self.folder.store(name, self._image_bytes(sandbox, execution_count))
+            path = self.folder.store(name, partial(self._write, sandbox, execution_count))
             size = path.stat().st_size
             return (
                 f"Saved snapshot {name!r} ({size / (1 << 20):.1f} MiB,"
@@ -135,24 +137,23 @@ class SessionImages:
                 f" {IMAGE_PACKAGES_SECONDS} s and was stopped; %pip install them again"
             ]
 
-    def _image_bytes(self, sandbox: Sandbox, execution_count: int) -> bytes:
+    def _write(self, sandbox: Sandbox, execution_count: int, out: BinaryIO) -> None:
         entries = self.history.range(0, 0, None)
         host = images.HostState(
             execution_count=execution_count,
             history=[(line, source) for _, line, source in entries],
             packages=self.packages.pins() if self.packages is not None else [],
         )
-        return sandbox.save_image(host, [str(mount) for mount in self.granted])
+        sandbox.save_image(out, host, [str(mount) for mount in self.granted])
 
     def hibernate(self, sandbox: Sandbox, execution_count: int) -> None:
         """At shutdown: this notebook's session, for the next kernel started for it."""
-        session = os.environ.get(SESSION_ENV)
-        if not (self.hibernate_on_shutdown and session):
+        name = self.hibernation.at_shutdown()
+        if name is None:
             return
         try:
-            self.folder.store(
-                self.folder.hibernation_name(session), self._image_bytes(sandbox, execution_count)
-            )
+            write = partial(self._write, sandbox, execution_count)
+            self.folder.store(name, write, admit=self.hibernation.make_room)
         except images.ImageError as exc:
             log.warning("could not hibernate this session: %s", exc)
 
@@ -166,9 +167,7 @@ class SessionImages:
             if named is not None and named.exists():
                 return named
             return Path(resume_from).expanduser()
-        session = os.environ.get(SESSION_ENV)
-        if self.hibernate_on_shutdown and session:
-            hibernated = self.folder.path(self.folder.hibernation_name(session))
-            if hibernated.exists():
-                return hibernated
+        name = self.hibernation.name
+        if name is not None and self.folder.path(name).exists():
+            return self.folder.path(name)
         return None

@@ -488,7 +488,8 @@ class SandboxMagics(Magics):
     @line_magic
     def snapshot(self, line):
         """%snapshot save|restore|list|delete NAME: images of this session, kept by the kernel
-        (save and restore happen when the cell ends)."""
+        (save and restore happen when the cell ends). %snapshot forget: this notebook's session
+        is not kept (hibernated) when it is closed; it opens with a fresh interpreter."""
         action, _, name = line.strip().partition(" ")
         reply = _kernel().call_host(contract.SNAPSHOT, action=action, name=name.strip())
         if "error" in reply:

@@ -39,7 +39,7 @@ _ATTRIBUTE = r"""\s+[A-Za-z_:][\w.:-]*(?:\s*=\s*(?:[^\s"'=<>`]+|'[^']*'|"[^"]*")
 _OPEN_TAG = re.compile(rf"<([A-Za-z][\w:.-]*)((?:{_ATTRIBUTE})*)\s*(/?)>")
 _ATTRIBUTES = re.compile(r"""(\s+)([A-Za-z_:][\w.:-]*)(?:\s*=\s*([^\s"'=<>`]+|'[^']*'|"[^"]*"))?""")
 _CLOSE_TAG = re.compile(r"</([A-Za-z][\w:.-]*)\s*>")
-_COMMENT = re.compile(r"<!--(?!-?>)[\s\S]*?-->")
+_COMMENT_START = re.compile(r"<!--(?!-?>)")
 _MARKUP = re.compile(r"<[A-Za-z/!?]")
 # A line that may start an HTML block: container markers (quotes, list items), then '<'.
 _BLOCK_START = re.compile(r"(?:[ \t]*(?:>|[*+-](?=[ \t])|\d{1,9}[.)](?=[ \t])))*[ \t]*<")
@@ -125,6 +125,18 @@ def _clean_markup(text: str, removed: list[str]) -> str:
         index = bisect.bisect_right(starts, pos) - 1
         return index >= 0 and pos < spans[index][1]
 
+    comment_end = -1  # the end of the first "-->" found so far (len(text) + 1: none)
+
+    def comment(pos: int) -> bool:
+        """Whether a comment starts at pos: one search for the end serves many starts."""
+        nonlocal comment_end
+        if not _COMMENT_START.match(text, pos):
+            return False
+        if comment_end < pos + 4:
+            found = text.find("-->", pos + 4)
+            comment_end = found + 3 if found >= 0 else len(text) + 1
+        return comment_end <= len(text)
+
     out: list[str] = []
     done = 0  # text before this is written to out, or dropped
     for match in _MARKUP.finditer(text):
@@ -138,7 +150,7 @@ def _clean_markup(text: str, removed: list[str]) -> str:
             name = ascii_lower(close.group(1))
             keep = name in ALLOWED_LOWER and name not in _CLEAN_CONTENT
             replacement, end = (None, pos) if keep else ("", close.end())
-        elif _COMMENT.match(text, pos):
+        elif comment(pos):
             replacement, end = None, pos
         elif text[pos + 1] in "!?" or raw(pos):
             replacement, end = "&lt;", pos + 1

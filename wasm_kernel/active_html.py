@@ -282,10 +282,10 @@ def script_url(text: str) -> bool:
 def attribute_problem(tag: str, attribute: str, value: str) -> str | None:
     """None if ``attribute="value"`` may stay on ``tag`` (names as the parser gives them, the
     value decoded), else how to name what is removed."""
-    svg = tag in SVG_TAGS
     pattern = PRESENTATIONAL.get(attribute)
-    if pattern is not None and not (svg and attribute in SVG_ATTRIBUTES):
+    if pattern is not None:
         return None if pattern.fullmatch(value.strip()) else attribute[:32]
+    svg = tag in SVG_TAGS
     if not (
         attribute in GLOBAL_ATTRIBUTES
         or attribute.startswith("aria-")
@@ -310,7 +310,7 @@ def attribute_problem(tag: str, attribute: str, value: str) -> str | None:
 
 
 class _HtmlFilter(threading.local):
-    """nh3's attribute filter: it sees every attribute of every allowed tag and decides.
+    """nh3's attribute filter: it sees every attribute of every element and decides.
 
     One Cleaner serves every call (building one costs more than cleaning a small table), so
     what a call removed is kept per thread: cells clean on the guest worker, inspection and
@@ -322,11 +322,11 @@ class _HtmlFilter(threading.local):
         self.urls = 0  # href and src attributes seen
 
     def keep(self, tag: str, attribute: str, value: str) -> str | None:
+        if attribute.endswith(("href", "src")):
+            self.urls += 1
         if tag not in _ALLOWED:  # ammonia asks before removing the element, which is named
             return None
         try:
-            if attribute.endswith(("href", "src")):
-                self.urls += 1
             problem = attribute_problem(tag, attribute, value)
         except Exception:  # a raising filter would be reported on stderr by nh3
             problem = attribute[:32]

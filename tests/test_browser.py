@@ -3,8 +3,9 @@ Chromium (driven by Playwright) runs it, and the rendered page is checked.
 
 The other tests talk to the kernel over ZMQ; only this one shows that what the kernel sends
 renders in the front end people use: the kernel's name in the toolbar, printed text, a pandas
-table, a Styler's colours and inline matplotlib figures (PNG and SVG), and that the
-active-output policy holds in the browser: under the default (block) a cell's script changes
+table, Markdown with HTML (cleaned, not dropped), a Styler's colours and inline matplotlib
+figures (PNG and SVG), and that the active-output policy holds in the browser: under the
+default (block) a cell's script or a handler in Markdown changes
 nothing on the page and sends no request; under ``allow`` (a second kernelspec written into the
 server's private data folder) the same script runs. Playwright drives the system's Chromium
 (``/usr/bin/chromium``, Debian's ``chromium`` package, or ``$WASM_KERNEL_CHROMIUM``); it never
@@ -72,9 +73,17 @@ ACTIVE_CELL = (
     '<img src="missing.png" onerror="document.body.dataset.pwnedImg = 1">\'))\n'
     "display(Javascript('document.body.dataset.pwnedJs = 1; fetch(\"/api/contents/pwned-js\")'))"
 )
+# Markdown's HTML, which JupyterLab renders: its <sup> shows, its handler is removed (checked
+# under block only: whether a handler in Markdown runs under allow is JupyterLab's business).
+MARKDOWN_CELL = (
+    "from IPython.display import Markdown\n"
+    'Markdown(\'E = mc<sup id="md-sup">2</sup>'
+    ' <img src="missing-md.png" onerror="document.body.dataset.pwnedMd = 1">\')'
+)
 PWNED = ("data-pwned-html", "data-pwned-img", "data-pwned-js")
 BLOCKED_CELLS = [
     ACTIVE_CELL,
+    MARKDOWN_CELL,
     'df = pd.read_csv("animals.csv")\n'
     'df.style.map(lambda v: "background-color: rgb(255, 0, 0)" if v == "owl" else "")',
     "%config InlineBackend.figure_formats = ['svg']\nplt.plot([3, 1, 2])\nplt.show()",
@@ -267,11 +276,13 @@ def _run_and_check(page: Page, lab: JupyterLab, display_name: str, requests: lis
     # have rendered too, so that an event handler would have had its chance).
     active = outputs.nth(3)
     expect(active.locator("b#html-out")).to_have_text("html kept", timeout=RENDER_TIMEOUT_MS)
+    markdown = outputs.nth(4)
+    expect(markdown.locator("sup#md-sup")).to_have_text("2", timeout=RENDER_TIMEOUT_MS)
     # The Styler's <style> survived the cleaning: its colour reaches the cell.
-    owl = outputs.nth(4).locator("td", has_text="owl")
+    owl = outputs.nth(5).locator("td", has_text="owl")
     expect(owl).to_have_css("background-color", "rgb(255, 0, 0)", timeout=RENDER_TIMEOUT_MS)
     # The cleaned matplotlib SVG still decodes as an image.
-    _expect_decoded(outputs.nth(5).locator('img[src^="data:image/svg+xml"]'), page)
+    _expect_decoded(outputs.nth(6).locator('img[src^="data:image/svg+xml"]'), page)
 
     # Every cell finished (a prompt shows [*] while its cell runs) and the kernel is back to
     # idle under our name.
@@ -283,8 +294,9 @@ def _run_and_check(page: Page, lab: JupyterLab, display_name: str, requests: lis
     # The scripts did nothing: no change to the page, no request; and the cell said why, once
     # (naming the removed <script> and the dropped Javascript).
     body = page.locator("body")
-    for attribute in PWNED:
+    for attribute in (*PWNED, "data-pwned-md"):
         assert body.get_attribute(attribute) is None, f"a blocked script set {attribute}"
+    assert markdown.locator("img").count() == 1  # the image stays, without its handler
     pwned = [url for url in requests if "pwned" in url]
     assert not pwned, f"a blocked script sent requests: {pwned}"
     notice = active.locator('[data-mime-type="application/vnd.jupyter.stderr"]')
@@ -292,10 +304,12 @@ def _run_and_check(page: Page, lab: JupyterLab, display_name: str, requests: lis
     expect(notice).to_contain_text("<script>")
     expect(notice).to_contain_text("application/javascript dropped")
     expect(active).to_contain_text("<IPython.core.display.Javascript object>")
-    # Only the active cell wrote to stderr (its notice), and no cell failed.
+    md_notice = markdown.locator('[data-mime-type="application/vnd.jupyter.stderr"]')
+    expect(md_notice).to_contain_text("removed from text/markdown: onerror")
+    # Only the active cells wrote to stderr (their notices), and no cell failed.
     stderr = panel.locator('[data-mime-type="application/vnd.jupyter.stderr"]')
     texts = stderr.all_inner_texts()
-    assert len(texts) == 1 and texts[0].startswith(NOTICE), f"stderr output: {texts}"
+    assert len(texts) == 2 and all(t.startswith(NOTICE) for t in texts), f"stderr: {texts}"
     assert panel.locator('[data-mime-type="application/vnd.jupyter.error"]').count() == 0
     sessions = lab.api("sessions")
     assert [s["kernel"]["name"] for s in sessions] == [KERNEL_NAME], f"sessions: {sessions}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -73,12 +74,21 @@ ACTIVE_CELL = (
     '<img src="missing.png" onerror="document.body.dataset.pwnedImg = 1">\'))\n'
     "display(Javascript('document.body.dataset.pwnedJs = 1; fetch(\"/api/contents/pwned-js\")'))"
 )
-# Markdown's HTML, which JupyterLab renders: its <sup> shows, its handler is removed (checked
-# under block only: whether a handler in Markdown runs under allow is JupyterLab's business).
-MARKDOWN_CELL = (
-    "from IPython.display import Markdown\n"
-    'Markdown(\'E = mc<sup id="md-sup">2</sup>'
-    ' <img src="missing-md.png" onerror="document.body.dataset.pwnedMd = 1">\')'
+# Markdown's HTML, which JupyterLab renders: its <sup> shows, its handlers are removed (under
+# allow they run), also where Markdown's own syntax might seem to hide them (code spans opening
+# a comment or an attribute value, a tag made by joining text around a removed one, an HTML
+# block's raw text, a list item's HTML block with a handler that fires by itself).
+PWN_MD = "document.body.dataset.pwnedMd"
+HOSTILE_MARKDOWN = [
+    f'E = mc<sup id="md-sup">2</sup> <img id="md-img" src="missing-md.png" onerror="{PWN_MD}=1">',
+    f'`<!--` <img src="missing-md.png" onerror="{PWN_MD}=2"> `-->`',
+    f'`<span title="` <img src="missing-md.png" onerror="{PWN_MD}=3"> `">`',
+    f"<<b onclick=x>img src=missing-md.png onerror='{PWN_MD}=4'>",
+    f"<div>\n<img/src=missing-md.png/onerror='{PWN_MD}=5'>\n</div>",
+    f'- item\n\n  <details open ontoggle="{PWN_MD}=6">\n  <summary>s</summary>\n  </details>',
+]
+MARKDOWN_CELL = "from IPython.display import Markdown, display\n" + "\n".join(
+    f"display(Markdown({text!r}))" for text in HOSTILE_MARKDOWN
 )
 PWNED = ("data-pwned-html", "data-pwned-img", "data-pwned-js")
 BLOCKED_CELLS = [
@@ -296,7 +306,7 @@ def _run_and_check(page: Page, lab: JupyterLab, display_name: str, requests: lis
     body = page.locator("body")
     for attribute in (*PWNED, "data-pwned-md"):
         assert body.get_attribute(attribute) is None, f"a blocked script set {attribute}"
-    assert markdown.locator("img").count() == 1  # the image stays, without its handler
+    assert markdown.locator("img#md-img").count() == 1  # the image stays, without its handler
     pwned = [url for url in requests if "pwned" in url]
     assert not pwned, f"a blocked script sent requests: {pwned}"
     notice = active.locator('[data-mime-type="application/vnd.jupyter.stderr"]')
@@ -337,6 +347,8 @@ def _run_allowed(page: Page, lab: JupyterLab, requests: list[str]) -> None:
     body = page.locator("body")
     for attribute in PWNED:
         expect(body).to_have_attribute(attribute, "1", timeout=RENDER_TIMEOUT_MS)
+    # one of the Markdown handlers ran: they are real, and blocked above
+    expect(body).to_have_attribute("data-pwned-md", re.compile("."), timeout=RENDER_TIMEOUT_MS)
     deadline = time.monotonic() + 30
     while not {"pwned-html", "pwned-js"} <= {url.rsplit("/", 1)[-1] for url in requests}:
         assert time.monotonic() < deadline, f"the allowed scripts sent no request: {requests}"
@@ -383,7 +395,7 @@ def test_notebook_renders_in_jupyterlab(tmp_path: Path) -> None:
     root = tmp_path / "notebooks"
     root.mkdir()
     _write_notebook(root / NOTEBOOK, KERNEL_NAME, display_name, CELLS + BLOCKED_CELLS)
-    _write_notebook(root / ALLOW_NOTEBOOK, ALLOW_KERNEL, "allow", [ACTIVE_CELL])
+    _write_notebook(root / ALLOW_NOTEBOOK, ALLOW_KERNEL, "allow", [ACTIVE_CELL, MARKDOWN_CELL])
     (root / "animals.csv").write_text("animal,legs\nowl,2\nnewt,4\n")
     _write_allow_kernelspec(tmp_path / "jupyter-state" / "data", spec)  # JupyterLab's data dir
 

@@ -77,15 +77,17 @@ ACTIVE_CELL = (
 # Markdown's HTML, which JupyterLab renders: its <sup> shows, its handlers are removed (under
 # allow they run), also where Markdown's own syntax might seem to hide them (code spans opening
 # a comment or an attribute value, a tag made by joining text around a removed one, an HTML
-# block's raw text, a list item's HTML block with a handler that fires by itself).
+# block's raw text (which a no-break space does not end), a list item's HTML block with a
+# handler that fires by itself).
 PWN_MD = "document.body.dataset.pwnedMd"
 HOSTILE_MARKDOWN = [
     f'E = mc<sup id="md-sup">2</sup> <img id="md-img" src="missing-md.png" onerror="{PWN_MD}=1">',
     f'`<!--` <img src="missing-md.png" onerror="{PWN_MD}=2"> `-->`',
     f'`<span title="` <img src="missing-md.png" onerror="{PWN_MD}=3"> `">`',
     f"<<b onclick=x>img src=missing-md.png onerror='{PWN_MD}=4'>",
-    f"<div>\n<img/src=missing-md.png/onerror='{PWN_MD}=5'>\n</div>",
+    f"<div>\n<img/src='missing-md.png'/onerror='{PWN_MD}=5'>\n</div>",
     f'- item\n\n  <details open ontoggle="{PWN_MD}=6">\n  <summary>s</summary>\n  </details>',
+    f"<div>\n\u00a0\ntext <img/src='missing-md.png'/onerror='{PWN_MD}=7'>\n</div>",
 ]
 MARKDOWN_CELL = "from IPython.display import Markdown, display\n" + "\n".join(
     f"display(Markdown({text!r}))" for text in HOSTILE_MARKDOWN

@@ -106,7 +106,7 @@ def _raw_spans(text: str) -> list[tuple[int, int]]:
                 found = ends.search(text, after)
                 known[kind] = found.end() if found else len(text)
             until = max(until, known[kind])
-        if pos >= until and not line.strip():
+        if pos >= until and not line.strip(" \t\r\n"):  # blank as Markdown means it
             spans.append((start, pos))
             start = None
     if start is not None:

@@ -15,6 +15,7 @@ import copy
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -171,31 +172,34 @@ WIDE = (
 def test_pandas_sees_a_kernel_with_or_without_the_boot_image(start_kernel, tmp_path) -> None:
     """pandas decides once, at import, whether a kernel or a terminal runs it (a terminal gets
     wide frames cut to its width, with ``...`` columns). The boot image imports it outside any
-    cell, a kernel booted without the image in its first cell: both print as natively."""
+    cell, a kernel booted without the image in its first cell: both print as natively. The
+    test's own copy of the compiled-runtime cache (hard links) boots without a boot image,
+    then with the one ``precompile`` builds into it from this checkout's guest code."""
     from wasm_kernel.cache import RuntimeCache
 
-    cache = tmp_path / "cache"  # a copy (hard links) whose boot image can go
+    cache = tmp_path / "cache"
     subprocess.run(["cp", "-al", str(RuntimeCache().directory), str(cache)], check=True)
     for boot in cache.rglob("boot-*"):
         boot.unlink()
-    printed = {}
-    for how, kernel in (
-        ("native", start_kernel(kernel_name=NATIVE)),
-        ("from the boot image", start_kernel()),
-        (
-            "from a fresh boot",
-            start_kernel(
-                [f"--WasmKernel.cache_dir={cache}"], {"WASM_KERNEL_CACHE_DIR": str(cache)}
-            ),
-        ),
-    ):
+    own = ([f"--WasmKernel.cache_dir={cache}"], {"WASM_KERNEL_CACHE_DIR": str(cache)})
+
+    def printed(kernel: Kernel, how: str) -> tuple[str, str | None]:
         if how != "native":
             described = kernel.execute("%sandbox").stream_text()
             assert f"Interpreter: {how}" in described, described
         run = kernel.execute(WIDE)
         assert run.content["status"] == "ok", run.content
-        printed[how] = (run.stream_text(), run.result_text())
-    assert printed["native"][1] == "20"
-    assert "column_7" in printed["native"][0] and "..." not in printed["native"][0]
-    assert printed["from the boot image"] == printed["native"]
-    assert printed["from a fresh boot"] == printed["native"]
+        return run.stream_text(), run.result_text()
+
+    native = printed(start_kernel(kernel_name=NATIVE), "native")
+    assert native[1] == "20" and "column_7" in native[0] and "..." not in native[0]
+    assert printed(start_kernel(*own), "from a fresh boot") == native
+    built = subprocess.run(
+        [sys.executable, "-m", "wasm_kernel", "precompile", "--cache-dir", str(cache)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    assert printed(start_kernel(*own), "from the boot image") == native

@@ -3,8 +3,9 @@ Chromium (driven by Playwright) runs it, and the rendered page is checked.
 
 The other tests talk to the kernel over ZMQ; only this one shows that what the kernel sends
 renders in the front end people use: the kernel's name in the toolbar, printed text, a pandas
-table, a Styler's colours and inline matplotlib figures (PNG and SVG), and that the
-active-output policy holds in the browser: under the default (block) a cell's script changes
+table, Markdown with HTML (cleaned, not dropped), a Styler's colours and inline matplotlib
+figures (PNG and SVG), and that the active-output policy holds in the browser: under the
+default (block) a cell's script or a handler in Markdown changes
 nothing on the page and sends no request; under ``allow`` (a second kernelspec written into the
 server's private data folder) the same script runs. Playwright drives the system's Chromium
 (``/usr/bin/chromium``, Debian's ``chromium`` package, or ``$WASM_KERNEL_CHROMIUM``); it never
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -72,9 +74,28 @@ ACTIVE_CELL = (
     '<img src="missing.png" onerror="document.body.dataset.pwnedImg = 1">\'))\n'
     "display(Javascript('document.body.dataset.pwnedJs = 1; fetch(\"/api/contents/pwned-js\")'))"
 )
+# Markdown's HTML, which JupyterLab renders: its <sup> shows, its handlers are removed (under
+# allow they run), also where Markdown's own syntax might seem to hide them (code spans opening
+# a comment or an attribute value, a tag made by joining text around a removed one, an HTML
+# block's raw text (which a no-break space does not end), a list item's HTML block with a
+# handler that fires by itself).
+PWN_MD = "document.body.dataset.pwnedMd"
+HOSTILE_MARKDOWN = [
+    f'E = mc<sup id="md-sup">2</sup> <img id="md-img" src="missing-md.png" onerror="{PWN_MD}=1">',
+    f'`<!--` <img src="missing-md.png" onerror="{PWN_MD}=2"> `-->`',
+    f'`<span title="` <img src="missing-md.png" onerror="{PWN_MD}=3"> `">`',
+    f"<<b onclick=x>img src=missing-md.png onerror='{PWN_MD}=4'>",
+    f"<div>\n<img/src='missing-md.png'/onerror='{PWN_MD}=5'>\n</div>",
+    f'- item\n\n  <details open ontoggle="{PWN_MD}=6">\n  <summary>s</summary>\n  </details>',
+    f"<div>\n\u00a0\ntext <img/src='missing-md.png'/onerror='{PWN_MD}=7'>\n</div>",
+]
+MARKDOWN_CELL = "from IPython.display import Markdown, display\n" + "\n".join(
+    f"display(Markdown({text!r}))" for text in HOSTILE_MARKDOWN
+)
 PWNED = ("data-pwned-html", "data-pwned-img", "data-pwned-js")
 BLOCKED_CELLS = [
     ACTIVE_CELL,
+    MARKDOWN_CELL,
     'df = pd.read_csv("animals.csv")\n'
     'df.style.map(lambda v: "background-color: rgb(255, 0, 0)" if v == "owl" else "")',
     "%config InlineBackend.figure_formats = ['svg']\nplt.plot([3, 1, 2])\nplt.show()",
@@ -267,11 +288,13 @@ def _run_and_check(page: Page, lab: JupyterLab, display_name: str, requests: lis
     # have rendered too, so that an event handler would have had its chance).
     active = outputs.nth(3)
     expect(active.locator("b#html-out")).to_have_text("html kept", timeout=RENDER_TIMEOUT_MS)
+    markdown = outputs.nth(4)
+    expect(markdown.locator("sup#md-sup")).to_have_text("2", timeout=RENDER_TIMEOUT_MS)
     # The Styler's <style> survived the cleaning: its colour reaches the cell.
-    owl = outputs.nth(4).locator("td", has_text="owl")
+    owl = outputs.nth(5).locator("td", has_text="owl")
     expect(owl).to_have_css("background-color", "rgb(255, 0, 0)", timeout=RENDER_TIMEOUT_MS)
     # The cleaned matplotlib SVG still decodes as an image.
-    _expect_decoded(outputs.nth(5).locator('img[src^="data:image/svg+xml"]'), page)
+    _expect_decoded(outputs.nth(6).locator('img[src^="data:image/svg+xml"]'), page)
 
     # Every cell finished (a prompt shows [*] while its cell runs) and the kernel is back to
     # idle under our name.
@@ -283,8 +306,9 @@ def _run_and_check(page: Page, lab: JupyterLab, display_name: str, requests: lis
     # The scripts did nothing: no change to the page, no request; and the cell said why, once
     # (naming the removed <script> and the dropped Javascript).
     body = page.locator("body")
-    for attribute in PWNED:
+    for attribute in (*PWNED, "data-pwned-md"):
         assert body.get_attribute(attribute) is None, f"a blocked script set {attribute}"
+    assert markdown.locator("img#md-img").count() == 1  # the image stays, without its handler
     pwned = [url for url in requests if "pwned" in url]
     assert not pwned, f"a blocked script sent requests: {pwned}"
     notice = active.locator('[data-mime-type="application/vnd.jupyter.stderr"]')
@@ -292,10 +316,12 @@ def _run_and_check(page: Page, lab: JupyterLab, display_name: str, requests: lis
     expect(notice).to_contain_text("<script>")
     expect(notice).to_contain_text("application/javascript dropped")
     expect(active).to_contain_text("<IPython.core.display.Javascript object>")
-    # Only the active cell wrote to stderr (its notice), and no cell failed.
+    md_notice = markdown.locator('[data-mime-type="application/vnd.jupyter.stderr"]')
+    expect(md_notice).to_contain_text("removed from text/markdown: onerror")
+    # Only the active cells wrote to stderr (their notices), and no cell failed.
     stderr = panel.locator('[data-mime-type="application/vnd.jupyter.stderr"]')
     texts = stderr.all_inner_texts()
-    assert len(texts) == 1 and texts[0].startswith(NOTICE), f"stderr output: {texts}"
+    assert len(texts) == 2 and all(t.startswith(NOTICE) for t in texts), f"stderr: {texts}"
     assert panel.locator('[data-mime-type="application/vnd.jupyter.error"]').count() == 0
     sessions = lab.api("sessions")
     assert [s["kernel"]["name"] for s in sessions] == [KERNEL_NAME], f"sessions: {sessions}"
@@ -323,6 +349,8 @@ def _run_allowed(page: Page, lab: JupyterLab, requests: list[str]) -> None:
     body = page.locator("body")
     for attribute in PWNED:
         expect(body).to_have_attribute(attribute, "1", timeout=RENDER_TIMEOUT_MS)
+    # one of the Markdown handlers ran: they are real, and blocked above
+    expect(body).to_have_attribute("data-pwned-md", re.compile("."), timeout=RENDER_TIMEOUT_MS)
     deadline = time.monotonic() + 30
     while not {"pwned-html", "pwned-js"} <= {url.rsplit("/", 1)[-1] for url in requests}:
         assert time.monotonic() < deadline, f"the allowed scripts sent no request: {requests}"
@@ -369,7 +397,7 @@ def test_notebook_renders_in_jupyterlab(tmp_path: Path) -> None:
     root = tmp_path / "notebooks"
     root.mkdir()
     _write_notebook(root / NOTEBOOK, KERNEL_NAME, display_name, CELLS + BLOCKED_CELLS)
-    _write_notebook(root / ALLOW_NOTEBOOK, ALLOW_KERNEL, "allow", [ACTIVE_CELL])
+    _write_notebook(root / ALLOW_NOTEBOOK, ALLOW_KERNEL, "allow", [ACTIVE_CELL, MARKDOWN_CELL])
     (root / "animals.csv").write_text("animal,legs\nowl,2\nnewt,4\n")
     _write_allow_kernelspec(tmp_path / "jupyter-state" / "data", spec)  # JupyterLab's data dir
 

@@ -749,3 +749,23 @@ def test_star_import_gives_ipython_names(kernel: Kernel) -> None:
         "display_pdf",
     }
     assert expected <= names
+
+
+def test_the_shell_has_a_kernel_and_pandas_sees_it(kernel: Kernel) -> None:
+    """``get_ipython().kernel`` exists, as under ipykernel, so pandas chose at import the
+    notebook's layout: up to 20 columns, a wide frame's text wrapped rather than cut with
+    ``...`` columns and a ``[3 rows x 8 columns]`` footer; its HTML has every column."""
+    run = ok(
+        kernel.execute(
+            "import numpy as np, pandas as pd\n"
+            "print(get_ipython().kernel.implementation, pd.get_option('display.max_columns'))\n"
+            "pd.DataFrame(np.arange(24).reshape(3, 8) * 10**6,"
+            " columns=[f'column_{i}' for i in range(8)])"
+        )
+    )
+    assert run.stream_text() == "wasm-kernel 20\n"
+    [result] = run.of_type("execute_result")
+    text, page = result["data"]["text/plain"], result["data"]["text/html"]
+    assert "..." not in text and "columns]" not in text and text.count("column_") == 8
+    assert "  \\\n" in text  # wrapped, as pandas wraps for a kernel
+    assert page.count("<th>column_") == 8

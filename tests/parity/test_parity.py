@@ -14,6 +14,8 @@ from __future__ import annotations
 import copy
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -36,8 +38,6 @@ KNOWN_DIFFERENCES = {
     ("tracebacks", 4): "SyntaxError value: CPython 3.15 words the message differently from the"
     " native kernel's Python",
     ("magics", 22): "ValueError value: CPython 3.15 words list.index's message differently",
-    ("results", 7): "text/html: the active-output policy passes HTML through its sanitizer,"
-    ' which writes attributes in full (<style scoped="">)',
     ("results", 16): "tqdm.auto: natively it tries widgets, warns that ipywidgets is missing and"
     " falls back to text bars; in the sandbox (no comms, so no widgets) it goes straight to them",
 }
@@ -159,3 +159,47 @@ def test_question_mark_page_matches_native_kernel(code: str, start_kernel) -> No
     strip = re.compile(r"^File:.*$", re.MULTILINE)
     text = [strip.sub("", normalise(page["data"]["text/plain"])) for page in pages]
     assert text[0] == text[1]
+
+
+WIDE = (
+    "import numpy as np, pandas as pd\n"
+    "columns = [f'column_{i}' for i in range(8)]\n"
+    "print(pd.DataFrame(np.arange(24).reshape(3, 8) * 1_000_000, columns=columns))\n"
+    "pd.get_option('display.max_columns')"
+)
+
+
+def test_pandas_sees_a_kernel_with_or_without_the_boot_image(start_kernel, tmp_path) -> None:
+    """pandas decides once, at import, whether a kernel or a terminal runs it (a terminal gets
+    wide frames cut to its width, with ``...`` columns). The boot image imports it outside any
+    cell, a kernel booted without the image in its first cell: both print as natively. The
+    test's own copy of the compiled-runtime cache (hard links) boots without a boot image,
+    then with the one ``precompile`` builds into it from this checkout's guest code."""
+    from wasm_kernel.cache import RuntimeCache
+
+    cache = tmp_path / "cache"
+    subprocess.run(["cp", "-al", str(RuntimeCache().directory), str(cache)], check=True)
+    for boot in cache.rglob("boot-*"):
+        boot.unlink()
+    own = ([f"--WasmKernel.cache_dir={cache}"], {"WASM_KERNEL_CACHE_DIR": str(cache)})
+
+    def printed(kernel: Kernel, how: str) -> tuple[str, str | None]:
+        if how != "native":
+            described = kernel.execute("%sandbox").stream_text()
+            assert f"Interpreter: {how}" in described, described
+        run = kernel.execute(WIDE)
+        assert run.content["status"] == "ok", run.content
+        return run.stream_text(), run.result_text()
+
+    native = printed(start_kernel(kernel_name=NATIVE), "native")
+    assert native[1] == "20" and "column_7" in native[0] and "..." not in native[0]
+    assert printed(start_kernel(*own), "from a fresh boot") == native
+    built = subprocess.run(
+        [sys.executable, "-m", "wasm_kernel", "precompile", "--cache-dir", str(cache)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    assert printed(start_kernel(*own), "from the boot image") == native

@@ -348,8 +348,11 @@ def warm_up():
     - have the host make it immortal (see the host's ``immortal`` module), so that using an
       object no longer writes its reference count: half the pages a bare cell wrote.
     """
-    import numpy  # noqa: F401
-    import pandas  # noqa: F401
+    # Imported as in a cell, where get_ipython() exists: pandas asks it, once, whether a
+    # kernel runs it (see the shell module), and would otherwise fit wide frames to a terminal.
+    with shell.builtin_trap:
+        import numpy  # noqa: F401
+        import pandas  # noqa: F401
 
     shell.run_cell("1 / 0", store_history=False)
     # As if no cell had failed (as a fresh native kernel): no traceback kept for %tb, the

@@ -6,7 +6,9 @@ display publisher (display_data, update_display_data, clear_output), errors thro
 the sandbox cannot do (processes, GUIs, threads) is refused with one clear line.
 
 The class is named ``ZMQInteractiveShell`` because that is what pandas, plotly and others
-look for to tell a notebook front end from a terminal. Its config has no ``IPKernelApp``
+look for to tell a notebook front end from a terminal, and it has a ``kernel`` as ipykernel's
+shell has (pandas decides from it, when it is imported, whether to fit wide frames to a
+terminal or show every column). Its config has no ``IPKernelApp``
 section, which is all tqdm.auto looks for: its notebook bars are widgets, which need comms
 the sandbox does not have, so it must choose its text bars (as under ipykernel without
 ipywidgets).
@@ -29,7 +31,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.lib import pretty
-from traitlets import Type, default
+from traitlets import Instance, Type, default
 from traitlets.config import Config
 
 NO_PROCESSES = (
@@ -265,11 +267,23 @@ class HostDisplayPublisher(DisplayPublisher):
         _kernel().call_host(contract.CLEAR, wait=bool(wait))
 
 
+class GuestKernel:
+    """What ``get_ipython().kernel`` is in the sandbox. Under ipykernel it is the kernel object;
+    libraries ask whether there is one to tell a kernel from a terminal (pandas at import), so
+    its presence is what matters. It says which kernel it is, and nothing of ipykernel's."""
+
+    implementation = "wasm-kernel"
+
+    def __repr__(self):
+        return "<wasm-kernel's guest side>"
+
+
 class ZMQInteractiveShell(InteractiveShell):
     """The shell behind ``get_ipython()`` in the sandbox (named as ipykernel's: see above)."""
 
     displayhook_class = Type(HostDisplayHook)
     display_pub_class = Type(HostDisplayPublisher)
+    kernel = Instance(GuestKernel, ())  # as ipykernel's shell.kernel: see the module's doc
 
     def _tee(self, channel):
         """IPython copies everything a cell prints into its output history: in the sandbox

@@ -373,6 +373,50 @@ def test_scratch_limit_catches_a_quick_write(scratch_kernel: Kernel) -> None:
     assert run.content["status"] == "ok", run.content
 
 
+WRITES_ON_LOOKUP = (
+    "class Writer:\n"
+    "    def __getattr__(self, name):\n"
+    "        with open(f'/tmp/{name}', 'wb') as f:\n"
+    "            f.write(b'w' * (80 << 20))\n"
+    "        return name\n"
+    "writer = Writer()"
+)
+
+
+def test_scratch_limit_holds_for_user_expressions(scratch_kernel: Kernel) -> None:
+    """user_expressions run the user's code: past the limit, each expression says why."""
+    assert scratch_kernel.execute(WRITES_ON_LOOKUP).content["status"] == "ok"
+    try:
+        run = scratch_kernel.execute("1", user_expressions={"w": "writer.expressed"})
+        assert run.content["status"] == "ok", run.content
+        result = run.content["user_expressions"]["w"]
+        assert result["status"] == "error", result
+        assert result["ename"] == "ScratchLimitExceeded", result
+    finally:
+        run = scratch_kernel.execute("os.remove('/tmp/expressed')")
+    assert run.content["status"] == "ok", run.content
+
+
+def test_scratch_limit_holds_for_inspection_and_the_next_cell_says_so(
+    scratch_kernel: Kernel,
+) -> None:
+    """An inspection has no error to show: the next cell tells the user what happened."""
+    assert scratch_kernel.execute(WRITES_ON_LOOKUP).content["status"] == "ok"
+    try:
+        client = scratch_kernel.client
+        msg_id = client.inspect("writer.inspected", 16)
+        reply = client.get_shell_msg(timeout=60)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = client.get_shell_msg(timeout=60)
+        assert reply["content"]["status"] == "ok"
+        told = scratch_kernel.execute("2").stream_text("stderr")
+        assert "an inspection request" in told and "ScratchLimitExceeded" in told, told
+    finally:
+        run = scratch_kernel.execute("import glob\n[os.remove(f) for f in glob.glob('/tmp/insp*')]")
+    assert run.content["status"] == "ok", run.content
+    assert "ScratchLimitExceeded" not in scratch_kernel.execute("3").stream_text("stderr")
+
+
 @pytest.mark.slow
 def test_scratch_limit_counts_allocated_blocks(scratch_kernel: Kernel) -> None:
     """A sparse file's apparent size is not disk used; many empty files are."""

@@ -1,4 +1,4 @@
-"""The thread every guest turn runs on, and the relay that carries SIGINT to the sandbox.
+"""The thread every guest turn runs on, and the relay that carries interrupts to the sandbox.
 
 The kernel's event loop must stay free for control messages and signals while a cell runs, so
 turns, checkpoints and images run on one worker thread, in order; an interrupt reaches the
@@ -18,6 +18,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
+
+from ipykernel.kernelbase import Kernel
 
 
 class GuestThread(ThreadPoolExecutor):
@@ -134,3 +136,36 @@ def sent_before(request: dict, running: dict | None) -> bool:
         return False
     sent, started = mine.get("date"), theirs.get("date")
     return isinstance(sent, datetime) and isinstance(started, datetime) and sent < started
+
+
+class RelayedInterrupts(Kernel):
+    """The kernel's side of interrupts. Jupyter interrupts (signal mode, or interrupt_request,
+    which ipykernel turns into a SIGINT to this process) reach the sandbox through the relay
+    while a handler runs. Signal handlers can only be set on the main thread; subshell
+    handlers run elsewhere and keep the main one's."""
+
+    _interrupt_relay: InterruptRelay
+    _saved_signals: tuple[Any, int]
+    _latest_shell_request: dict | None = None
+
+    def pre_handler_hook(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._saved_signals = self._interrupt_relay.install()
+
+    def post_handler_hook(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._interrupt_relay.uninstall(self._saved_signals)
+
+    def set_parent(self, ident: Any, parent: dict, channel: str = "shell") -> None:
+        """Also kept where the control thread sees it (ipykernel keeps the shell's parent in
+        a context variable): a message-mode interrupt is checked against it."""
+        super().set_parent(ident, parent, channel)
+        if channel == "shell":
+            self._latest_shell_request = parent
+
+    async def interrupt_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        if self.session is not None and sent_before(parent, self._latest_shell_request):
+            # for a request that has ended: what ipykernel answers, and nothing interrupted
+            self.session.send(stream, "interrupt_reply", {"status": "ok"}, parent, ident=ident)
+            return
+        await super().interrupt_request(stream, ident, parent)

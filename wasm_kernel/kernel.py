@@ -3,8 +3,9 @@
 The handlers live here, dispatched by ipykernel by message type; each job they need is an
 object of its own: the settings (``kernel_settings``), the sandbox's start (``boot``), one
 cell's messages (``cell_messages``), the session's images (``session_images``), the guest
-thread and interrupt relay (``guest_thread``), the checks of malformed requests
-(``request_checks``) and input history (``history``). Everything about wasmtime lives in
+thread and interrupts (``guest_thread``), completion and the other services
+(``guest_services``), the checks of malformed requests (``request_checks``) and input
+history (``history``). Everything about wasmtime lives in
 ``sandbox``. Every guest turn runs on the one guest thread, so the event loop stays free for
 control messages and SIGINT while a cell runs.
 """
@@ -27,31 +28,27 @@ from ipykernel._version import kernel_protocol_version
 from traitlets import Float
 
 from . import __version__, images, iopub, kernel_folders
-from .active_output import ActiveOutput
 from .boot import SandboxStart
 from .cell_messages import CellMessages, KernelDoors, Request
 from .describe import describe
 from .grants import Grants, configured_runtime
-from .guest.modules import _wasm_kernel_contract as declared
-from .guest_thread import GuestThread, InterruptRelay, sent_before
+from .guest_services import GuestServices
+from .guest_thread import GuestThread, InterruptRelay, RelayedInterrupts
 from .hibernation import Hibernation
 from .history import History
 from .image_folder import ImageFolder
 from .kernel_settings import KernelSettings, screened
 from .limits import Limits
-from .request_checks import (
-    CheckedRequests,
-    clean_request,
-    complete_reply,
-    is_complete_reply,
-)
+from .request_checks import CheckedRequests
 from .sandbox import Sandbox
 from .session_images import SessionImages
 from .settings import InvalidSettings
 from .stops import CellStopped
 
 BACKLOG_FLOOR = 64 << 20  # bytes of cell output that may wait for slow IOPub clients
-HIBERNATE_SECONDS = 60.0  # longest a shutdown waits for a running cell before it hibernates
+# Longest a shutdown waits for the hibernation: clients kill a kernel that has not exited
+# 5 s after its shutdown_request (jupyter_client's shutdown_wait_time).
+HIBERNATE_SECONDS = 4.0
 
 
 def _keep_working_folder_off_sys_path() -> None:
@@ -77,7 +74,7 @@ def _log_to_process_stderr() -> None:
         package.propagate = False
 
 
-class WasmKernel(KernelSettings, CheckedRequests):
+class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedRequests):
     implementation = "wasm-kernel"
     implementation_version = __version__
     language = "python"
@@ -138,7 +135,6 @@ class WasmKernel(KernelSettings, CheckedRequests):
             reachable=self.grants.reachable_without_host_folders(),
         )
         self._start = SandboxStart(self, self.limits, self.grants, self.session_images)
-        self._latest_shell_request: dict | None = None
         self._interrupt_relay = InterruptRelay(self._interrupt_sandbox)
         self._worker = GuestThread()
         problems = [p for p in (self._settings_error, self.grants.mount_error) if p is not None]
@@ -224,6 +220,8 @@ class WasmKernel(KernelSettings, CheckedRequests):
         if self.grants.withheld and not self._withheld_told:
             cell.stream("stderr", f"wasm-kernel: {self.grants.withheld}\n")
             self._withheld_told = True
+        if notice := self.take_service_notice():
+            cell.stream("stderr", notice)
         if self._start.resume_note:
             cell.stream("stderr", self._start.resume_note)
             self._start.resume_note = ""
@@ -261,9 +259,8 @@ class WasmKernel(KernelSettings, CheckedRequests):
             return cell.reply()
         expressions = {}
         if user_expressions and isinstance(user_expressions, dict):
-            expressions = await self._service(
-                declared.EVALUATE_EXPRESSIONS,
-                {str(k): str(v) for k, v in user_expressions.items()},
+            expressions = await self.user_expressions(
+                {str(k): str(v) for k, v in user_expressions.items()}
             )
             expressions = cell.active_output.expressions(expressions)  # active-output policy
         return cell.reply(expressions)
@@ -271,20 +268,9 @@ class WasmKernel(KernelSettings, CheckedRequests):
     async def _sandbox(self, notify: Any) -> Sandbox:
         return await self._start.wait(self._boot, notify)
 
-    async def _service(self, service: str, *args: Any) -> dict:
-        """Run a guest service (completion, inspection...) and return its answer."""
-        try:
-            sandbox = await self._sandbox(lambda _: None)
-        except Exception:  # no sandbox (bad settings or mounts): cells say why; this answers empty
-            return {}
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(
-                self._worker, partial(sandbox.request, service, *args)
-            )
-        except CellStopped as stop:
-            self.log.warning("%s request stopped: %s", service, stop)
-            return {}
+    def _interrupt_sandbox(self) -> None:
+        if self._boot.done() and not self._boot.exception():
+            self._boot.result().interrupt()
 
     def _process_children(self) -> list[Any]:
         """Children ipykernel waits for at shutdown, less zombies. The kernel starts none
@@ -296,35 +282,6 @@ class WasmKernel(KernelSettings, CheckedRequests):
                 if child.status() != psutil.STATUS_ZOMBIE:
                     alive.append(child)
         return alive
-
-    # Jupyter interrupts (signal mode, or interrupt_request, which ipykernel turns into a
-    # SIGINT to this process) reach the sandbox while a handler runs. Signal handlers can
-    # only be set on the main thread; subshell handlers run elsewhere and keep the main one's.
-    def pre_handler_hook(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            self._saved_signals = self._interrupt_relay.install()
-
-    def post_handler_hook(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            self._interrupt_relay.uninstall(self._saved_signals)
-
-    def set_parent(self, ident: Any, parent: dict, channel: str = "shell") -> None:
-        """Also kept where the control thread sees it (ipykernel keeps the shell's parent in
-        a context variable): a message-mode interrupt is checked against it."""
-        super().set_parent(ident, parent, channel)
-        if channel == "shell":
-            self._latest_shell_request = parent
-
-    async def interrupt_request(self, stream: Any, ident: Any, parent: dict) -> None:
-        if self.session is not None and sent_before(parent, self._latest_shell_request):
-            # for a request that has ended: what ipykernel answers, and nothing interrupted
-            self.session.send(stream, "interrupt_reply", {"status": "ok"}, parent, ident=ident)
-            return
-        await super().interrupt_request(stream, ident, parent)
-
-    def _interrupt_sandbox(self) -> None:
-        if self._boot.done() and not self._boot.exception():
-            self._boot.result().interrupt()
 
     # -- malformed requests -----------------------------------------------------------------
 
@@ -358,24 +315,6 @@ class WasmKernel(KernelSettings, CheckedRequests):
             self.history.store(line, source)
 
     # -- introspection requests ------------------------------------------------------------
-
-    async def do_complete(self, code: str, cursor_pos: int | None) -> dict:
-        code, cursor = clean_request(code, cursor_pos)
-        return complete_reply(await self._service(declared.COMPLETE, code, cursor), code, cursor)
-
-    async def do_inspect(
-        self, code: str, cursor_pos: int | None, detail_level: int = 0, omit_sections: Any = ()
-    ) -> dict:
-        code, cursor = clean_request(code, cursor_pos)
-        omit = [str(name) for name in omit_sections] if isinstance(omit_sections, list) else []
-        reply = await self._service(declared.INSPECT, code, cursor, 1 if detail_level else 0, omit)
-        data = reply.get("data") if isinstance(reply.get("data"), dict) else {}
-        data = ActiveOutput(self.active_output).inspect(data)  # active-output policy
-        return {"status": "ok", "found": bool(reply.get("found")), "data": data, "metadata": {}}
-
-    async def do_is_complete(self, code: str) -> dict:
-        code, _ = clean_request(code, 0)
-        return is_complete_reply(await self._service(declared.IS_COMPLETE, code))
 
     async def do_history(
         self,
@@ -415,12 +354,15 @@ class WasmKernel(KernelSettings, CheckedRequests):
         if self._boot.done() and not self._boot.exception():
             sandbox = self._boot.result()
             if hibernate:
+                # A running cell is stopped now and rolled back: what hibernates is the state
+                # before it, as after any cell that did not finish.
+                sandbox.stop_running_turn()
                 count = self.execution_count
                 save = partial(self.session_images.hibernate, sandbox, count)
                 hibernation = asyncio.wrap_future(self._worker.submit(save))
                 done, _ = await asyncio.wait([hibernation], timeout=HIBERNATE_SECONDS)
                 if not done:
-                    self.log.warning("a cell was still running: this session did not hibernate")
+                    self.log.warning("the session could not hibernate in %g s", HIBERNATE_SECONDS)
             sandbox.close()
             sandbox.compiled.close()
         self._worker.shutdown(wait=False, cancel_futures=True)

@@ -116,6 +116,8 @@ def explain_trap(
             return time_limit_stopped(limits, ignored_interrupt=soft_reason == TIME)
         if stop_reason == SCRATCH_FULL:
             return CellStopped("ScratchLimitExceeded", scratch_text(scratch_size(), limits))
+        if stop_reason == SHUTDOWN:
+            return CellStopped("KernelShutdown", "the kernel was shut down while the cell ran.")
         return CellStopped(
             "KeyboardInterrupt",
             "the cell did not stop within"

@@ -109,12 +109,20 @@ def test_a_strict_kernel_says_nothing_is_mounted(start_kernel) -> None:
     assert "mounted" not in inside["evalue"]  # a missing scratch file is just missing
 
 
-def test_a_notebook_kernel_does_not_say_so(start_kernel, tmp_path: Path) -> None:
+def test_a_notebook_kernel_says_what_it_sees_instead(start_kernel, tmp_path: Path) -> None:
+    """A host path the notebook profile does not mount: the error says which folders it has,
+    as the strict profile says it has none; a missing file in a mounted folder is just
+    missing."""
     (tmp_path / "data.csv").write_text("x\n")
     kernel = start_kernel(cwd=tmp_path)
-    content = kernel.execute("open('/elsewhere/data.csv').read()").content
+    content = kernel.execute("open('/etc/passwd').read()").content
     assert content["ename"] == "FileNotFoundError"
     assert "no host folder is mounted" not in content["evalue"]
+    assert "sees only the host folders mounted at /notebook" in content["evalue"]
+    assert "WasmKernel.mounts" in "\n".join(content["traceback"])
+    inside = kernel.execute("open('/notebook/missing.csv').read()").content
+    assert inside["ename"] == "FileNotFoundError"
+    assert "mounted" not in inside["evalue"]
 
 
 def what_exit_does(kernel_name: str, cell: str) -> tuple:

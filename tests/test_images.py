@@ -533,3 +533,25 @@ def test_the_boot_image_holds_immortal_objects(start_kernel):
         " sys._is_immortal(_wasm_kernel._reserve), sys._is_immortal(object())"
     )
     assert plain(kernel.execute(probe)) == (True, True, False, False)
+
+
+def test_the_first_banner_says_how_the_interpreter_started():
+    """jupyter console shows the first kernel_info_reply's banner: it must not guess a fresh
+    boot while the interpreter is still coming from the boot image (%sandbox says which)."""
+    from conftest import KERNEL_NAME
+    from jupyter_client.manager import KernelManager
+
+    manager = KernelManager(kernel_name=KERNEL_NAME)
+    manager.start_kernel()
+    client = manager.client()
+    client.start_channels()
+    try:
+        reply = client.kernel_info(reply=True, timeout=120)  # the first request, as the console's
+        first = [line for line in reply["content"]["banner"].splitlines() if "Interpreter:" in line]
+        assert first == ["Interpreter: from the boot image"], reply["content"]["banner"]
+        kernel = Kernel.__new__(Kernel)
+        kernel.manager, kernel.client = manager, client
+        assert first[0] in kernel.execute("%sandbox").stream_text()
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)

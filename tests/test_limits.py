@@ -458,3 +458,24 @@ def test_cells_that_arm_later_deadlines_do_not_wake_the_watchdog() -> None:
         assert not fired.is_set()
     finally:
         watchdog.close()
+
+
+def test_strict_fuel_outlasts_its_time_limit_so_endless_loops_meet_the_time_limit(
+    start_kernel,
+) -> None:
+    """The docs promise students TimeLimitExceeded for an endless loop: the strict profile's
+    fuel must last well past its time limit at the fastest rate a loop burns it (measured
+    here), and the fuel message must not tell a student to edit a kernelspec."""
+    from wasm_kernel.profiles import PROFILES
+
+    budget = 20_000_000_000
+    kernel = start_kernel([f"--WasmKernel.fuel={budget}", "--WasmKernel.time_limit=0"])
+    start = time.monotonic()
+    run = kernel.execute("while True:\n    pass")
+    seconds = time.monotonic() - start
+    assert run.content["ename"] == "FuelExhausted", run.content
+    assert "kernelspec" not in run.content["evalue"]
+    assert "WasmKernel.fuel" in run.content["evalue"]
+    strict = PROFILES["strict"]
+    lasts = strict.fuel / (budget / seconds)  # seconds, at this loop's rate
+    assert lasts > 1.5 * strict.time_limit, f"strict fuel lasts {lasts:.0f} s"

@@ -47,7 +47,8 @@ class SandboxStart:
         self.packages = grants.packages
         self.images = session_images
         self.stage = "starting"
-        self.started_from = "a fresh boot"  # or the boot image, or a saved image
+        # the boot image, a saved image or a fresh boot; None until the start is done
+        self.started_from: str | None = None
         self.resume_note = ""  # why an image could not be resumed, told on the first cell
         self.resumed: images.HostState | None = None  # host state to apply before cell 1
 
@@ -57,6 +58,7 @@ class SandboxStart:
         for problem in problems:
             raise problem
         sandbox = self._boot()
+        self.started_from = self.started_from or "a fresh boot"
         if self.packages is not None:  # IPython's packages are the guest's too, for %pip
             self.packages.ships_folder(sandbox.packages)
         return sandbox

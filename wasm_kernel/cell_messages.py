@@ -30,6 +30,11 @@ NOTHING_MOUNTED = (
     " (no host folder is mounted in this kernel: it sees only its private /tmp and the Python"
     " runtime. Files come in through the operator: a mount, or a client's upload.)"
 )
+ONLY_MOUNTED = (
+    " (this kernel sees only the host folders mounted at {folders}, its private /tmp and the"
+    " Python runtime; other host files are not there. The operator grants more folders"
+    " with WasmKernel.mounts.)"
+)
 _QUOTED_PATH = re.compile(r": '(/[^']*)'")
 log = logging.getLogger(__name__)
 
@@ -57,8 +62,9 @@ class KernelDoors:
     snapshot: Callable[[CellMessages, str, str], dict]  # %snapshot: (cell, action, name)
     active_output: str  # the active-output policy's mode
     memory_limit: int  # bytes, for MemoryLimitExceeded
-    # guest folders a kernel with no host folders reaches (None: it has some, no hint)
-    reachable: tuple[str, ...] | None
+    # where the guest sees its host folders (None: they could not be mounted, no hint)
+    host_folders: tuple[str, ...] | None
+    own_folders: tuple[str, ...]  # the guest's other folders (scratch, runtime, packages)
 
 
 class CellMessages:
@@ -120,9 +126,9 @@ class CellMessages:
         # allocator), not e.g. the parser's "too complex" MemoryError
         if ename == "MemoryError" and (verdict.memory_limit or not evalue):
             ename, evalue = "MemoryLimitExceeded", memory_limit_text(self.doors.memory_limit)
-        elif ename in MISSING_PATH_ERRORS and self._outside_the_sandbox(evalue):
-            evalue += NOTHING_MOUNTED
-            traceback = [*traceback, NOTHING_MOUNTED.strip()]
+        elif ename in MISSING_PATH_ERRORS and (hint := self._outside_the_sandbox(evalue)):
+            evalue += hint
+            traceback = [*traceback, hint.strip()]
         if message["publish"]:
             self._record_error(ename, evalue, traceback, shown=verdict.shown)
         else:  # IPython printed it already (a UsageError): for the reply only
@@ -174,14 +180,18 @@ class CellMessages:
             "user_expressions": user_expressions or {},
         }
 
-    def _outside_the_sandbox(self, evalue: str) -> bool:
-        """Did a kernel without host folders fail on a path only the host could have?"""
-        reachable = self.doors.reachable
-        quoted = _QUOTED_PATH.search(evalue) if reachable is not None else None
-        if reachable is None or quoted is None:
-            return False
+    def _outside_the_sandbox(self, evalue: str) -> str:
+        """If the error is about a path only the host could have, a hint saying what the
+        kernel sees instead (empty otherwise)."""
+        mounted = self.doors.host_folders
+        quoted = _QUOTED_PATH.search(evalue) if mounted is not None else None
+        if mounted is None or quoted is None:
+            return ""
         path = quoted.group(1)
-        return not any(path == top or path.startswith(top.rstrip("/") + "/") for top in reachable)
+        for top in (*mounted, *self.doors.own_folders):
+            if path == top or path.startswith(top.rstrip("/") + "/"):
+                return ""
+        return ONLY_MOUNTED.format(folders=", ".join(mounted)) if mounted else NOTHING_MOUNTED
 
     def _record_error(
         self, ename: str, evalue: str, traceback: list[str], shown: bool = True

@@ -19,7 +19,7 @@ def describe(
     problem: Exception | None,
     grants: Grants,
     limits: Limits,
-    started_from: str,
+    started_from: str | None,
     sandbox: Sandbox | None,
     hibernation: str,
 ) -> str:
@@ -43,7 +43,7 @@ def describe(
         f"Host folders:\n{grants.describe_folders()}\n"
         f"  {SCRATCH}: private scratch, deleted when the kernel stops, {scratch_size}\n"
         f"Starting folder: {grants.start_dir}\n"
-        f"Interpreter: from {started_from}\n"
+        f"Interpreter: {f'from {started_from}' if started_from else 'still starting'}\n"
         f"Per cell: fuel {limits.fuel:,}, {time_limit},"
         f" memory {_size(limits.memory_limit)}, output {_size(limits.output_limit)}\n"
         f"Packages: {grants.packages.describe() if grants.packages else 'off'}\n"

@@ -114,12 +114,16 @@ class Grants:
             return {"error": f"the host could not complete this: {exc.strerror or exc}"}
         return {"text": text}
 
-    def reachable_without_host_folders(self) -> tuple[str, ...] | None:
-        """The guest folders of a kernel with no host folder, for the hint on a path only the
-        host has; None where the kernel has host folders (or could not mount them)."""
-        if self.granted or self.mount_error is not None:
+    def host_folders_in_guest(self) -> tuple[str, ...] | None:
+        """Where the guest sees the host folders it was granted, for the hint on a path only
+        the host has; None where the mounts could not be made (cells say why instead)."""
+        if self.mount_error is not None:
             return None
-        return (SCRATCH, self.runtime.lib_guest_dir)
+        return tuple(mount.guest for mount in self.granted)
+
+    def own_folders(self) -> tuple[str, ...]:
+        """The guest's folders that are not host folders: scratch, runtime, packages."""
+        return (SCRATCH, self.runtime.lib_guest_dir, GUEST_FOLDER)
 
     def describe_folders(self) -> str:
         if self.mount_error is not None or self.withheld:

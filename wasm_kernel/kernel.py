@@ -49,6 +49,7 @@ BACKLOG_FLOOR = 64 << 20  # bytes of cell output that may wait for slow IOPub cl
 # Longest a shutdown waits for the hibernation: clients kill a kernel that has not exited
 # 5 s after its shutdown_request (jupyter_client's shutdown_wait_time).
 HIBERNATE_SECONDS = 4.0
+BANNER_WAIT = 2.0  # seconds kernel_info waits for the interpreter's start (a compile: minutes)
 
 
 def _keep_working_folder_off_sys_path() -> None:
@@ -132,7 +133,8 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
             snapshot=self.session_images.snapshot_message,
             active_output=self.active_output,
             memory_limit=self.limits.memory_limit,
-            reachable=self.grants.reachable_without_host_folders(),
+            host_folders=self.grants.host_folders_in_guest(),
+            own_folders=self.grants.own_folders(),
         )
         self._start = SandboxStart(self, self.limits, self.grants, self.session_images)
         self._interrupt_relay = InterruptRelay(self._interrupt_sandbox)
@@ -170,6 +172,13 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
             "codemirror_mode": {"name": "ipython", "version": 3},
             "nbconvert_exporter": "python",
         }
+
+    async def kernel_info_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        """The banner says how the interpreter started: a start from the boot image takes a
+        fraction of a second, worth waiting for rather than answering "still starting"."""
+        with contextlib.suppress(Exception):  # not started in time, or failed: it says so
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._boot)), BANNER_WAIT)
+        await super().kernel_info_request(stream, ident, parent)
 
     @property
     def banner(self) -> str:  # type: ignore[override]

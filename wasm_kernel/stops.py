@@ -24,7 +24,17 @@ TIME = "time"  # the cell's wall-clock limit
 SCRATCH_FULL = "scratch"  # the private /tmp grew past its limit
 SHUTDOWN = "shutdown"  # the kernel is closing
 
-TIME_LIMIT_HINT = "Raise it with --WasmKernel.time_limit=SECONDS (0 for none)."
+
+def set_by_operator(setting: str) -> str:
+    """Where a limit comes from, for whoever reads the error: often not the one who can change
+    it (a student's kernel is set up by the course)."""
+    return (
+        f"The limit is the kernel's setting WasmKernel.{setting}, which whoever set up this"
+        " kernel can change."
+    )
+
+
+TIME_LIMIT_HINT = set_by_operator("time_limit")
 
 
 class CellStopped(Exception):
@@ -42,7 +52,7 @@ class CellStopped(Exception):
 def memory_limit_text(limit: int) -> str:
     return (
         f"the cell needed more than the sandbox's memory limit of {limit / (1 << 20):,.0f} MiB."
-        " Raise it with --WasmKernel.memory_limit=BYTES."
+        f" {set_by_operator('memory_limit')}"
     )
 
 
@@ -82,15 +92,14 @@ def scratch_text(size: Usage, limits: Limits) -> str:
         f"the cell filled the private {SCRATCH} past its limit of {limits.scratch_limit >> 20}"
         f" MiB ({size >> 20} MiB there now; files count at least 4 KiB each, and so do deleted"
         " files still open). Its files stay: delete some (os.remove, shutil.rmtree) to go"
-        " on. The limit is --WasmKernel.scratch_limit=BYTES."
+        f" on. {set_by_operator('scratch_limit')}"
     )
 
 
 def output_notice(budget: int) -> str:
     return (
         f"\n[wasm-kernel] output limit reached: this cell's output went past {budget:,}"
-        " bytes; what did not fit is not shown. Raise it with"
-        " --WasmKernel.output_limit=BYTES.\n"
+        f" bytes; what did not fit is not shown. {set_by_operator('output_limit')}\n"
     )
 
 
@@ -107,9 +116,8 @@ def explain_trap(
     if code == wasmtime.TrapCode.OUT_OF_FUEL:
         return CellStopped(
             "FuelExhausted",
-            f"the cell used up its fuel budget of {limits.fuel:,} units (about one per"
-            " WebAssembly instruction). Raise it with --WasmKernel.fuel=N in the"
-            " kernelspec argv or c.WasmKernel.fuel in jupyter_wasm_kernel_config.py.",
+            f"the cell used up its budget of {limits.fuel:,} units of work (about one per"
+            f" WebAssembly instruction). {set_by_operator('fuel')}",
         )
     if code == wasmtime.TrapCode.INTERRUPT:
         if stop_reason == TIME:

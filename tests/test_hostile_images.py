@@ -1,0 +1,217 @@
+"""Hostile images and snapshot folders: what others can place where a kernel reads and
+writes images (issue 24).
+
+A snapshot folder can hold names planted by someone else (links, devices, FIFOs), an image
+can be crafted, kernels can be killed while they write one and can share a folder. Each
+test drives real kernels through jupyter_client, with files, images and archives the test
+makes itself; a kernel that starts to balloon is killed by a guard, so that the old
+behaviour fails a test without taking the machine's memory.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import Kernel, ok, plain
+from test_images import _with_archive, environment, error_of
+
+from wasm_kernel import images
+
+GUARD = 1536 << 20  # a kernel past this resident size is killed: a refusal takes nothing
+
+
+def kernel_pid(kernel: Kernel) -> int:
+    return kernel.manager.provisioner.process.pid  # type: ignore[union-attr]
+
+
+def status_bytes(pid: int, field: str) -> int:
+    """A size from /proc/PID/status (VmRSS, VmHWM), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) << 10
+    raise KeyError(field)
+
+
+class MemoryGuard:
+    """Kills the kernel process if its resident memory passes GUARD (the old code read
+    /dev/zero without end); ``tripped`` says it did."""
+
+    def __init__(self, pid: int):
+        self.pid, self.tripped = pid, False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.02):
+            try:
+                if status_bytes(self.pid, "VmRSS") > GUARD:
+                    self.tripped = True
+                    os.kill(self.pid, signal.SIGKILL)
+                    return
+            except (OSError, KeyError):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def staged(folder: Path) -> list[Path]:
+    return sorted(folder.glob(".*.partial"))
+
+
+def staged_sizes(folder: Path) -> list[int]:
+    sizes = []
+    for path in staged(folder):
+        try:
+            sizes.append(path.stat().st_size)
+        except FileNotFoundError:  # renamed into place meanwhile
+            pass
+    return sizes
+
+
+# -- finding 2: links, devices and FIFOs read as images ------------------------------------
+
+
+def test_links_devices_and_fifos_are_refused_without_reading(start_kernel, tmp_path):
+    folder = tmp_path / "snapshots"
+    kernel = start_kernel(env=environment(folder))
+    ok(kernel.execute("state = 'mine'"))
+    ok(kernel.execute("%snapshot save good"))
+    (folder / "zero.wkimg").symlink_to("/dev/zero")
+    (folder / "linked.wkimg").symlink_to(folder / "good.wkimg")  # even a sound image
+    os.mkfifo(folder / "fifo.wkimg")
+    pid = kernel_pid(kernel)
+    before = status_bytes(pid, "VmHWM")
+    guard = MemoryGuard(pid)
+    try:
+        refused = {}
+        for name in ("zero", "linked", "fifo"):
+            ename, evalue = error_of(kernel.execute(f"%snapshot restore {name}", timeout=60))
+            assert ename == "SnapshotError", (name, evalue)
+            refused[name] = evalue
+        listed = ok(kernel.execute("%snapshot list")).stream_text()
+        assert plain(kernel.execute("state")) == "mine"
+        growth = status_bytes(pid, "VmHWM") - before
+    finally:
+        guard.stop()
+    assert not guard.tripped
+    assert "is a symbolic link" in refused["zero"] and "is a symbolic link" in refused["linked"]
+    assert "is a FIFO (named pipe), not a regular file" in refused["fifo"]
+    assert [line.split()[0] for line in listed.splitlines()[:-1]] == ["good"], listed
+    print(f"peak resident memory grew by {growth / (1 << 20):.1f} MiB while refusing them")
+    assert growth < 64 << 20
+
+
+@pytest.mark.parametrize("source", ["/dev/zero", "fifo"])
+def test_resuming_a_device_or_fifo_starts_fresh_and_says_why(start_kernel, tmp_path, source):
+    if source == "fifo":
+        os.mkfifo(tmp_path / "fifo")
+        source = str(tmp_path / "fifo")
+    kernel = start_kernel([f"--WasmKernel.resume_from={source}"], env=environment(tmp_path))
+    guard = MemoryGuard(kernel_pid(kernel))
+    try:
+        first = ok(kernel.execute("6 * 7", timeout=60))
+        peak = status_bytes(kernel_pid(kernel), "VmHWM")
+    finally:
+        guard.stop()
+    assert not guard.tripped
+    assert plain(first) == 42
+    told = first.stream_text("stderr")
+    assert f"could not resume from {source}" in told and "not a regular file" in told, told
+    print(f"peak resident memory of the kernel: {peak / (1 << 20):.0f} MiB")
+
+
+def test_snapshot_info_refuses_a_fifo(tmp_path):
+    fifo = tmp_path / "info.wkimg"
+    os.mkfifo(fifo)
+    done = subprocess.run(
+        [sys.executable, "-m", "wasm_kernel", "snapshot", "info", str(fifo)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1 and "not a regular file" in done.stderr, done.stderr
+
+
+# -- finding 3: a crafted /tmp archive ---------------------------------------------------------
+
+
+def _crafted_archive(kind: str, size: int) -> bytes:
+    """A /tmp archive whose member sizes sum to nothing while it unpacks to ``size`` bytes:
+    a file of zeros (stored, compressed to almost nothing in the image), or a sparse file
+    that stores none, beside a folder whose PAX header declares ``-size`` bytes; or
+    ``size // 4096`` empty files (each takes a block on disk)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        if kind == "empties":
+            for index in range(size // 4096):
+                tar.addfile(tarfile.TarInfo(f"e{index}"), io.BytesIO())
+        else:
+            member = tarfile.TarInfo("filler.bin")
+            if kind == "sparse":
+                member.pax_headers = {"GNU.sparse.map": "0,0", "GNU.sparse.size": str(size)}
+                tar.addfile(member)
+            else:
+                member.size = size
+                tar.addfile(member, io.BytesIO(bytes(size)))
+            cancel = tarfile.TarInfo("cancel")
+            cancel.type = tarfile.DIRTYPE
+            cancel.size = -size  # written as a PAX "size" record
+            tar.addfile(cancel)
+    return out.getvalue()
+
+
+LIMIT = 16 << 20  # the kernel's /tmp limit in these tests
+# (what the archive unpacks to, what the refusal says): past the limit but within what an
+# image may inflate to (the limit and 16 MiB), or within it but with a negative size
+CRAFTED = {
+    "zeros": (24 << 20, "more than this kernel's /tmp limit of 16 MiB"),
+    "sparse": (24 << 20, "archive member 'filler.bin' is not a plain file or folder"),
+    "negative": (8 << 20, "archive member 'cancel' declares a size of -8388608 bytes"),
+    "empties": (24 << 20, "more than this kernel's /tmp limit of 16 MiB"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CRAFTED))
+def test_a_crafted_archive_cannot_pass_the_scratch_limit(start_kernel, tmp_path, kind):
+    size, reason = CRAFTED[kind]
+    folder = tmp_path / "snapshots"
+    kernel = start_kernel([f"--WasmKernel.scratch_limit={LIMIT}"], env=environment(folder))
+    ok(kernel.execute("state = 'mine'; open('/tmp/own.txt', 'w').write('kept')"))
+    ok(kernel.execute("%snapshot save good"))
+    crafted = _with_archive((folder / "good.wkimg").read_bytes(), _crafted_archive(kind, size))
+    (folder / "crafted.wkimg").write_bytes(crafted)
+    ename, evalue = error_of(kernel.execute("%snapshot restore crafted"))
+    assert ename == "SnapshotError" and reason in evalue, evalue
+    ok(kernel.execute("import os"))
+    assert plain(kernel.execute("sorted(os.listdir('/tmp')), state")) == (["own.txt"], "mine")
+    print(f"crafted image: {len(crafted) >> 10} KiB, unpacking to {size >> 20} MiB")
+
+
+@pytest.mark.nokernel
+def test_the_unpack_stops_at_the_limit_whatever_the_check_said(tmp_path):
+    """The unpack counts what it writes itself: an archive past the limit (which the check
+    would have refused) stops before its first byte past it."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for index in range(4):
+            member = tarfile.TarInfo(f"deep/er/part-{index}")
+            member.size = 1 << 20
+            tar.addfile(member, io.BytesIO(bytes(1 << 20)))
+    target = tmp_path / "scratch"
+    target.mkdir()
+    with pytest.raises(images.ImageError, match="more than this kernel's /tmp limit of 3 MiB"):
+        images.unpack_archive(out.getvalue(), target, 3 << 20)
+    written = sum(path.stat().st_size for path in target.rglob("*") if path.is_file())
+    assert written == 2 << 20  # two whole files and two folders fit; the third would not

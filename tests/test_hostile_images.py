@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,35 @@ def staged_sizes(folder: Path) -> list[int]:
         except FileNotFoundError:  # renamed into place meanwhile
             pass
     return sizes
+
+
+# -- finding 1: a link planted as the staging file -------------------------------------------
+
+
+def test_save_does_not_follow_links_planted_in_the_folder(start_kernel, tmp_path):
+    folder, outside = tmp_path / "snapshots", tmp_path / "outside"
+    folder.mkdir()
+    outside.mkdir()
+    victims = {name: outside / f"{name}.txt" for name in ("staging", "target")}
+    for victim in victims.values():
+        victim.write_text("the user's own file")
+        victim.chmod(0o644)
+    # the staging name the kernel used to write through, and the image's own name
+    (folder / ".victim.wkimg.partial").symlink_to(victims["staging"])
+    (folder / "victim.wkimg").symlink_to(victims["target"])
+    kernel = start_kernel(env=environment(folder))
+    ok(kernel.execute("x = 'saved'"))
+    ok(kernel.execute("%snapshot save victim"))
+    for victim in victims.values():
+        assert victim.read_text() == "the user's own file", victim
+        assert victim.stat().st_mode & 0o777 == 0o644, victim
+    image = folder / "victim.wkimg"
+    assert not image.is_symlink() and image.stat().st_mode & 0o777 == 0o600
+    # no staging file of its own left behind; the planted link is left alone, not followed
+    assert staged(folder) == [folder / ".victim.wkimg.partial"]
+    ok(kernel.execute("x = 'changed'"))
+    ok(kernel.execute("%snapshot restore victim"))
+    assert plain(kernel.execute("x")) == "saved"
 
 
 # -- finding 2: links, devices and FIFOs read as images ------------------------------------
@@ -215,3 +245,69 @@ def test_the_unpack_stops_at_the_limit_whatever_the_check_said(tmp_path):
         images.unpack_archive(out.getvalue(), target, 3 << 20)
     written = sum(path.stat().st_size for path in target.rglob("*") if path.is_file())
     assert written == 2 << 20  # two whole files and two folders fit; the third would not
+
+
+# -- finding 4: staging files of killed or stopped kernels ------------------------------------
+
+
+def test_unfinished_saves_count_and_a_killed_kernels_are_removed(start_kernel, tmp_path):
+    """A kernel stopped in the middle of a save holds its staging file: it counts in the
+    quota of the other kernels. Killed, it leaves the file unlocked: the next kernel start
+    removes it."""
+    folder = tmp_path / "snapshots"
+    writer = Kernel(env=environment(folder, WASM_KERNEL_SNAPSHOT_QUOTA="0"))
+    try:
+        ok(writer.execute("import os; noise = os.urandom(128 << 20)"))
+        pid = kernel_pid(writer)
+        writer.client.execute("%snapshot save big", allow_stdin=False)
+        deadline = time.monotonic() + 120
+        while not any(size >= 32 << 20 for size in staged_sizes(folder)):
+            assert time.monotonic() < deadline, "no staging file was written"
+            time.sleep(0.001)
+        os.kill(pid, signal.SIGSTOP)  # the save's write ends; the kernel stops before renaming
+        [partial] = staged(folder)
+        assert not (folder / "big.wkimg").exists()
+        other = start_kernel(env=environment(folder, WASM_KERNEL_SNAPSHOT_QUOTA=str(64 << 20)))
+        ok(other.execute("y = 1"))
+        ename, evalue = error_of(other.execute("%snapshot save small"))
+        assert ename == "SnapshotError" and "would pass the snapshot quota of 64 MiB" in evalue
+        assert "of it saves in progress" in evalue, evalue
+        listed = ok(other.execute("%snapshot list")).stream_text()
+        assert "1 unfinished" in listed, listed
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        writer.manager.shutdown_kernel(now=True)
+    assert staged(folder) == [partial], "a killed kernel's staging file stays until a sweep"
+    later = start_kernel(env=environment(folder))
+    ok(later.execute("z = 1"))
+    assert staged(folder) == [], "the next kernel's start removed it"
+    ok(other.execute("%snapshot save small"))
+    assert sorted(path.name for path in folder.glob("*.wkimg")) == ["small.wkimg"]
+
+
+# -- finding 5: two kernels saving into one quota at once -------------------------------------
+
+
+def test_two_kernels_saving_at_once_cannot_both_pass_the_quota(tmp_path):
+    folder = tmp_path / "snapshots"
+    quota = 100 << 20  # one image of ~64 MiB fits, two do not
+    env = environment(folder, WASM_KERNEL_SNAPSHOT_QUOTA=str(quota))
+    kernels = [Kernel(env=env) for _ in range(2)]
+    try:
+        for kernel in kernels:
+            ok(kernel.execute("import os; noise = os.urandom(48 << 20)"))
+        asked = [
+            kernel.client.execute(f"%snapshot save k{index}", allow_stdin=False)
+            for index, kernel in enumerate(kernels)
+        ]
+        runs = [kernel.collect(msg_id) for kernel, msg_id in zip(kernels, asked, strict=True)]
+    finally:
+        for kernel in kernels:
+            kernel.shutdown()
+    statuses = sorted(run.content["status"] for run in runs)
+    saved = list(folder.glob("*.wkimg"))
+    assert statuses == ["error", "ok"], [run.content.get("evalue") for run in runs]
+    [failed] = [run for run in runs if run.content["status"] == "error"]
+    assert "would pass the snapshot quota of 100 MiB" in failed.content["evalue"]
+    assert len(saved) == 1 and saved[0].stat().st_size <= quota
+    assert staged(folder) == []

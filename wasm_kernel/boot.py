@@ -87,6 +87,8 @@ class SandboxStart:
             checkpoint_mode=settings.checkpoint_mode,
             plain_tracebacks=settings.plain_tracebacks,
         )
+        if self.images.snapshots or self.images.hibernate_on_shutdown:
+            self.images.folder.sweep()  # staging files of killed kernels' saves
         source = self.images.to_resume(settings.resume_from)
         if source is None:
             return self._from_boot_image(cache.entry_dir(self.runtime), start)

@@ -311,3 +311,35 @@ def test_two_kernels_saving_at_once_cannot_both_pass_the_quota(tmp_path):
     assert "would pass the snapshot quota of 100 MiB" in failed.content["evalue"]
     assert len(saved) == 1 and saved[0].stat().st_size <= quota
     assert staged(folder) == []
+
+
+# -- finding 6: snapshot_dir empty or relative ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "value"),
+    [("argv", ""), ("argv", "snaps"), ("env", ""), ("env", "snaps"), ("config", "")],
+)
+def test_an_empty_or_relative_snapshot_dir_is_refused(start_kernel, tmp_path, source, value):
+    """Taken from the kernel's working folder (the notebook's), the folder would put other
+    notebooks' hibernated sessions where this notebook's cells read files."""
+    notebook = tmp_path / "notebook"
+    notebook.mkdir()
+    env = {"JPY_SESSION_NAME": str(notebook / "work.ipynb")}
+    argv = []
+    if source == "argv":
+        argv = [f"--WasmKernel.snapshot_dir={value}"]
+    elif source == "env":
+        env["WASM_KERNEL_SNAPSHOT_DIR"] = value
+    else:
+        (tmp_path / "config").mkdir()
+        (tmp_path / "config" / "jupyter_wasm_kernel_config.py").write_text(
+            f"c.WasmKernel.snapshot_dir = {value!r}\n"
+        )
+        env["JUPYTER_CONFIG_DIR"] = str(tmp_path / "config")
+    kernel = start_kernel(argv, env, cwd=notebook)
+    ename, evalue = error_of(kernel.execute("x = 1"))
+    assert ename == "InvalidSetting" and "WasmKernel.snapshot_dir = " in evalue, evalue
+    assert "must be an absolute folder path" in evalue
+    kernel.shutdown()
+    assert list(notebook.rglob("*")) == [], "nothing landed in the notebook's folder"

@@ -177,56 +177,58 @@ def test_snapshot_info_refuses_a_fifo(tmp_path):
 # -- finding 3: a crafted /tmp archive ---------------------------------------------------------
 
 
-def _crafted_archive(kind: str, size: int) -> bytes:
-    """A /tmp archive whose member sizes sum to nothing while it unpacks to ``size`` bytes:
-    a file of zeros (stored, compressed to almost nothing in the image), or a sparse file
-    that stores none, beside a folder whose PAX header declares ``-size`` bytes; or
-    ``size // 4096`` empty files (each takes a block on disk)."""
+def _crafted_archive(members: list[tuple[str, int]]) -> bytes:
+    """A /tmp archive of ``(kind, size)`` members: a folder whose PAX header declares
+    ``-size`` bytes ("cancel"), a file of zeros (stored, compressed to almost nothing in the
+    image), a sparse file that stores none of its zeros, or ``size // 4096`` empty files."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        if kind == "empties":
-            for index in range(size // 4096):
-                tar.addfile(tarfile.TarInfo(f"e{index}"), io.BytesIO())
-        else:
-            member = tarfile.TarInfo("filler.bin")
-            if kind == "sparse":
+        for kind, size in members:
+            member = tarfile.TarInfo(kind)
+            if kind == "cancel":
+                member.type = tarfile.DIRTYPE
+                member.size = -size  # written as a PAX "size" record
+                tar.addfile(member)
+            elif kind == "sparse":
                 member.pax_headers = {"GNU.sparse.map": "0,0", "GNU.sparse.size": str(size)}
                 tar.addfile(member)
-            else:
+            elif kind == "zeros":
                 member.size = size
                 tar.addfile(member, io.BytesIO(bytes(size)))
-            cancel = tarfile.TarInfo("cancel")
-            cancel.type = tarfile.DIRTYPE
-            cancel.size = -size  # written as a PAX "size" record
-            tar.addfile(cancel)
+            else:
+                for index in range(size // 4096):
+                    tar.addfile(tarfile.TarInfo(f"empty-{index}"), io.BytesIO())
     return out.getvalue()
 
 
 LIMIT = 16 << 20  # the kernel's /tmp limit in these tests
-# (what the archive unpacks to, what the refusal says): past the limit but within what an
-# image may inflate to (the limit and 16 MiB), or within it but with a negative size
+BIG = 24 << 20  # past that limit, within what an image may inflate to (the limit + 16 MiB)
+# the archive's members, and what the refusal says
 CRAFTED = {
-    "zeros": (24 << 20, "more than this kernel's /tmp limit of 16 MiB"),
-    "sparse": (24 << 20, "archive member 'filler.bin' is not a plain file or folder"),
-    "negative": (8 << 20, "archive member 'cancel' declares a size of -8388608 bytes"),
-    "empties": (24 << 20, "more than this kernel's /tmp limit of 16 MiB"),
+    # the sizes sum to nothing: the old check let 24 MiB be written
+    "cancelled-zeros": ([("cancel", BIG), ("zeros", BIG)], "'cancel' declares a size of -"),
+    "cancelled-sparse": ([("cancel", BIG), ("sparse", BIG)], "'cancel' declares a size of -"),
+    # within the limit by its size, but not what an image's /tmp holds
+    "sparse": ([("sparse", 8 << 20)], "'sparse' is not a plain file or folder"),
+    # each file takes a block on disk, whatever its size
+    "empties": ([("empties", BIG)], "more than this kernel's /tmp limit of 16 MiB"),
 }
 
 
 @pytest.mark.parametrize("kind", sorted(CRAFTED))
 def test_a_crafted_archive_cannot_pass_the_scratch_limit(start_kernel, tmp_path, kind):
-    size, reason = CRAFTED[kind]
+    members, reason = CRAFTED[kind]
     folder = tmp_path / "snapshots"
     kernel = start_kernel([f"--WasmKernel.scratch_limit={LIMIT}"], env=environment(folder))
     ok(kernel.execute("state = 'mine'; open('/tmp/own.txt', 'w').write('kept')"))
     ok(kernel.execute("%snapshot save good"))
-    crafted = _with_archive((folder / "good.wkimg").read_bytes(), _crafted_archive(kind, size))
+    crafted = _with_archive((folder / "good.wkimg").read_bytes(), _crafted_archive(members))
     (folder / "crafted.wkimg").write_bytes(crafted)
     ename, evalue = error_of(kernel.execute("%snapshot restore crafted"))
     assert ename == "SnapshotError" and reason in evalue, evalue
     ok(kernel.execute("import os"))
     assert plain(kernel.execute("sorted(os.listdir('/tmp')), state")) == (["own.txt"], "mine")
-    print(f"crafted image: {len(crafted) >> 10} KiB, unpacking to {size >> 20} MiB")
+    print(f"crafted image ({kind}): {len(crafted) >> 10} KiB")
 
 
 @pytest.mark.nokernel

@@ -97,13 +97,13 @@ class ImageFolder:
 
     def _listed(self, wanted: Callable[[str], bool]) -> list[Entry]:
         """Regular files whose names ``wanted`` takes; links and special files are not."""
+        found = []
         try:
             with os.scandir(self.directory) as scan:
-                found = [
-                    (entry.name, entry.stat(follow_symlinks=False))
-                    for entry in scan
-                    if wanted(entry.name) and entry.is_file(follow_symlinks=False)
-                ]
+                for entry in scan:
+                    if wanted(entry.name) and entry.is_file(follow_symlinks=False):
+                        with contextlib.suppress(FileNotFoundError):  # removed meanwhile
+                            found.append((entry.name, entry.stat(follow_symlinks=False)))
         except OSError:
             return []
         return [

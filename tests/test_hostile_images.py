@@ -355,3 +355,25 @@ def test_an_empty_or_relative_snapshot_dir_is_refused(start_kernel, tmp_path, so
     assert "must be an absolute folder path" in evalue
     kernel.shutdown()
     assert list(notebook.rglob("*")) == [], "nothing landed in the notebook's folder"
+
+
+@pytest.mark.nokernel
+def test_a_streamed_save_is_checked_after_it_is_written(tmp_path):
+    """A save that streams its image (a function given the staging file, which it may seek
+    in) is held to the quota by the size it wrote; ``admit`` sees that size first."""
+    from wasm_kernel.image_folder import ImageFolder
+
+    folder = ImageFolder(tmp_path, 20 << 20)
+    admitted = []
+
+    def write(out) -> None:
+        out.write(bytes(16))
+        out.write(os.urandom(12 << 20))
+        out.seek(0)
+        out.write(b"header, at last.")
+
+    saved = folder.store("streamed", write, admit=admitted.append)
+    assert saved.read_bytes()[:16] == b"header, at last." and admitted == [(12 << 20) + 16]
+    with pytest.raises(images.ImageError, match="would pass the snapshot quota of 20 MiB"):
+        folder.store("second", write)
+    assert [entry.name for entry in folder.entries()] == ["streamed"] and staged(tmp_path) == []

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO
 
 from . import host_files
 from .images import SUFFIX, ImageError
@@ -33,7 +33,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 STAGING = ".partial"  # staging files: ".NAME.wkimg.<random>.partial"
 LOCK = ".lock"
 LOCK_WAIT = 10.0  # seconds; the lock is held for a rename or a sweep, milliseconds
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def check_name(name: str) -> str:
@@ -50,37 +50,12 @@ def is_staging(name: str) -> bool:
     return name.startswith(".") and name.endswith(STAGING) and SUFFIX + "." in name
 
 
-class Writable(Protocol):
-    def write(self, data: bytes | bytearray | memoryview, /) -> int: ...
-
-
 @dataclass(frozen=True)
 class Entry:
     name: str
     path: Path
     size: int
     modified: float
-
-
-class _Staged:
-    """The staging file being written: refuses to grow past ``room`` bytes (0: no bound)."""
-
-    def __init__(self, fd: int, room: int, refuse: Callable[[int], ImageError]):
-        self.fd, self.room, self.refuse = fd, room, refuse
-        self.written = 0
-
-    def write(self, data: bytes | bytearray | memoryview) -> int:
-        view = memoryview(data).cast("B")
-        if self.room and self.written + len(view) > self.room:
-            raise self.refuse(self.written + len(view))
-        while view:
-            done = os.write(self.fd, view)
-            self.written += done
-            view = view[done:]
-        return len(data)
-
-    def tell(self) -> int:
-        return self.written
 
 
 class ImageFolder:
@@ -127,9 +102,15 @@ class ImageFolder:
         """Bytes the images and the staging files take, but the file ``besides``."""
         return sum(entry.size for entry in self.entries() + self.staged() if entry.path != besides)
 
-    def store(self, name: str, image: bytes | Callable[[Writable], object]) -> Path:
+    def store(
+        self,
+        name: str,
+        image: bytes | Callable[[BinaryIO], object],
+        admit: Callable[[int], None] | None = None,
+    ) -> Path:
         """Write an image under ``name`` (replacing one of that name) within the quota:
-        ``image`` is its bytes, or a function that writes them into the file it is given."""
+        ``image`` is its bytes, or a function that writes them into the (seekable) file it is
+        given. ``admit`` may refuse, or make room for, its size before the quota is checked."""
         target = self.path(name)
         if isinstance(image, bytes):  # refused before anything is written
             self._check_quota(name, target, len(image), besides=target)
@@ -137,20 +118,19 @@ class ImageFolder:
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
             with self._locked():
                 self._sweep_locked()
-                staging = target.with_name(f".{target.name}.{secrets.token_hex(8)}{STAGING}")
-                fd = os.open(staging, _CREATE, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: nobody else has it
-                except OSError:
-                    os.close(fd)
-                    os.unlink(staging)
-                    raise
+                staging, fd = self._new_staging(target)
             try:
-                os.fchmod(fd, 0o600)  # the descriptor's file, whatever the umask made it
-                written = self._write(fd, name, target, image)
+                with open(fd, "w+b", closefd=False) as out:
+                    if isinstance(image, bytes):
+                        out.write(image)
+                    else:
+                        image(out)
+                size = os.fstat(fd).st_size
                 with self._locked():
                     try:
-                        self._check_quota(name, target, written, besides=staging)
+                        if admit is not None:
+                            admit(size)
+                        self._check_quota(name, target, size, besides=staging)
                     except ImageError:
                         os.unlink(staging)  # under the lock: no other save counts it
                         raise
@@ -165,45 +145,33 @@ class ImageFolder:
             raise ImageError(f"cannot write {target}: {exc.strerror or exc}") from None
         return target
 
-    def _write(
-        self, fd: int, name: str, target: Path, image: bytes | Callable[[Writable], object]
-    ) -> int:
-        """Write the image into the staging file; stop as soon as it passes the room the
-        other images leave."""
-        room = 0
-        if self.quota:
-            images = sum(entry.size for entry in self.entries() if entry.path != target)
-            room = max(1, self.quota - images)
-        out = _Staged(
-            fd,
-            room,
-            lambda size: self._over_quota(
-                name, f"at least {size / (1 << 20):.1f} MiB", self.used(target)
-            ),
-        )
-        if isinstance(image, bytes):
-            out.write(image)
-        else:
-            image(out)
-        return out.written
+    def _new_staging(self, target: Path) -> tuple[Path, int]:
+        """A staging file of this save's own, created new, private, and locked while it is
+        written (under the folder's lock, so that no sweep sees it unlocked)."""
+        staging = target.with_name(f".{target.name}.{secrets.token_hex(8)}{STAGING}")
+        fd = os.open(staging, _CREATE, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # the descriptor's file, whatever the umask made it
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: nobody else has it
+        except OSError:
+            os.close(fd)
+            os.unlink(staging)
+            raise
+        return staging, fd
 
     def _check_quota(self, name: str, target: Path, size: int, besides: Path) -> None:
-        used = sum(
-            entry.size
-            for entry in self.entries() + self.staged()
-            if entry.path not in (target, besides)
-        )
-        if self.quota and used + size > self.quota:
-            raise self._over_quota(name, f"{size / (1 << 20):.1f} MiB", used)
-
-    def _over_quota(self, name: str, size: str, used: int) -> ImageError:
-        staged = sum(entry.size for entry in self.staged())
-        pending = f", {staged / (1 << 20):.1f} MiB of it saves in progress" if staged else ""
-        return ImageError(
-            f"saving {name!r} ({size}) would pass the snapshot quota of"
-            f" {self.quota / (1 << 20):.0f} MiB ({used / (1 << 20):.1f} MiB in use{pending})."
-            " Delete snapshots (%snapshot delete NAME) or raise --WasmKernel.snapshot_quota."
-        )
+        """Refuse an image of ``size`` bytes that the others (but ``target``, which it
+        replaces, and ``besides``, its own staging file) leave no room for."""
+        images = sum(entry.size for entry in self.entries() if entry.path != target)
+        staged = sum(entry.size for entry in self.staged() if entry.path != besides)
+        if self.quota and images + staged + size > self.quota:
+            pending = f", {staged / (1 << 20):.1f} MiB of it saves in progress" if staged else ""
+            raise ImageError(
+                f"saving {name!r} ({size / (1 << 20):.1f} MiB) would pass the snapshot quota of"
+                f" {self.quota / (1 << 20):.0f} MiB ({(images + staged) / (1 << 20):.1f} MiB in"
+                f" use{pending}). Delete snapshots (%snapshot delete NAME) or raise"
+                " --WasmKernel.snapshot_quota."
+            )
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

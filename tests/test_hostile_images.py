@@ -263,11 +263,13 @@ def test_unfinished_saves_count_and_a_killed_kernels_are_removed(start_kernel, t
         pid = kernel_pid(writer)
         writer.client.execute("%snapshot save big", allow_stdin=False)
         deadline = time.monotonic() + 120
-        while not any(size >= 32 << 20 for size in staged_sizes(folder)):
+        # stopped once its staging file alone fills the other kernel's quota (64 MiB)
+        while not any(size >= 64 << 20 for size in staged_sizes(folder)):
             assert time.monotonic() < deadline, "no staging file was written"
             time.sleep(0.001)
-        os.kill(pid, signal.SIGSTOP)  # the save's write ends; the kernel stops before renaming
+        os.kill(pid, signal.SIGSTOP)  # stopped before it renames its staging file
         [partial] = staged(folder)
+        print(f"staging file of the stopped save: {partial.stat().st_size / (1 << 20):.0f} MiB")
         assert not (folder / "big.wkimg").exists()
         other = start_kernel(env=environment(folder, WASM_KERNEL_SNAPSHOT_QUOTA=str(64 << 20)))
         ok(other.execute("y = 1"))

@@ -264,13 +264,22 @@ def snapshot_command(args: argparse.Namespace) -> int:
     can resume an image."""
     import os
 
+    from traitlets import TraitError
+
     from . import images
     from .image_folder import ImageFolder
-    from .kernel_settings import DEFAULT_SNAPSHOT_DIR
+    from .kernel_settings import DEFAULT_SNAPSHOT_DIR, KernelSettings
     from .runtime import load_runtime
 
-    directory = args.snapshot_dir or os.environ.get("WASM_KERNEL_SNAPSHOT_DIR")
-    folder = ImageFolder(Path(directory or DEFAULT_SNAPSHOT_DIR).expanduser(), 0)
+    given = args.snapshot_dir
+    if given is None:
+        given = os.environ.get("WASM_KERNEL_SNAPSHOT_DIR", DEFAULT_SNAPSHOT_DIR)
+    try:  # as the kernel checks it: a relative or empty folder is refused, not replaced
+        directory = KernelSettings.snapshot_dir.validate(None, given)
+    except TraitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    folder = ImageFolder(Path(directory), 0)
     try:
         if args.action == "list":
             print(folder.describe())

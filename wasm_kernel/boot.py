@@ -89,6 +89,8 @@ class SandboxStart:
             checkpoint_mode=settings.checkpoint_mode,
             plain_tracebacks=settings.plain_tracebacks,
         )
+        if self.images.snapshots or self.images.hibernation.enabled:
+            self.images.folder.sweep()  # staging files of killed kernels' saves
         expired = self.images.hibernation.sweep()
         if expired:
             self.resume_note = f"wasm-kernel: {expired}.\n"

@@ -31,30 +31,31 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import json
+import os
 import platform
 import struct
 import tarfile
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import zstandard
 
-from . import guest_packages, rewrite
+from . import guest_packages, host_files, image_archive, rewrite
 from .cache import wasmtime_version
+from .host_files import read_exactly
+from .image_archive import MAX_GUEST_PATH
 from .runtime import manifest_dir
 
 MAGIC = b"WKIMAGE\n"
 FORMAT = 1
 PAGE = rewrite.PAGE
 CHECKSUM = 32  # bytes of the trailing sha256
+PREFIX = len(MAGIC) + 8  # the mark, the format version and the header's length
 MAX_HEADER = 1 << 20
 MAX_HISTORY = 64 << 20  # bytes of input history carried (uncompressed)
 MAX_HISTORY_ENTRIES = 1_000_000
-MAX_ARCHIVE_MEMBERS = 100_000
-MAX_GUEST_PATH = 4096
 MAX_PACKAGES = 1000  # %pip pins an image may name (the host parses each again)
 SUFFIX = ".wkimg"
 MEMORY_SUFFIX = ".memory"
@@ -144,17 +145,15 @@ def read_image(
     ``memory_file`` is where a boot image's memory is (the kernel's own cache, never a name
     an image gives): an image whose memory lives elsewhere is refused without one."""
     try:
-        size = path.stat().st_size
-        # the largest sound image: all memory and all of /tmp barely compressible, and history
-        bound = memory_limit + (scratch_limit or memory_limit) + MAX_HISTORY + (64 << 20)
-        if size > bound:
-            raise ImageError(
-                f"{path.name} is {size >> 20} MiB, larger than any image this kernel"
-                " could have written"
-            )
-        data = path.read_bytes()
+        fd = host_files.open_regular(path)
     except OSError as exc:
         raise ImageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        data = _read_checked_sizes(fd, path, memory_limit, scratch_limit)
+    except OSError as exc:
+        raise ImageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     image = parse_image(data, needs=needs, memory_limit=memory_limit, scratch_limit=scratch_limit)
     if image.memory_elsewhere:
         if memory_file is None:
@@ -173,8 +172,83 @@ def read_image(
     return image
 
 
+def _read_checked_sizes(fd: int, path: Path, memory_limit: int, scratch_limit: int) -> bytearray:
+    """The whole file, read only once its header has been read and the sizes it declares
+    fit this kernel's limits and add up to the file's size. A refusal of the header is
+    given only for a file whose checksum holds: a damaged file is called damaged."""
+    size = os.fstat(fd).st_size
+    # the largest sound image: all memory and all of /tmp barely compressible, and history
+    if size > memory_limit + (scratch_limit or memory_limit) + MAX_HISTORY + (64 << 20):
+        raise ImageError(
+            f"{path.name} is {size >> 20} MiB, larger than any image this kernel could have written"
+        )
+    prefix = bytearray(min(size, PREFIX))
+    read_exactly(fd, memoryview(prefix))
+    header_size = _header_size(prefix, size)
+    head = bytearray(header_size)
+    read_exactly(fd, memoryview(head))
+    try:
+        header = _decoded_header(head)
+        _check_declared(header, PREFIX + header_size, size, memory_limit)
+    except ImageError:
+        if not _checksum_holds(fd, size):
+            raise _damaged() from None
+        raise
+    data = bytearray(size)
+    data[: PREFIX + header_size] = prefix + head
+    read_exactly(fd, memoryview(data)[PREFIX + header_size :])
+    return data
+
+
+def _checksum_holds(fd: int, size: int) -> bool:
+    """Whether the file's trailing sha256 matches the rest, read a piece at a time."""
+    digest = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    left = size - CHECKSUM
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            return False
+        digest.update(chunk)
+        left -= len(chunk)
+    return os.read(fd, CHECKSUM) == digest.digest()
+
+
+def _damaged() -> ImageError:
+    return ImageError("the image is damaged or truncated (its checksum does not match)")
+
+
+def _check_declared(header: dict, header_end: int, size: int, memory_limit: int) -> None:
+    """The header's sizes against the file's size and the memory limit, before reading on."""
+    try:
+        memory = header["memory"]
+        lengths = [extent[2] for extent in memory["extents"]]
+        lengths += [header["history"], header["scratch"]]
+        _require(all(_is_int(length, 0, size) for length in lengths), "bad blob sizes")
+        declared = header_end + sum(lengths) + CHECKSUM
+        _check_memory_size(memory["size"], memory_limit)
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise ImageError(f"the image is malformed: {exc}") from None
+    if declared != size:
+        raise ImageError(
+            f"the image is damaged or truncated: its header declares {declared} bytes, the"
+            f" file holds {size}"
+        )
+
+
+def _check_memory_size(memory_size: object, memory_limit: int) -> None:
+    if not isinstance(memory_size, int):
+        raise ValueError("bad memory size")
+    _require(_is_int(memory_size, PAGE, 1 << 32) and memory_size % PAGE == 0, "bad memory size")
+    if memory_size > memory_limit:
+        raise ImageError(
+            f"the image holds {memory_size >> 20} MiB of memory, more than this kernel's memory"
+            f" limit of {memory_limit >> 20} MiB (--WasmKernel.memory_limit)"
+        )
+
+
 def parse_image(
-    data: bytes, *, needs: dict[str, object], memory_limit: int, scratch_limit: int
+    data: bytes | bytearray, *, needs: dict[str, object], memory_limit: int, scratch_limit: int
 ) -> Image:
     header, body, offset = verified_header(data)
     try:
@@ -190,39 +264,59 @@ def parse_image(
         raise ImageError(f"the image is malformed: {exc}") from None
 
 
-def verified_header(data: bytes) -> tuple[dict, memoryview, int]:
-    """The header of a sound image file, its body and where the blobs start."""
-    prefix = len(MAGIC) + 8
-    if not data.startswith(MAGIC):
+def _header_size(prefix: bytes | bytearray, size: int) -> int:
+    """The header's length from the file's first bytes (mark and format version checked)."""
+    if not prefix.startswith(MAGIC):
         raise ImageError("this is not a wasm-kernel image (it does not start with one's mark)")
-    if len(data) < prefix + CHECKSUM:
+    if size < PREFIX + CHECKSUM:
         raise ImageError("the image is truncated (shorter than its own header)")
-    version, header_size = struct.unpack_from("<II", data, len(MAGIC))
+    version, header_size = struct.unpack_from("<II", prefix, len(MAGIC))
     if version != FORMAT:
         raise ImageError(
             f"the image is in format version {version}; this kernel reads version {FORMAT}"
         )
-    body, checksum = memoryview(data)[:-CHECKSUM], data[-CHECKSUM:]
-    if hashlib.sha256(body).digest() != checksum:
-        raise ImageError("the image is damaged or truncated (its checksum does not match)")
-    if header_size > MAX_HEADER or prefix + header_size > len(body):
+    if header_size > MAX_HEADER or PREFIX + header_size > size - CHECKSUM:
         raise ImageError("the image's header is larger than allowed")
+    return header_size
+
+
+def _decoded_header(encoded: bytes | bytearray | memoryview) -> dict:
     try:
-        header = json.loads(bytes(body[prefix : prefix + header_size]))
+        header = json.loads(bytes(encoded))
     except (ValueError, RecursionError) as exc:
         raise ImageError(f"the image's header is malformed: {exc}") from None
     if not isinstance(header, dict):
         raise ImageError("the image's header is not an object")
-    return header, body, prefix + header_size
+    return header
+
+
+def verified_header(data: bytes | bytearray) -> tuple[dict, memoryview, int]:
+    """The header of a sound image file, its body and where the blobs start."""
+    header_size = _header_size(data[:PREFIX], len(data))
+    body, checksum = memoryview(data)[:-CHECKSUM], data[-CHECKSUM:]
+    if hashlib.sha256(body).digest() != checksum:
+        raise _damaged()
+    return _decoded_header(body[PREFIX : PREFIX + header_size]), body, PREFIX + header_size
 
 
 def describe_file(path: Path, needs: dict[str, object]) -> str:
     """What ``python -m wasm_kernel snapshot info`` shows: the header, and whether this
-    installation can resume the image."""
+    installation can resume the image. Reads the header, and the rest only to check it."""
     try:
-        header, _, _ = verified_header(path.read_bytes())
+        fd = host_files.open_regular(path)
+        try:
+            size = os.fstat(fd).st_size
+            prefix = bytearray(min(size, PREFIX))
+            read_exactly(fd, memoryview(prefix))
+            head = bytearray(_header_size(prefix, size))
+            read_exactly(fd, memoryview(head))
+            if not _checksum_holds(fd, size):
+                raise _damaged()
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise ImageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    header = _decoded_header(head)
 
     def part(key: str) -> dict:
         value = header.get(key)
@@ -230,7 +324,7 @@ def describe_file(path: Path, needs: dict[str, object]) -> str:
 
     found, memory, host = part("needs"), part("memory"), part("host")
     lines = [
-        f"image:           {path} ({path.stat().st_size / (1 << 20):.1f} MiB on disk)",
+        f"image:           {path} ({size / (1 << 20):.1f} MiB on disk)",
         f"taken:           {str(header.get('taken'))[:64]}",
         f"guest memory:    {str(memory.get('size'))[:24]} bytes",
         f"execution count: {str(host.get('execution_count'))[:24]}",
@@ -275,12 +369,7 @@ def _checked(
     )
     memory = header["memory"]
     memory_size = memory["size"]
-    _require(_is_int(memory_size, PAGE, 1 << 32) and memory_size % PAGE == 0, "bad memory size")
-    if memory_size > memory_limit:
-        raise ImageError(
-            f"the image holds {memory_size >> 20} MiB of memory, more than this kernel's memory"
-            f" limit of {memory_limit >> 20} MiB (--WasmKernel.memory_limit)"
-        )
+    _check_memory_size(memory_size, memory_limit)
     separate = memory.get("separate", False)  # images from before boot images were mapped
     _require(isinstance(separate, bool) and not (separate and memory["extents"]), "bad memory")
     extents: list[tuple[int, bytes]] = []
@@ -341,7 +430,10 @@ def _checked(
     )
     _require(scratch_size == len(body) - offset, "the archive does not end the file")
     scratch = _inflate(body[offset:], (scratch_limit or memory_limit) + (16 << 20), exact=False)
-    check_archive(scratch, scratch_limit)
+    try:
+        image_archive.check_archive(scratch, scratch_limit)
+    except image_archive.TooLarge as exc:
+        raise ImageError(str(exc)) from None
     return Image(
         needs=found,
         mounts=mounts,
@@ -371,57 +463,13 @@ def _inflate(data: memoryview, size: int, exact: bool = True) -> bytes:
     return out
 
 
-def _archive_members(archive: bytes) -> tarfile.TarFile:
-    return tarfile.open(fileobj=io.BytesIO(archive), mode="r:")
-
-
-def check_archive(archive: bytes, limit: int) -> None:
-    """Refuse anything but plain files and folders under /tmp, within ``limit`` bytes."""
-    total = count = 0
-    with _archive_members(archive) as tar:
-        for member in tar:
-            count += 1
-            _require(count <= MAX_ARCHIVE_MEMBERS, "the archive has too many members")
-            name = PurePosixPath(member.name)
-            _require(
-                member.isfile() or member.isdir(), f"archive member {member.name[:80]!r} is a link"
-            )
-            _require(
-                bool(name.parts)
-                and not name.is_absolute()
-                and ".." not in name.parts
-                and len(member.name) <= MAX_GUEST_PATH
-                and "\0" not in member.name,
-                f"archive member {member.name[:80]!r} escapes /tmp",
-            )
-            total += member.size
-            _require(not limit or total <= limit, "the archive is larger than the /tmp limit")
-
-
-def unpack_archive(archive: bytes, folder: Path) -> None:
-    """Extract a checked archive into ``folder`` (files private to this user)."""
+def unpack_archive(archive: bytes, folder: Path, limit: int) -> None:
+    """Extract a checked archive into ``folder``, within ``limit`` bytes on disk (0: none)."""
     try:
-        _unpack(archive, folder)
-    except OSError as exc:
-        raise ImageError(f"cannot unpack the image's /tmp: {exc.strerror or exc}") from None
-
-
-def _unpack(archive: bytes, folder: Path) -> None:
-    with _archive_members(archive) as tar:
-        for member in tar:
-            target = folder.joinpath(*PurePosixPath(member.name).parts)
-            if not target.resolve().is_relative_to(folder.resolve()):
-                raise ImageError(f"archive member {member.name[:80]!r} escapes /tmp")
-            if member.isdir():
-                target.mkdir(parents=True, exist_ok=True, mode=0o700)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            source = tar.extractfile(member)
-            assert source is not None
-            with source, open(target, "wb") as out:
-                while chunk := source.read(1 << 20):
-                    out.write(chunk)
-            target.chmod(0o600)
+        image_archive.unpack(archive, folder, limit)
+    except (OSError, ValueError, tarfile.TarError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ImageError(f"cannot unpack the image's /tmp: {reason}") from None
 
 
 def boot_image_path(entry: Path) -> Path:

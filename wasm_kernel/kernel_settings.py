@@ -36,6 +36,7 @@ from .settings import (
     MIN_PACKAGES_QUOTA,
     MIN_SCRATCH,
     MIN_SECONDS,
+    AbsoluteFolder,
     CheckedBool,
     CheckedEnum,
     Limit,
@@ -224,9 +225,10 @@ class KernelSettings(Configurable):
         help="SQLite file of input history (':memory:' to keep none on disk). Default: the"
         " per-user file, or ':memory:' for the strict profile.",
     ).tag(config=True)
-    snapshot_dir = Text(
+    snapshot_dir = AbsoluteFolder(
         default=DEFAULT_SNAPSHOT_DIR,
-        help="Folder of saved interpreter images (%snapshot, hibernation).",
+        help="Folder of saved interpreter images (%snapshot, hibernation); an absolute path"
+        " (or ~/...).",
     ).tag(config=True)
     snapshot_quota = Limit(
         integer=True,

@@ -187,7 +187,7 @@ class Sandbox:
         (this kernel's folders and import paths, fresh random seeds, stale files)."""
         image_transfer.load(interpreter, image, self.limits.memory_limit)
         self._clock.resume(image.host.clocks)
-        images.unpack_archive(image.scratch, self._tmp)
+        images.unpack_archive(image.scratch, self._tmp, self.limits.scratch_limit)
         settle = guest_call(declared.SETTLE, image.host.cwd, self.cwd, list(self.import_paths))
         status = self._repair_turn(interpreter, settle, "the resumed interpreter trapped")
         if status != 0:

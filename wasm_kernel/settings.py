@@ -157,6 +157,23 @@ class Text(Setting, Unicode):
     """A string setting (paths, names)."""
 
 
+class AbsoluteFolder(Text):
+    """A folder the kernel writes to, as an absolute path (``~`` is expanded). A relative
+    or empty one would be taken from the kernel's working folder, which Jupyter sets to the
+    notebook's: files meant for the kernel alone would land where cells read them."""
+
+    def validate(self, obj: Any, value: Any) -> str:
+        text = super().validate(obj, value)
+        folder = os.path.expanduser(text.strip())
+        if os.path.isabs(folder):
+            return folder
+        given = "an empty path" if not folder else f"{text!r} is relative, and"
+        raise TraitError(
+            f"{self.name} must be an absolute folder path (or start with ~): {given} would be"
+            " taken from the kernel's working folder, which is the notebook's"
+        )
+
+
 class TextList(Setting, List):
     """A list of strings; in the environment, separated by ';'. On the command line a list
     is given as repeated options or one list literal, as traitlets' List reads them."""

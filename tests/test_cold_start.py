@@ -19,9 +19,10 @@ pytestmark = pytest.mark.slow  # each test takes seconds to minutes
 def test_empty_cache_answers_kernel_info_then_compiles_on_first_cell(start_kernel, tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
-    # The guest's packages come from `install` (a kernel never downloads): this cache lacks
-    # only the compiled runtime, as after `install --no-precompile` and `precompile` elsewhere
-    for entry in default_cache_dir().glob("guest-*"):
+    # The runtime's files and the guest's packages come from `install` (a kernel never
+    # downloads): this cache lacks only the compiled runtime
+    installed = default_cache_dir()
+    for entry in [*installed.glob("runtime-*"), *installed.glob("guest-*")]:
         (cache / entry.name).symlink_to(entry)
     began = time.monotonic()
     kernel = start_kernel(env={"WASM_KERNEL_CACHE_DIR": str(cache)})

@@ -118,7 +118,7 @@ def parser() -> argparse.ArgumentParser:
     cmd.add_argument(
         "--no-precompile",
         action="store_true",
-        help="skip compiling the runtime (kernels compile it on first use)",
+        help="skip downloading and compiling the runtime (run precompile before a kernel)",
     )
     cmd.add_argument(
         "--cache-dir", metavar="DIR", help="compile into DIR and point the kernelspecs at it"

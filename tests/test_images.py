@@ -550,6 +550,7 @@ def test_the_first_banner_says_how_the_interpreter_started():
         reply = client.kernel_info(reply=True, timeout=120)  # the first request, as the console's
         first = [line for line in reply["content"]["banner"].splitlines() if "Interpreter:" in line]
         assert first == ["Interpreter: from the boot image"], reply["content"]["banner"]
+        client.wait_for_ready(timeout=120)  # IOPub subscribed before a cell's output is read
         kernel = Kernel.__new__(Kernel)
         kernel.manager, kernel.client = manager, client
         assert first[0] in kernel.execute("%sandbox").stream_text()

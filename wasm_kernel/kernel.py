@@ -49,7 +49,7 @@ BACKLOG_FLOOR = 64 << 20  # bytes of cell output that may wait for slow IOPub cl
 # Longest a shutdown waits for the hibernation: clients kill a kernel that has not exited
 # 5 s after its shutdown_request (jupyter_client's shutdown_wait_time).
 HIBERNATE_SECONDS = 4.0
-BANNER_WAIT = 5.0  # seconds kernel_info waits for the interpreter's start (a compile: minutes)
+BANNER_WAIT = 2.0  # seconds kernel_info waits for the interpreter's start (a compile: minutes)
 
 
 def _keep_working_folder_off_sys_path() -> None:

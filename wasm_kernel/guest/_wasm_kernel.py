@@ -530,6 +530,7 @@ def boot(packages, import_paths, plain_tracebacks):
 
     if first:
         _wasm_kernel_sandbox.install()
+        __import__("_wasm_kernel_sources").install()
         sys.path.insert(0, packages)
     # Line-buffered, write-through streams: output reaches the kernel as it is printed.
     for stream in (sys.__stdout__, sys.__stderr__):

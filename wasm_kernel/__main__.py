@@ -149,7 +149,7 @@ def install(args: argparse.Namespace) -> None:
             if args.name and single
             else kernelspec_name(profile, args.name or KERNEL_NAME)
         )
-        spec = kernelspec(profile, args, single)
+        spec = kernelspec(profile, args, single, provisioned=prefix == sys.prefix)
         with tempfile.TemporaryDirectory() as staging:
             write_kernelspec(Path(staging), spec)
             path = KernelSpecManager().install_kernel_spec(
@@ -277,12 +277,12 @@ def snapshot_command(args: argparse.Namespace) -> int:
 
     from . import images
     from .image_folder import ImageFolder
-    from .kernel_settings import DEFAULT_SNAPSHOT_DIR, KernelSettings
+    from .kernel_settings import KernelSettings, default_snapshot_dir
     from .runtime import load_runtime
 
     given = args.snapshot_dir
     if given is None:
-        given = os.environ.get("WASM_KERNEL_SNAPSHOT_DIR", DEFAULT_SNAPSHOT_DIR)
+        given = os.environ.get("WASM_KERNEL_SNAPSHOT_DIR") or default_snapshot_dir()
     try:  # as the kernel checks it: a relative or empty folder is refused, not replaced
         directory = KernelSettings.snapshot_dir.validate(None, given)
     except TraitError as exc:

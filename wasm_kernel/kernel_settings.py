@@ -48,8 +48,6 @@ from .settings import (
     describe_refusal,
 )
 
-DEFAULT_HISTORY_FILE = str(Path(platformdirs.user_data_dir("wasm-kernel")) / "history.sqlite")
-DEFAULT_SNAPSHOT_DIR = str(Path(platformdirs.user_data_dir("wasm-kernel")) / "snapshots")
 MIN_SNAPSHOT_QUOTA = 16 << 20  # smaller holds no image at all: a unit slip
 MIN_HIBERNATION_DAYS = 0.01  # about a quarter of an hour: shorter is a unit slip (hours meant?)
 MAX_HIBERNATION_DAYS = 3650.0
@@ -58,9 +56,20 @@ SESSION_ENV = "JPY_SESSION_NAME"  # the notebook's path, set by Jupyter Server
 SECTIONS = ("WasmKernel", "KernelSettings")
 
 
+def user_data(name: str) -> str:
+    """A file or folder in the per-user data folder, worked out when a kernel reads its
+    settings (never at import: the kernel server imports this for kernels of other
+    environments)."""
+    return str(Path(platformdirs.user_data_dir("wasm-kernel")) / name)
+
+
 def history_file(profile: Profile) -> str:
     """Where a profile keeps input history by default: the per-user file, or only memory."""
-    return DEFAULT_HISTORY_FILE if profile.keeps_history else ":memory:"
+    return user_data("history.sqlite") if profile.keeps_history else ":memory:"
+
+
+def default_snapshot_dir(_profile: Profile | None = None) -> str:
+    return user_data("snapshots")
 
 
 def _starting_folder(profile: Profile) -> str:
@@ -226,7 +235,7 @@ class KernelSettings(Configurable):
         " per-user file, or ':memory:' for the strict profile.",
     ).tag(config=True)
     snapshot_dir = AbsoluteFolder(
-        default=DEFAULT_SNAPSHOT_DIR,
+        default=PerProfile(default_snapshot_dir),
         help="Folder of saved interpreter images (%snapshot, hibernation); an absolute path"
         " (or ~/...).",
     ).tag(config=True)

@@ -22,10 +22,11 @@ def describe(
     started_from: str | None,
     sandbox: Sandbox | None,
     hibernation: str,
+    audit: str,
 ) -> str:
     """The running configuration (``sandbox``: the running one, once started; ``hibernation``:
-    what becomes of the session when the notebook is closed); or, with invalid settings
-    (``problem``), why there is none."""
+    what becomes of the session when the notebook is closed; ``audit``: the audit log), and
+    what the last cell cost; or, with invalid settings (``problem``), why there is none."""
     runtime = grants.runtime
     if problem is not None:
         return (
@@ -49,8 +50,15 @@ def describe(
         f"Packages: {grants.packages.describe() if grants.packages else 'off'}\n"
         f"Rollback: {_rollback(settings, runtime.restorable, sandbox)}\n"
         f"Hibernation: {hibernation}\n"
-        "No host environment, network or processes."
+        f"Audit log: {audit}\n"
+        "No host environment, network or processes." + _last_cell(sandbox)
     )
+
+
+def _last_cell(sandbox: Sandbox | None) -> str:
+    """What the last cell that ran cost (the one before ``%sandbox``'s own), if one did."""
+    measured = sandbox.last_cell if sandbox is not None else None
+    return f"\nLast cell: {measured.describe()}" if measured is not None else ""
 
 
 def _rollback(settings: Any, restorable: bool, sandbox: Sandbox | None) -> str:

@@ -20,6 +20,8 @@ from .audit import AuditLog, AuditLogUnusable
 from .metrics import METADATA_KEY, CellMetrics
 from .settings import ENV_PREFIX, config_source
 
+MEASURED_KEPT = 16  # figures waiting for their reply (subshells may run cells side by side)
+
 
 class CellAccounting(Kernel):
     """Per-cell metrics in execute_reply metadata; the audit log's cell records."""
@@ -47,8 +49,11 @@ class CellAccounting(Kernel):
             self.refuse_setting("audit_log", path, source, reason)  # type: ignore[attr-defined]
 
     def cell_measured(self, parent: dict, metrics: CellMetrics | None) -> None:
-        """What the request's cell cost, for its reply (None: it never ran)."""
+        """What the request's cell cost, for its reply (None: it never ran). A request whose
+        reply never came (its handler raised) leaves its figures: only the latest are kept."""
         if metrics is not None:
+            while len(self._measured) >= MEASURED_KEPT:
+                del self._measured[next(iter(self._measured))]
             self._measured[_msg_id(parent)] = metrics
 
     def init_metadata(self, parent: dict) -> dict:

@@ -8,6 +8,7 @@ from . import __version__
 from .checkpoints import checkpoint_method
 from .grants import Grants
 from .limits import Limits
+from .metrics import CellMetrics
 from .mounts import SCRATCH
 
 if TYPE_CHECKING:
@@ -23,10 +24,11 @@ def describe(
     sandbox: Sandbox | None,
     hibernation: str,
     audit: str,
+    last_cell: CellMetrics | None = None,
 ) -> str:
     """The running configuration (``sandbox``: the running one, once started; ``hibernation``:
     what becomes of the session when the notebook is closed; ``audit``: the audit log), and
-    what the last cell cost; or, with invalid settings (``problem``), why there is none."""
+    what ``last_cell`` cost; or, with invalid settings (``problem``), why there is none."""
     runtime = grants.runtime
     if problem is not None:
         return (
@@ -51,14 +53,9 @@ def describe(
         f"Rollback: {_rollback(settings, runtime.restorable, sandbox)}\n"
         f"Hibernation: {hibernation}\n"
         f"Audit log: {audit}\n"
-        "No host environment, network or processes." + _last_cell(sandbox)
+        "No host environment, network or processes."
+        + (f"\nLast cell: {last_cell.describe()}" if last_cell is not None else "")
     )
-
-
-def _last_cell(sandbox: Sandbox | None) -> str:
-    """What the last cell that ran cost (the one before ``%sandbox``'s own), if one did."""
-    measured = sandbox.last_cell if sandbox is not None else None
-    return f"\nLast cell: {measured.describe()}" if measured is not None else ""
 
 
 def _rollback(settings: Any, restorable: bool, sandbox: Sandbox | None) -> str:

@@ -185,10 +185,11 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
 
     @property
     def banner(self) -> str:  # type: ignore[override]
-        return self.describe_sandbox()
+        return self.describe_sandbox(last_cell=False)
 
-    def describe_sandbox(self) -> str:
-        """The running configuration, for the banner and ``%sandbox``; or why there is none."""
+    def describe_sandbox(self, last_cell: bool = True) -> str:
+        """The running configuration, for the banner and ``%sandbox`` (which also says what
+        the last cell cost); or why there is none."""
         sandbox = self._boot.result() if self._boot.done() and not self._boot.exception() else None
         return describe(
             self,
@@ -199,6 +200,7 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
             sandbox,
             self.session_images.hibernation.describe(),
             self.audit.describe() if self.audit is not None else "off",
+            sandbox.last_cell if sandbox is not None and last_cell else None,
         )
 
     # -- execution --------------------------------------------------------------------------------

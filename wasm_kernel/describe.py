@@ -8,6 +8,7 @@ from . import __version__
 from .checkpoints import checkpoint_method
 from .grants import Grants
 from .limits import Limits
+from .metrics import CellMetrics
 from .mounts import SCRATCH
 
 if TYPE_CHECKING:
@@ -22,10 +23,12 @@ def describe(
     started_from: str | None,
     sandbox: Sandbox | None,
     hibernation: str,
+    audit: str,
+    last_cell: CellMetrics | None = None,
 ) -> str:
     """The running configuration (``sandbox``: the running one, once started; ``hibernation``:
-    what becomes of the session when the notebook is closed); or, with invalid settings
-    (``problem``), why there is none."""
+    what becomes of the session when the notebook is closed; ``audit``: the audit log), and
+    what ``last_cell`` cost; or, with invalid settings (``problem``), why there is none."""
     runtime = grants.runtime
     if problem is not None:
         return (
@@ -49,7 +52,9 @@ def describe(
         f"Packages: {grants.packages.describe() if grants.packages else 'off'}\n"
         f"Rollback: {_rollback(settings, runtime.restorable, sandbox)}\n"
         f"Hibernation: {hibernation}\n"
+        f"Audit log: {audit}\n"
         "No host environment, network or processes."
+        + (f"\nLast cell: {last_cell.describe()}" if last_cell is not None else "")
     )
 
 

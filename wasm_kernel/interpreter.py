@@ -143,6 +143,15 @@ class Interpreter:
     def size(self) -> int:
         return self.memory.data_len(self.store)
 
+    @property
+    def heap_end(self) -> int:
+        """Bytes of linear memory the guest uses: its program break, which only grows within
+        a turn (sbrk never shrinks it), so at a turn's end it is the turn's peak; the memory's
+        size where the break is not exported (a runtime that cannot roll back) or not set yet."""
+        brk = self.named.get(BRK_EXPORT)
+        end = brk.value(self.store) if isinstance(brk, wasmtime.Global) else 0
+        return end if isinstance(end, int) and end > 0 else self.size
+
     def view(self) -> memoryview:
         """The guest's memory in place, as bytes: no copy of the whole guest on the host."""
         raw = (ctypes.c_char * self.size).from_address(memory_address(self.memory, self.store))

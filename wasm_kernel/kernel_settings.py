@@ -36,6 +36,7 @@ from .settings import (
     MIN_PACKAGES_QUOTA,
     MIN_SCRATCH,
     MIN_SECONDS,
+    AbsoluteFileOrOff,
     AbsoluteFolder,
     CheckedBool,
     CheckedEnum,
@@ -289,6 +290,14 @@ class KernelSettings(Configurable):
         default=14.0,
         help="Days a hibernated session is kept for its notebook to be reopened; older ones are"
         " removed when a kernel starts.",
+    ).tag(config=True)
+    audit_log = AbsoluteFileOrOff(
+        default="",
+        help="A file (absolute path, or ~/...) where the host appends one JSON line per cell,"
+        " tool call and network request: time, session, sha256 of the code, verdict and"
+        " metrics, never the code's output. Empty: no audit log. Opened for appending without"
+        " following a link; refused (no cell runs) if it cannot be, or if it lies in a folder"
+        " mounted into the sandbox.",
     ).tag(config=True)
 
     def __init__(self, **kwargs: Any):

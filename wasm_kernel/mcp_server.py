@@ -28,6 +28,7 @@ from typing import Any, Literal
 from . import __version__
 from .client import AsyncSession, Execution, SessionError, kernel_arguments
 from .mcp_http import PATH, TOKEN_ENV, bearer_token, closing_kernels, requiring_token, url
+from .metrics import METADATA_KEY
 from .profiles import PROFILES
 from .settings import TRUE_WORDS
 
@@ -129,7 +130,9 @@ class Kernels:
 
 def content_of(execution: Execution) -> Any:
     """An Execution as an MCP tool result: text for streams, results and errors, images as
-    images; a cell that raised is an error result (``isError``) with its traceback."""
+    images; a cell that raised is an error result (``isError``) with its traceback. What the
+    cell cost goes in the result's ``_meta`` under ``wasm_kernel``, as in the execute_reply:
+    for the agent's host to read, not in the text the model reads."""
     from mcp_types import CallToolResult, ImageContent, TextContent
 
     texts: list[str] = []
@@ -154,7 +157,12 @@ def content_of(execution: Execution) -> Any:
     if not text and not images:
         text = "[no output]"
     blocks = [TextContent(type="text", text=text)] if text else []
-    return CallToolResult(content=[*blocks, *images], is_error=execution.error is not None)
+    meta = None
+    if execution.metrics is not None:
+        meta = {METADATA_KEY: execution.metrics.as_metadata()}
+    return CallToolResult(
+        content=[*blocks, *images], is_error=execution.error is not None, _meta=meta
+    )
 
 
 def _is_base64(data: str) -> bool:

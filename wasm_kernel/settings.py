@@ -174,6 +174,23 @@ class AbsoluteFolder(Text):
         )
 
 
+class AbsoluteFileOrOff(Text):
+    """A file the kernel writes to, as an absolute path (``~`` is expanded), or empty for
+    none. A relative one would be taken from the kernel's working folder: the notebook's,
+    which cells may read (or, mounted writable, replace)."""
+
+    def validate(self, obj: Any, value: Any) -> str:
+        text = super().validate(obj, value).strip()
+        path = os.path.expanduser(text)
+        if not text or os.path.isabs(path):
+            return path
+        raise TraitError(
+            f"{self.name} must be an absolute file path (or start with ~), or empty for none:"
+            f" {text!r} is relative, and would be taken from the kernel's working folder,"
+            " which is the notebook's"
+        )
+
+
 class TextList(Setting, List):
     """A list of strings; in the environment, separated by ';'. On the command line a list
     is given as repeated options or one list literal, as traitlets' List reads them."""

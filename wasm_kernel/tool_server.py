@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import zmq
+from jupyter_client.session import Session
 
 from .guest.modules._wasm_kernel_tools import decode
 from .kernel_tools import METADATA_KEY, REPLY, REQUEST
@@ -35,7 +36,13 @@ class ToolServer:
 
     def __init__(self, client: Any, tools: dict[str, HostTool], loop: Any = None):
         self.tools = tools
-        self._session = client.session
+        shared = client.session  # a copy for this thread: same key and identity
+        self._session = Session(
+            key=shared.key,
+            signature_scheme=shared.signature_scheme,
+            session=shared.session,
+            username=shared.username,
+        )
         if client.transport == "tcp":
             self._url = f"tcp://{client.ip}:{client.stdin_port}"
         else:

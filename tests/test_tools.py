@@ -201,6 +201,9 @@ def test_nbclient_and_operator_tools_on_a_kernel_with_a_tool_client() -> None:
             "import sandbox_tools\nfind = sandbox_tools.search\nsorted(sandbox_tools.__all__)"
         )
         assert kept.text == repr(["pid", "search", "word_count"])
+        assert "WasmKernel.tools, run outside the sandbox): word_count, pid" in (
+            session.run("%sandbox").stdout
+        )
         pid = session.run("sandbox_tools.pid()").text
         assert pid == str(session.manager.provisioner.process.pid)  # the kernel process
         notebook = nbformat.v4.new_notebook()

@@ -36,6 +36,12 @@ def describe(
         f"up to {limits.scratch_limit >> 20} MiB" if limits.scratch_limit else "no size limit"
     )
     time_limit = f"time {limits.time_limit:.10g} s" if limits.time_limit else "no time limit"
+    tools = getattr(settings, "host_tools", None)
+    operator_tools = (
+        f"Host tools (WasmKernel.tools, run outside the sandbox): {', '.join(tools.operator)}\n"
+        if tools is not None and tools.operator
+        else ""
+    )
     return (
         f"Python {runtime.python_version} in a WebAssembly sandbox"
         f" (wasm-kernel {__version__}, runtime {runtime.name})\n"
@@ -49,6 +55,7 @@ def describe(
         f"Packages: {grants.packages.describe() if grants.packages else 'off'}\n"
         f"Rollback: {_rollback(settings, runtime.restorable, sandbox)}\n"
         f"Hibernation: {hibernation}\n"
+        f"{operator_tools}"
         "No host environment, network or processes."
     )
 

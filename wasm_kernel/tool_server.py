@@ -112,16 +112,25 @@ class ToolServer:
                     parent, content = self._replies.get()
                     self._session.send(socket, REPLY, content, parent)
                 if socket in events:
-                    while True:
-                        _, message = self._session.recv(socket, mode=zmq.NOBLOCK)
-                        if message is None:
-                            break
-                        self._start(message)
+                    while self._take(socket):
+                        pass
         except Exception:
             log.exception("the tool server stopped")
         finally:
             socket.close()
             context.term()
+
+    def _take(self, socket: zmq.Socket) -> bool:
+        """Start the call one waiting message asks for; False when none waits. A message
+        that cannot be read (arguments are the guest's: anything) is dropped, with a log."""
+        try:
+            _, message = self._session.recv(socket, mode=zmq.NOBLOCK)
+            if message is None:
+                return False
+            self._start(message)
+        except Exception:
+            log.exception("dropped a tool request that could not be read")
+        return True
 
     def _start(self, message: dict) -> None:
         """One tool_request: start the call, whose reply is sent when it is done."""

@@ -89,8 +89,12 @@ def _shown(value: Any) -> str:
 
 def python_tool(function: Callable[..., Any], name: str | None = None) -> HostTool:
     """A Python callable as a tool, named ``name`` or by its own name."""
-    from pydantic import ConfigDict, TypeAdapter, ValidationError, validate_call
-
+    try:
+        from pydantic import ConfigDict, TypeAdapter, ValidationError, validate_call
+    except ImportError:
+        raise ToolDeclarationError(
+            "tools check their arguments with pydantic: pip install 'wasm-kernel[agents]'"
+        ) from None
     if not callable(function):
         raise ToolDeclarationError(f"a tool must be callable, not {type(function).__name__}")
     name = check_name(name if name is not None else getattr(function, "__name__", None))

@@ -134,6 +134,9 @@ def test_a_tool_that_raises_and_bad_arguments(served: Session) -> None:
     assert unsendable.error is not None and "set" in unsendable.error.value
     missing = served.run("sandbox_tools.search()")  # bound in the guest, as Python would
     assert missing.error is not None and missing.error.name == "TypeError"
+    # the host serves only the tools declared for the cell, whatever the guest asks for
+    forged = served.run("import _wasm_kernel_tools\n_wasm_kernel_tools.call('open', {'file': '/'})")
+    assert forged.error is not None and forged.error.name == "ToolUnavailable"
     data = bytes(range(256)) * 3
     echoed = served.run(f"sandbox_tools.checksum({data!r}) == {checksum(data)!r}")
     assert echoed.text == "True"

@@ -180,6 +180,7 @@ ToolUnavailable.__module__ = MODULE_NAME
 
 
 def _missing(name):
+    """A tool this cell is not served: ToolUnavailable, saying which tools it has."""
     if name.startswith("_"):  # dunders pydoc and importlib look for
         raise AttributeError(f"module {MODULE_NAME!r} has no attribute {name!r}")
     raise ToolUnavailable(
@@ -225,6 +226,7 @@ class ToolsFinder:
             _module.ToolError, _module.ToolUnavailable = ToolError, ToolUnavailable
             _module.__all__ = []
             _module.__getattr__ = _missing
+            _missing.__name__ = _missing.__qualname__ = "__getattr__"
         return _module
 
     def exec_module(self, module):

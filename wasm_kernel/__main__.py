@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,14 +52,22 @@ def progress(description: str) -> Iterator[None]:
 
 
 def precompile(cache_dir: str | None) -> Path:
-    from . import guest_packages, runtime_files
+    from . import guest_packages, runtime_files, runtime_sources
     from .cache import RuntimeCache
-    from .runtime import load_runtime
+    from .runtime import RuntimeUnavailable, load_runtime
 
     cache = RuntimeCache(Path(cache_dir) if cache_dir else None)
     runtime = load_runtime(cache_dir=cache.directory)
     with progress(f"downloading the runtime ({runtime.wheel})"):
         runtime_files.fetch(runtime)
+    with progress("downloading the sources of the runtime's packages (for tracebacks)"):
+        try:
+            sources = runtime_sources.fetch(runtime)
+        except (RuntimeUnavailable, OSError, zipfile.BadZipFile) as exc:
+            sources = None
+            print(f"warning: tracebacks will show no library source: {exc}", file=sys.stderr)
+    if sources is not None:
+        print(f"sources of {sources} library modules ready", file=sys.stderr)
     compiled = cache.load(runtime, progress=progress)
     entry = cache.entry_dir(runtime)
     print(f"compiled runtime {runtime.name} ready in {entry}", file=sys.stderr)

@@ -34,7 +34,7 @@ from .guest.modules import _wasm_kernel_contract as declared
 from .guest_code import install_source
 from .host_functions import MAX_MESSAGE, Discard, GuestClock, HostCall, Receiver, SymlinkRefusal
 from .image_writer import ScratchArchive, staged
-from .interpreter import Interpreter, wasi_config
+from .interpreter import Interpreter, has_sources, wasi_config
 from .interrupts import Interrupts, Metering
 from .limits import Limits
 from .mounts import SCRATCH, Mount
@@ -138,12 +138,20 @@ class Sandbox:
 
     def _start(self, image: images.Image | None = None) -> Interpreter:
         """A new interpreter, booted, or resumed from ``image``."""
+        sources = has_sources(self.compiled.runtime)
         wasi = wasi_config(
-            self.compiled, self._tmp, self.packages, self.mounts, self.cwd, self._guest_output
+            self.compiled,
+            self._tmp,
+            self.packages,
+            self.mounts,
+            self.cwd,
+            self._guest_output,
+            sources,
         )
-        # the runtime's two folders, then /tmp, the guest's packages, the mounts (see wasi_config)
+        # the runtime's two folders, /tmp, the guest's packages, the libraries' sources where
+        # installed, the mounts (see wasi_config)
         files = GuestFiles(
-            preopens=4 + len(self.mounts),
+            preopens=4 + sources + len(self.mounts),
             scratch_index=2,
             touched=self._scratch.touched,
             room=self._scratch.has_room,

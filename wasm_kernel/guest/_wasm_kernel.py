@@ -542,9 +542,8 @@ def boot(packages, import_paths, plain_tracebacks):
 
     if first:
         _wasm_kernel_sandbox.install()
-        import _wasm_kernel_tools
-
-        _wasm_kernel_tools.install()
+        __import__("_wasm_kernel_sources").install()
+        __import__("_wasm_kernel_tools").install()
         sys.path.insert(0, packages)
     # Line-buffered, write-through streams: output reaches the kernel as it is printed.
     for stream in (sys.__stdout__, sys.__stderr__):

@@ -40,6 +40,9 @@ GUEST_MODULE = "_wasm_kernel"  # the kernel's module inside the guest
 KERNEL_FILES = "<wasm-kernel"  # how the file names of the kernel's guest code start
 GUEST_FILE = KERNEL_FILES + ">"  # the kernel module's; shipped modules' add ":NAME>"
 # tracebacks leave out frames of the kernel's guest code
+# The folder beside the stdlib zip where a zip of the same name holds the sources of the
+# modules it ships as bytecode only: the guest reads them for tracebacks and ``??``
+SOURCES_FOLDER = "sources"
 
 # exit statuses of a turn, besides the cell's own (0 ok, 1 an uncaught exception)
 TURN_REFUSED = -1  # the interpreter refuses turns: an earlier one trapped

@@ -22,6 +22,7 @@ from .stops import memory_limit_text
 
 if TYPE_CHECKING:
     from .interrupts import Interrupts
+    from .kernel_tools import KernelTools
 
 INPUT_POLL = 0.05  # seconds between checks for an input_reply or an interrupt
 BRIEF_ERROR = 1024  # characters of an error's value shown when the output budget is spent
@@ -65,6 +66,7 @@ class KernelDoors:
     # where the guest sees its host folders (None: they could not be mounted, no hint)
     host_folders: tuple[str, ...] | None
     own_folders: tuple[str, ...]  # the guest's other folders (scratch, runtime, packages)
+    tools: KernelTools  # sandbox_tools: the operator's and the cell's client's tools
 
 
 class CellMessages:
@@ -152,6 +154,12 @@ class CellMessages:
 
     def on_snapshot(self, message: dict, _verdict: Verdict, _interrupts: Interrupts) -> dict:
         return self.doors.snapshot(self, message["action"], message["name"])
+
+    def on_tools(self, message: dict, _verdict: Verdict, _interrupts: Interrupts) -> dict:
+        return self.doors.tools.catalogue(self.request, message["digest"])
+
+    def on_tool(self, message: dict, _verdict: Verdict, interrupts: Interrupts) -> dict:
+        return self.doors.tools.call(self.request, message, interrupts, self.doors.stdin)
 
     # -- the cell's end ------------------------------------------------------------------------
 

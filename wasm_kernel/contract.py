@@ -162,6 +162,10 @@ def _items(field: Field, value: Any) -> list[dict]:
     return checked
 
 
+def _json(_field: Field, value: Any) -> Any:
+    return value  # parsed JSON already, bounded by the message's size
+
+
 _KINDS: dict[str, Callable[[Field, Any], Any]] = {
     declared.TEXT: _text,
     declared.CLIPPED: _clipped,
@@ -175,6 +179,7 @@ _KINDS: dict[str, Callable[[Field, Any], Any]] = {
     declared.WORDS: _words,
     declared.ADDRESSES: _addresses,
     declared.ITEMS: _items,
+    declared.JSON: _json,
 }
 
 

@@ -39,6 +39,12 @@ def describe(
         f"up to {limits.scratch_limit >> 20} MiB" if limits.scratch_limit else "no size limit"
     )
     time_limit = f"time {limits.time_limit:.10g} s" if limits.time_limit else "no time limit"
+    tools = getattr(settings, "host_tools", None)
+    operator_tools = (
+        f"Host tools (WasmKernel.tools, run outside the sandbox): {', '.join(tools.operator)}\n"
+        if tools is not None and tools.operator
+        else ""
+    )
     return (
         f"Python {runtime.python_version} in a WebAssembly sandbox"
         f" (wasm-kernel {__version__}, runtime {runtime.name})\n"
@@ -53,6 +59,7 @@ def describe(
         f"Rollback: {_rollback(settings, runtime.restorable, sandbox)}\n"
         f"Hibernation: {hibernation}\n"
         f"Audit log: {audit}\n"
+        f"{operator_tools}"
         "No host environment, network or processes."
         + (f"\nLast cell: {last_cell.describe()}" if last_cell is not None else "")
     )

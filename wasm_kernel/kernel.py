@@ -39,6 +39,7 @@ from .hibernation import Hibernation
 from .history import History
 from .image_folder import ImageFolder
 from .kernel_settings import KernelSettings, screened
+from .kernel_tools import for_kernel as kernel_tools
 from .limits import Limits
 from .request_checks import CheckedRequests
 from .sandbox import Sandbox
@@ -107,6 +108,7 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
             kernel_folders.remove_on_sigterm()  # SIGTERM would leave the guest's files
         configured = self.read_settings()
         runtime = configured_runtime(self)
+        self.host_tools = kernel_tools(self)  # the operator's, imported now
         self._settings_error = InvalidSettings(self.refused) if self.refused else None
         self.runtime = runtime
         self.limits = Limits.of(self)
@@ -138,6 +140,7 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
             memory_limit=self.limits.memory_limit,
             host_folders=self.grants.host_folders_in_guest(),
             own_folders=self.grants.own_folders(),
+            tools=self.host_tools,
         )
         self._start = SandboxStart(self, self.limits, self.grants, self.session_images)
         self._interrupt_relay = InterruptRelay(self._interrupt_sandbox)

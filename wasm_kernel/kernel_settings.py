@@ -218,6 +218,15 @@ class KernelSettings(Configurable):
         help="Tracebacks without colours (ANSI escapes), for programmatic clients that read"
         " them as text.",
     ).tag(config=True)
+    tools = TextList(
+        Unicode(),
+        default=[],
+        help="Host functions every cell may call, as functions of the guest's module"
+        " sandbox_tools: each '[NAME=]module:function', imported by the kernel's Python at"
+        " start. They run in the kernel process, outside the sandbox, with its rights: list"
+        " only functions you would let the author of any cell call. Clients add tools of their"
+        " own to the cells they run (wasm_kernel.client's Session(tools=...)).",
+    ).tag(config=True)
     runtime_name = Text(
         default=DEFAULT_RUNTIME,
         env=False,

@@ -123,6 +123,7 @@ def run_cell(source, execution_count, store_history=True, silent=False):
     _reported = False
     try:
         shell.execution_count = execution_count
+        _refresh_tools()
         result = shell.run_cell(source, store_history=store_history, silent=silent)
         error = result.error_before_exec or result.error_in_exec
         if error is not None and not _reported:  # shown by IPython already (a UsageError)
@@ -152,6 +153,17 @@ def run_cell(source, execution_count, store_history=True, silent=False):
         hold_reserve()
     if not _still_intact():
         raise SystemExit(contract.DAMAGED)
+
+
+def _refresh_tools():
+    """sandbox_tools, once imported, holds the tools of the cell that runs (see the module
+    _wasm_kernel_tools); a cell that broke that module loses its tools, not its cells."""
+    tools = sys.modules.get("_wasm_kernel_tools")
+    try:
+        if tools is not None:
+            tools.refresh()
+    except Exception:
+        pass
 
 
 def _still_intact():
@@ -531,6 +543,7 @@ def boot(packages, import_paths, plain_tracebacks):
     if first:
         _wasm_kernel_sandbox.install()
         __import__("_wasm_kernel_sources").install()
+        __import__("_wasm_kernel_tools").install()
         sys.path.insert(0, packages)
     # Line-buffered, write-through streams: output reaches the kernel as it is printed.
     for stream in (sys.__stdout__, sys.__stderr__):

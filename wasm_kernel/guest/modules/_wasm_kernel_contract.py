@@ -30,6 +30,7 @@ CHOICE = "choice"  # one of ``choices``
 WORDS = "words"  # a list of at most ``limit`` strings, each at most WORD_LIMIT characters
 ADDRESSES = "addresses"  # base64 of little-endian 32-bit guest addresses, read as bytes
 ITEMS = "items"  # a list of at most ``limit`` objects, each one of the ``shapes`` by its tag
+JSON = "json"  # any JSON value (the host's replies: a tool's result)
 
 REQUIRED = ...  # a field without a default must be present
 WORD_LIMIT = 1000
@@ -192,6 +193,18 @@ INTERRUPTION = Message(  # why the cell is interrupted: its time limit, or not
     "interruption",
     reply=(Field("time_limit", TEXT),),
 )
+TOOLS = Message(  # sandbox_tools: the running cell's tools, unless the guest has them (digest)
+    "tools",
+    Field("digest", TEXT, limit=64, default=""),
+    reply=(Field("digest", TEXT), Field("tools", OBJECT)),  # name -> declaration
+)
+TOOL = Message(  # a call of one of them, its arguments by parameter name (see sandbox_tools);
+    # the wait costs no fuel and counts against the cell's time limit (so not ``waits``)
+    "tool",
+    Field("name", TEXT, limit=256),
+    Field("arguments", OBJECT),
+    reply=(Field("value", JSON), Field("error", OBJECT), Field("interrupted", FLAG)),
+)
 IMMORTALIZE = Message(  # boot image only: objects to make immortal
     "immortalize",
     Field("addresses", ADDRESSES),
@@ -213,6 +226,8 @@ MESSAGES = {
         PIP,
         SNAPSHOT,
         INTERRUPTION,
+        TOOLS,
+        TOOL,
         IMMORTALIZE,
     )
 }

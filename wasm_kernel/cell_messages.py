@@ -22,6 +22,7 @@ from .stops import memory_limit_text
 
 if TYPE_CHECKING:
     from .interrupts import Interrupts
+    from .network import CellNetwork
 
 INPUT_POLL = 0.05  # seconds between checks for an input_reply or an interrupt
 BRIEF_ERROR = 1024  # characters of an error's value shown when the output budget is spent
@@ -65,6 +66,7 @@ class KernelDoors:
     # where the guest sees its host folders (None: they could not be mounted, no hint)
     host_folders: tuple[str, ...] | None
     own_folders: tuple[str, ...]  # the guest's other folders (scratch, runtime, packages)
+    network: Callable[[], CellNetwork]  # a cell's HTTP requests, within its budget
 
 
 class CellMessages:
@@ -79,6 +81,7 @@ class CellMessages:
         self.payload: list[dict] = []
         self._error_published = True
         self._told_backlog = False
+        self.network = doors.network()
         # active-output policy: passive bundles; one notice on stderr when the cell ends
         self.active_output = ActiveOutput(
             doors.active_output, lambda text: self.stream("stderr", text)
@@ -152,6 +155,9 @@ class CellMessages:
 
     def on_snapshot(self, message: dict, _verdict: Verdict, _interrupts: Interrupts) -> dict:
         return self.doors.snapshot(self, message["action"], message["name"])
+
+    def on_http(self, message: dict, _verdict: Verdict, interrupts: Interrupts) -> dict:
+        return self.network.fetch(message, interrupts)
 
     # -- the cell's end ------------------------------------------------------------------------
 

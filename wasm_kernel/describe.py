@@ -9,6 +9,7 @@ from .checkpoints import checkpoint_method
 from .grants import Grants
 from .limits import Limits
 from .mounts import SCRATCH
+from .network import describe as describe_network
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox
@@ -49,7 +50,8 @@ def describe(
         f"Packages: {grants.packages.describe() if grants.packages else 'off'}\n"
         f"Rollback: {_rollback(settings, runtime.restorable, sandbox)}\n"
         f"Hibernation: {hibernation}\n"
-        "No host environment, network or processes."
+        f"Network: {describe_network(settings)}\n"
+        "No host environment or processes."
     )
 
 

@@ -39,6 +39,7 @@ from .history import History
 from .image_folder import ImageFolder
 from .kernel_settings import KernelSettings, screened
 from .limits import Limits
+from .network import Network, NetworkLimits
 from .request_checks import CheckedRequests
 from .sandbox import Sandbox
 from .session_images import SessionImages
@@ -125,6 +126,7 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
                 folder, self.hibernate, self.hibernation_quota, self.hibernation_days
             ),
         )
+        self.network = Network(self.network_allow, NetworkLimits.of(self))
         self._doors = KernelDoors(
             publish=self._publish_guest_output,
             stdin=lambda: (self.live_session, self.stdin_socket),
@@ -135,6 +137,7 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
             memory_limit=self.limits.memory_limit,
             host_folders=self.grants.host_folders_in_guest(),
             own_folders=self.grants.own_folders(),
+            network=self.network.cell,
         )
         self._start = SandboxStart(self, self.limits, self.grants, self.session_images)
         self._interrupt_relay = InterruptRelay(self._interrupt_sandbox)

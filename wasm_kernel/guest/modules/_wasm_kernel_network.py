@@ -47,7 +47,14 @@ def exchange(method, url, headers, body=b"", timeout=None):
     }
     if isinstance(timeout, (int, float)) and timeout > 0:
         fields["timeout"] = float(timeout)
-    reply = _kernel().call_host(contract.HTTP, **fields)
+    _check_bounds(fields, len(body))
+    try:
+        reply = _kernel().call_host(contract.HTTP, **fields)
+    except OSError:  # the host could not hand the answer over
+        raise refused(
+            "the response could not be delivered: it does not fit in the sandbox's free"
+            " memory (WasmKernel.memory_limit)"
+        ) from None
     error = reply.get("error")
     if error is None and isinstance(reply.get("status"), int):
         pairs = [(name, value) for name, value in reply.get("headers", ())]
@@ -58,6 +65,20 @@ def exchange(method, url, headers, body=b"", timeout=None):
     if error == contract.HTTP_TIMEOUT:
         raise TimeoutError(detail)
     raise refused(detail)
+
+
+def _check_bounds(fields, body_size):
+    """What the contract bounds, said plainly here rather than refused as a bad message."""
+    limits = {field.name: field.limit for field in contract.HTTP.fields}
+    headers = fields["headers"]
+    if body_size > limits["body"]:
+        raise refused(f"the request's body is larger than the {limits['body']:,} bytes allowed")
+    if len(headers) > limits["headers"] or any(
+        len(part) > contract.HEADER_LIMIT for pair in headers for part in pair
+    ):
+        raise refused("the request has too many headers, or one too long, to be sent")
+    if len(fields["url"]) > limits["url"] or len(fields["method"]) > limits["method"]:
+        raise refused("the request's URL or method is too long to be sent")
 
 
 # -- http.client ------------------------------------------------------------------------------
@@ -143,7 +164,7 @@ class _HostSocket:
         connection = self._connection
         method, target, headers, body = _parse_request(bytes(self._sent))
         self._sent = bytearray()
-        if "://" not in target:
+        if not target.lower().startswith(("http://", "https://")):  # not a proxy's form
             host = connection._tunnel_host or connection.host
             port = connection._tunnel_port if connection._tunnel_host else connection.port
             netloc = f"[{host}]" if ":" in host else host

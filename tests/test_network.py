@@ -47,6 +47,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, b"x" * size, [("Content-Type", "application/octet-stream")])
         elif path == "/slow":
             self._trickle()
+        elif path == "/headers":  # what arrived, as [name, value] pairs
+            seen = json.dumps(list(self.headers.items())).encode()
+            self._send(200, seen, [("Content-Type", "application/json")])
         else:
             self._send(404, b"no such page", [("Content-Type", "text/plain")])
 
@@ -251,6 +254,7 @@ def test_a_response_larger_than_the_budget_is_refused(net, servers):
     assert ok(net.execute(f"len(urllib.request.urlopen({small!r}).read())")).result_text() == "12"
 
 
+@pytest.mark.slow
 def test_a_slow_loris_server_is_cut_off_at_the_request_deadline(net, servers):
     slow = servers["plain"].url + "/slow"
     cut_before = servers["plain"].cut_off
@@ -263,6 +267,18 @@ def test_a_slow_loris_server_is_cut_off_at_the_request_deadline(net, servers):
     assert servers["plain"].cut_off > cut_before  # the host closed the connection early
 
 
+def test_the_cells_own_timeout_raises_timeout_error(net, servers):
+    """Shorter than network_timeout, the caller's timeout is a timeout as natively, not a
+    refusal: TimeoutError (urllib wraps it in URLError, as it wraps a failed connection)."""
+    slow = servers["plain"].url + "/slow"
+    code = (
+        "import urllib.error, urllib.request\n"
+        f"try:\n    urllib.request.urlopen({slow!r}, timeout=0.5).read()\n"
+        "except urllib.error.URLError as error:\n    print(type(error.reason).__name__)"
+    )
+    assert ok(net.execute(code)).stream_text() == "TimeoutError\n"
+
+
 def test_an_interrupt_stops_a_waiting_request(net, servers):
     slow = servers["plain"].url + "/slow"
     msg_id = net.client.execute(f"import urllib.request\nurllib.request.urlopen({slow!r}).read()")
@@ -271,6 +287,32 @@ def test_an_interrupt_stops_a_waiting_request(net, servers):
     run = net.collect(msg_id)
     assert run.content["status"] == "error"
     assert run.content["ename"] == "KeyboardInterrupt", run.content
+    still_answers(net)
+
+
+def test_a_hostile_request_cannot_steer_the_host(net, servers):
+    """The guest's own message (not through http.client): a Host header naming another site
+    and hop-by-hop headers are replaced by the host's; a header that would smuggle a second
+    line is refused before anything is sent; a URL naming a user is refused."""
+    headers = servers["plain"].url + "/headers"
+    sent = net.execute(
+        "import json, _wasm_kernel_network as net\n"
+        f"status, _, _, body = net.exchange('GET', {headers!r}, [('Host', 'evil.example'),"
+        " ('Connection', 'upgrade'), ('X-Kept', 'yes')])\n"
+        "{name.lower(): value for name, value in json.loads(body)}"
+    )
+    seen = plain(ok(sent))
+    assert seen["host"] == f"127.0.0.1:{servers['plain'].port}"
+    assert seen["x-kept"] == "yes" and seen.get("connection") != "upgrade"
+    before = servers["plain"].connections
+    injected = net.execute(
+        "import _wasm_kernel_network as net\n"
+        f"net.exchange('GET', {headers!r}, [('X-A', '1\\r\\nX-Injected: yes')])"
+    )
+    refused(injected, "not valid HTTP")
+    with_user = servers["plain"].url.replace("http://", "http://user:pw@") + "/csv"
+    refused(net.execute(f"net.exchange('GET', {with_user!r}, [])"), "a URL with credentials in it")
+    assert servers["plain"].connections == before
     still_answers(net)
 
 

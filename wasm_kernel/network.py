@@ -369,7 +369,7 @@ def _failure(target: Target, exc: Exception) -> str:
     if isinstance(exc, ConnectionRefusedError):
         return f"{where}: connection refused"
     if isinstance(exc, (http.client.HTTPException, urllib3.exceptions.HTTPError)):
-        return f"{where}: bad HTTP response ({type(exc).__name__}: {exc})"
+        return f"{where}: HTTP failed ({type(exc).__name__}: {exc})"
     if isinstance(exc, (ValueError, TypeError)):  # a header or method http.client refuses
         return f"the request is not valid HTTP: {exc}"
     return f"{where}: {type(exc).__name__}: {exc}"

@@ -8,6 +8,8 @@ import ipaddress
 import pytest
 from traitlets import TraitError
 
+from wasm_kernel import network
+from wasm_kernel.guest.modules import _wasm_kernel_sandbox
 from wasm_kernel.kernel_settings import KernelSettings
 from wasm_kernel.network_rules import Allowlist, RuleError, non_public, parse_rule
 
@@ -150,3 +152,28 @@ def test_a_non_public_address_passes_only_when_listed_itself():
     assert allowlist.address_refusal(listed, loopback) is None
     public = ipaddress.ip_address("93.184.215.14")
     assert allowlist.address_refusal(by_name, public) is None
+
+
+def test_the_hosts_no_network_text_is_the_guests():
+    """Refused with an empty list, a request says what the guest's own refusals say, so the
+    shell's hint (how data gets in) follows it too."""
+    assert network.NO_NETWORK == _wasm_kernel_sandbox.NO_NETWORK
+
+
+def test_the_client_passes_the_list_as_one_literal():
+    """Session(network_allow=[...]) reaches the kernel as one JSON list on its command line."""
+    from wasm_kernel.client import kernel_arguments
+
+    given = ["https://api.example.com", "http://127.0.0.1:8000"]
+    [argument] = kernel_arguments("strict", {"network_allow": given})
+    name, _, value = argument.partition("=")
+    assert name == "--WasmKernel.network_allow"
+    assert KernelSettings(config=_config(value)).network_allow == given
+
+
+def _config(value: str):  # type: ignore[no-untyped-def]
+    from traitlets.config import KVArgParseConfigLoader
+
+    argv = [f"--KernelSettings.network_allow={value}"]
+    loader = KVArgParseConfigLoader(argv, classes=[KernelSettings])  # as the kernel's app reads
+    return loader.load_config()

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .guest.modules import _wasm_kernel_contract as declared
-from .interrupts import Interrupts
 from .network_rules import Allowlist, IPAddress, RuleError, Target, as_address
 from .stops import set_by_operator
 
@@ -34,11 +33,13 @@ if TYPE_CHECKING:  # imported when a cell first makes a request: kernels start w
     import urllib3
     from urllib3.connection import HTTPConnection
 
+    from .interrupts import Interrupts
+
 POLL = 0.05  # seconds between looks at the cell's interrupts while a request runs
 CHUNK = 64 << 10
 MAX_WAITING = 8  # requests abandoned (interrupted, past their deadline) still ending
 TIMED_OUT = "deadline"  # an exchange past its deadline: the waiting thread says whose
-NO_NETWORK = "there is no network in this sandbox"  # as the guest's NetworkUnavailable says
+NO_NETWORK = "there is no network in this sandbox"  # the guest's words: its hint keys on them
 # not passed on: the host makes its own connection, and the guest gets whole bodies (a
 # response's Content-Length stays, unless its body came in chunks)
 HOP_BY_HOP = frozenset(
@@ -87,9 +88,6 @@ class Network:
         self.limits = limits
         self._tls: ssl.SSLContext | None = None  # made on first use: loading trust costs
         self.waiting = threading.BoundedSemaphore(MAX_WAITING)  # see _Exchange.abort
-
-    def __bool__(self) -> bool:
-        return bool(self.allowlist)
 
     def cell(self) -> CellNetwork:
         return CellNetwork(self)

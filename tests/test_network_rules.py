@@ -160,6 +160,7 @@ def test_the_hosts_no_network_text_is_the_guests():
     assert network.NO_NETWORK == _wasm_kernel_sandbox.NO_NETWORK
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # traitlets prefers repeated options
 def test_the_client_passes_the_list_as_one_literal():
     """Session(network_allow=[...]) reaches the kernel as one JSON list on its command line."""
     from wasm_kernel.client import kernel_arguments

@@ -10,6 +10,7 @@ same code in the same test.
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import threading
 import time
@@ -22,6 +23,8 @@ import certifi
 import pytest
 import trustme
 from conftest import Kernel, ok, plain
+
+from wasm_kernel.network import Network, NetworkLimits
 
 CSV = b"a,b\n1,2\n3,4\n"
 BIG = 1 << 20  # bytes of /big: past the shared kernel's network_bytes
@@ -350,6 +353,23 @@ def test_a_response_the_guest_has_no_room_for_is_refused_and_loses_nothing(start
     refused(run, "does not fit in the sandbox's free memory")
     assert plain(ok(kernel.execute("kept"))) == list(range(10))
     still_answers(kernel)
+
+
+class NoInterrupts:
+    def take(self) -> bool:
+        return False
+
+
+@pytest.mark.nokernel
+def test_a_closed_port_is_a_failed_connection_not_a_timeout():
+    """The host's side alone: nothing listens, the reply says so at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again when the block ends
+    network = Network([f"http://127.0.0.1:{port}"], NetworkLimits(5, 1 << 20, 30.0))
+    message = {"method": "GET", "url": f"http://127.0.0.1:{port}/", "headers": [], "body": b""}
+    reply = network.cell().fetch(message | {"timeout": 0.0}, NoInterrupts())  # type: ignore[arg-type]
+    assert reply == {"error": "failed", "detail": f"http://127.0.0.1:{port}: connection refused"}
 
 
 REQUESTS_CODE = """

@@ -251,33 +251,7 @@ class _Exchange:
         return left
 
     def _exchange(self) -> tuple[int, str, list[list[str]], bytes]:
-        from urllib3.connection import HTTPConnection, HTTPSConnection
-
-        target = self.target
-        address = self._address()
-        timeout = self._left()  # for connecting, then for each read
-        if target.scheme == "https":
-            connection: HTTPConnection = HTTPSConnection(
-                str(address),
-                target.port,
-                timeout=timeout,
-                server_hostname=target.host,
-                ssl_context=self.network.tls(),
-                cert_reqs="CERT_REQUIRED",
-            )
-        else:
-            connection = HTTPConnection(str(address), target.port, timeout=timeout)
-        self._connection = connection
-        self._left()
-        connection.request(
-            self.message["method"],
-            target.path,
-            body=self.message["body"] or None,
-            headers=_request_headers(self.message["headers"], target),
-            preload_content=False,
-            decode_content=False,
-        )
-        response = connection.getresponse()
+        response = self._send().getresponse()
         declared_length = response.length_remaining
         if declared_length is not None and declared_length > self.room:
             raise Refusal(declared.HTTP_REFUSED, self._too_large(declared_length))
@@ -293,8 +267,47 @@ class _Exchange:
         ]
         return response.status, response.reason or "", headers, bytes(content)
 
-    def _address(self) -> IPAddress:
-        """The first address of the target that may be reached; else why none may."""
+    def _send(self) -> HTTPConnection:
+        """The request, sent to the first allowed address that takes a connection (a name may
+        resolve to addresses this machine cannot reach, IPv6 ones on an IPv4 network). http.
+        client checks the method, path and headers before it connects: one it refuses never
+        reaches the server."""
+        import urllib3
+        from urllib3.connection import HTTPConnection, HTTPSConnection
+
+        target, failure = self.target, None
+        for address in self._addresses():
+            timeout = self._left()  # for connecting, then for each read
+            if target.scheme == "https":
+                connection: HTTPConnection = HTTPSConnection(
+                    str(address),
+                    target.port,
+                    timeout=timeout,
+                    server_hostname=target.host,
+                    ssl_context=self.network.tls(),
+                    cert_reqs="CERT_REQUIRED",
+                )
+            else:
+                connection = HTTPConnection(str(address), target.port, timeout=timeout)
+            self._connection = connection
+            try:
+                connection.request(
+                    self.message["method"],
+                    target.path,
+                    body=self.message["body"] or None,
+                    headers=_request_headers(self.message["headers"], target),
+                    preload_content=False,
+                    decode_content=False,
+                )
+                return connection
+            except urllib3.exceptions.NewConnectionError as exc:  # refused, unreachable:
+                failure = exc.__cause__ or exc  # nothing was sent, so the next may take it
+        assert failure is not None  # _addresses returns at least one
+        raise failure
+
+    def _addresses(self) -> list[IPAddress]:
+        """The target's addresses that may be reached, in the resolver's order; else why
+        none may."""
         target = self.target
         literal = as_address(target.host)
         if literal is not None:
@@ -311,12 +324,15 @@ class _Exchange:
                 address = as_address(str(sockaddr[0]).split("%")[0])
                 if address is not None and address not in candidates:
                     candidates.append(address)
-        refusals = []
+        allowed, refusals = [], []
         for address in candidates:
             refusal = self.network.allowlist.address_refusal(target, address)
             if refusal is None:
-                return address
-            refusals.append(refusal)
+                allowed.append(address)
+            else:
+                refusals.append(refusal)
+        if allowed:
+            return allowed
         raise Refusal(
             declared.HTTP_REFUSED,
             (refusals[0] if refusals else f"{target.host} has no address") + f". {ALLOWLIST_HINT}",

@@ -36,6 +36,9 @@ for _ in range({n}):
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # as servers made for keep-alive do: else each answer on a kept connection waits for the
+    # client's delayed ACK (40 ms) between its head and its body
+    disable_nagle_algorithm = True
 
     def do_GET(self) -> None:
         self.send_response(200)

@@ -37,9 +37,11 @@ TRICKLE_BYTES = 80  # /slow's whole body, 20 s at that pace, so the test's serve
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # as servers made for keep-alive do
     server: Server
 
     def do_GET(self) -> None:
+        self.server.requests += 1
         path, _, query = self.path.partition("?")
         if path == "/csv":
             self._send(200, CSV, [("Content-Type", "text/csv"), ("Set-Cookie", "k=v")])
@@ -57,6 +59,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, b"no such page", [("Content-Type", "text/plain")])
 
     def do_POST(self) -> None:
+        self.server.requests += 1
         data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self._send(200, data, [("Content-Type", self.headers.get("Content-Type", "?"))])
 
@@ -93,7 +96,8 @@ class Server(ThreadingHTTPServer):
     def __init__(self, tls: ssl.SSLContext | None = None):
         super().__init__(("127.0.0.1", 0), Handler)
         self.tls = tls
-        self.connections = 0
+        self.connections = 0  # accepted
+        self.requests = 0  # answered
         self.cut_off = 0
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
@@ -224,14 +228,14 @@ def test_urlopen_pandas_and_http_client_fetch_as_natively(net, native, servers):
 
 
 def test_redirect_to_an_unlisted_host_is_refused(net, servers):
-    before = servers["plain"].connections
+    before = servers["plain"].requests
     elsewhere = servers["unlisted"].url + "/csv"
     hop = servers["plain"].url + "/redirect?" + elsewhere
     run = net.execute(f"import urllib.request\nurllib.request.urlopen({hop!r})")
     refused(
         run, "URLError", f"{elsewhere.rsplit('/', 1)[0]} is not on this kernel's network allowlist"
     )
-    assert servers["plain"].connections > before  # the first hop was made
+    assert servers["plain"].requests == before + 1  # the first hop was made
     assert servers["unlisted"].connections == 0  # the second never was
     still_answers(net)
 
@@ -307,7 +311,7 @@ def test_a_hostile_request_cannot_steer_the_host(net, servers):
     seen = plain(ok(sent))
     assert seen["host"] == f"127.0.0.1:{servers['plain'].port}"
     assert seen["x-kept"] == "yes" and seen.get("connection") != "upgrade"
-    before = servers["plain"].connections
+    before = servers["plain"].requests
     injected = net.execute(
         "import _wasm_kernel_network as net\n"
         f"net.exchange('GET', {headers!r}, [('X-A', '1\\r\\nX-Injected: yes')])"
@@ -315,8 +319,23 @@ def test_a_hostile_request_cannot_steer_the_host(net, servers):
     refused(injected, "not valid HTTP")
     with_user = servers["plain"].url.replace("http://", "http://user:pw@") + "/csv"
     refused(net.execute(f"net.exchange('GET', {with_user!r}, [])"), "a URL with credentials in it")
-    assert servers["plain"].connections == before
+    assert servers["plain"].requests == before
     still_answers(net)
+
+
+def test_connections_the_server_keeps_open_are_reused(net, servers):
+    """GETs to the same checked address share one connection (for https, one handshake); a
+    POST, which a server must not receive twice, always gets its own."""
+    for name in ("plain", "tls"):
+        server = servers[name]
+        url = server.url + "/csv"
+        ok(net.execute(f"import urllib.request\nurllib.request.urlopen({url!r}).read()"))
+        before = server.connections
+        ok(net.execute(f"for _ in range(5): urllib.request.urlopen({url!r}).read()"))
+        assert server.connections == before
+        post = f"urllib.request.urlopen(urllib.request.Request({url!r}, data=b'x')).read()"
+        ok(net.execute(f"for _ in range(2): {post}"))
+        assert server.connections == before + 2
 
 
 def test_tls_is_verified(net, servers):

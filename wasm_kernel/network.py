@@ -38,6 +38,11 @@ if TYPE_CHECKING:  # imported when a cell first makes a request: kernels start w
 POLL = 0.05  # seconds between looks at the cell's interrupts while a request runs
 CHUNK = 64 << 10
 MAX_WAITING = 8  # requests abandoned (interrupted, past their deadline) still ending
+KEPT_CONNECTIONS = 8  # connections kept open for the next request to the same address
+KEPT_SECONDS = 30.0  # longest a kept connection waits for one
+# a request a server may receive twice: only these go on a kept connection, which the server
+# may have closed meanwhile (then the request is sent again on a new one)
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 TIMED_OUT = "deadline"  # an exchange past its deadline: the waiting thread says whose
 NO_NETWORK = "there is no network in this sandbox"  # the guest's words: its hint keys on them
 # not passed on: the host makes its own connection, and the guest gets whole bodies (a
@@ -88,6 +93,7 @@ class Network:
         self.limits = limits
         self._tls: ssl.SSLContext | None = None  # made on first use: loading trust costs
         self.waiting = threading.BoundedSemaphore(MAX_WAITING)  # see _Exchange.abort
+        self.kept = KeptConnections()
 
     def cell(self) -> CellNetwork:
         return CellNetwork(self)
@@ -100,6 +106,39 @@ class Network:
 
             self._tls = ssl.create_default_context()
         return self._tls
+
+
+class KeptConnections:
+    """Connections left open after a complete exchange, each keyed by what was checked for
+    it (scheme, address, port, name): a later request reuses one only when its own checks
+    chose the same address, so a new DNS answer is judged before any connection is reused.
+    It saves a TLS handshake per request to the same server."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: dict[tuple, tuple[float, HTTPConnection]] = {}
+
+    def take(self, key: tuple) -> HTTPConnection | None:
+        with self._lock:
+            kept = self._kept.pop(key, None)
+        if kept is None:
+            return None
+        since, connection = kept
+        if time.monotonic() - since < KEPT_SECONDS and connection.is_connected:
+            return connection
+        connection.close()
+        return None
+
+    def keep(self, key: tuple, connection: HTTPConnection) -> None:
+        with self._lock:
+            dropped = [self._kept.pop(key, (0.0, None))[1]]
+            if len(self._kept) >= KEPT_CONNECTIONS:
+                oldest = min(self._kept, key=lambda k: self._kept[k][0])
+                dropped.append(self._kept.pop(oldest)[1])
+            self._kept[key] = (time.monotonic(), connection)
+        for old in dropped:
+            if old is not None:
+                old.close()
 
 
 class CellNetwork:
@@ -218,6 +257,8 @@ class _Exchange:
         self.done = threading.Event()
         self.outcome: Refusal | tuple[int, str, list[list[str]], bytes] | None = None
         self._connection: HTTPConnection | None = None
+        self._key: tuple = ()  # what the connection was checked for (see KeptConnections)
+        self._reusable = False  # its response was read whole, and the server keeps it open
         self._aborted = False
 
     def run(self) -> None:
@@ -251,7 +292,7 @@ class _Exchange:
         return left
 
     def _exchange(self) -> tuple[int, str, list[list[str]], bytes]:
-        response = self._send().getresponse()
+        response = self._respond()
         declared_length = response.length_remaining
         if declared_length is not None and declared_length > self.room:
             raise Refusal(declared.HTTP_REFUSED, self._too_large(declared_length))
@@ -261,13 +302,55 @@ class _Exchange:
             if len(content) > self.room:
                 raise Refusal(declared.HTTP_REFUSED, self._too_large(None))
             self._left()
+        self._reusable = True
         skipped = HOP_BY_HOP | ({"content-length"} if response.chunked else set())
         headers = [
             [name, value] for name, value in response.headers.items() if name.lower() not in skipped
         ]
         return response.status, response.reason or "", headers, bytes(content)
 
-    def _send(self) -> HTTPConnection:
+    def _respond(self) -> urllib3.BaseHTTPResponse:
+        """The response's head: on a kept connection to a checked address where there is one
+        (an idempotent request only), else on a new connection."""
+        import http.client
+
+        import urllib3
+
+        addresses = self._addresses()
+        if self.message["method"] in IDEMPOTENT:
+            for address in addresses:
+                key = self._key_of(address)
+                kept = self.network.kept.take(key)
+                if kept is None:
+                    continue
+                self._connection, self._key = kept, key
+                kept.timeout = self._left()
+                if kept.sock is not None:
+                    kept.sock.settimeout(kept.timeout)
+                try:
+                    self._request(kept)
+                    return kept.getresponse()
+                except (ConnectionError, http.client.HTTPException, urllib3.exceptions.HTTPError):
+                    kept.close()  # the server dropped it meanwhile: a new one below
+                    if self._aborted:
+                        raise
+                break
+        return self._send(addresses).getresponse()
+
+    def _key_of(self, address: IPAddress) -> tuple:
+        return (self.target.scheme, address, self.target.port, self.target.host)
+
+    def _request(self, connection: HTTPConnection) -> None:
+        connection.request(
+            self.message["method"],
+            self.target.path,
+            body=self.message["body"] or None,
+            headers=_request_headers(self.message["headers"], self.target),
+            preload_content=False,
+            decode_content=False,
+        )
+
+    def _send(self, addresses: list[IPAddress]) -> HTTPConnection:
         """The request, sent to the first allowed address that takes a connection (a name may
         resolve to addresses this machine cannot reach, IPv6 ones on an IPv4 network). http.
         client checks the method, path and headers before it connects: one it refuses never
@@ -276,7 +359,7 @@ class _Exchange:
         from urllib3.connection import HTTPConnection, HTTPSConnection
 
         target, failure = self.target, None
-        for address in self._addresses():
+        for address in addresses:
             timeout = self._left()  # for connecting, then for each read
             if target.scheme == "https":
                 connection: HTTPConnection = HTTPSConnection(
@@ -289,16 +372,9 @@ class _Exchange:
                 )
             else:
                 connection = HTTPConnection(str(address), target.port, timeout=timeout)
-            self._connection = connection
+            self._connection, self._key = connection, self._key_of(address)
             try:
-                connection.request(
-                    self.message["method"],
-                    target.path,
-                    body=self.message["body"] or None,
-                    headers=_request_headers(self.message["headers"], target),
-                    preload_content=False,
-                    decode_content=False,
-                )
+                self._request(connection)
                 return connection
             except urllib3.exceptions.NewConnectionError as exc:  # refused, unreachable:
                 failure = exc.__cause__ or exc  # nothing was sent, so the next may take it
@@ -347,10 +423,15 @@ class _Exchange:
         )
 
     def _close(self) -> None:
+        """Keep the connection for the next request if the server keeps it open, else close."""
         connection = self._connection
-        if connection is not None:
-            with contextlib.suppress(Exception):
-                connection.close()
+        if connection is None:
+            return
+        if self._reusable and not self._aborted and connection.is_connected:
+            self.network.kept.keep(self._key, connection)
+            return
+        with contextlib.suppress(Exception):
+            connection.close()
 
 
 def _request_headers(pairs: list[list[str]], target: Target) -> urllib3.HTTPHeaderDict:

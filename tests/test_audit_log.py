@@ -159,9 +159,9 @@ def test_a_rotated_file_is_followed_and_records_stay_bounded(tmp_path: Path) -> 
     assert rotated[0]["cell_sha256"] == sha256("for x in xs: search(x)")
     assert rotated[0]["metrics"] == {"seconds": 0.25, "sent_bytes": 10, "received_bytes": 20}
     text = path.read_text()
-    assert "secret" not in text and "token" not in text and "frag" not in text
+    assert not any(word in text for word in ("secret", "token", "frag", "data.csv"))
     request, oversized = lines_of(path)
-    assert request["url"] == "https://example.org:8443/data.csv"
+    assert request["url"] == "https://example.org:8443"
     assert request["reason"] == "not listed" and request["verdict"] == "refused"
     assert all(len(line) + 1 <= MAX_LINE for line in text.encode().splitlines())
     assert oversized["shortened"] is True and oversized["tool"] == "\U0001f600" * audit.SHORT_TEXT
@@ -179,3 +179,36 @@ def test_a_file_with_other_names_is_refused(tmp_path: Path) -> None:
     with pytest.raises(AuditLogUnusable, match="mounted into the sandbox"):
         AuditLog.open(str(tmp_path / "sub" / "a.jsonl"), "k", [tmp_path])
     assert target.read_text() == "keep\n"
+
+
+@pytest.mark.slow
+def test_tool_calls_and_network_requests_leave_one_line_each(
+    start_kernel: Any, tmp_path: Path
+) -> None:
+    """Without their arguments, results or the URL's path and query."""
+    log = tmp_path / "audit.jsonl"
+    tests = str(Path(__file__).parent)
+    kernel = start_kernel(
+        [f"--WasmKernel.audit_log={log}", "--WasmKernel.network_allow=['https://listed.test']"],
+        env={"PYTHONPATH": tests, "WASM_KERNEL_TOOLS": "operator_tools:word_count"},
+    )
+    cell = (
+        "from sandbox_tools import word_count\n"
+        "import urllib.request\n"
+        "counted = word_count('one two secret-words')\n"
+        "try:\n"
+        "    urllib.request.urlopen('https://elsewhere.test/path?token=hidden')\n"
+        "except OSError as exc:\n"
+        "    refused = type(exc).__name__\n"
+        "counted, refused"
+    )
+    run = ok(kernel.execute(cell))
+    assert run.result_text() == "(3, 'URLError')"
+    tool, request, cell_line = lines_of(log)
+    assert tool["kind"] == "tool_call" and tool["tool"] == "word_count"
+    assert tool["verdict"] == "ok" and tool["cell_sha256"] == sha256(cell)
+    assert request["kind"] == "network_request" and request["verdict"] == "refused"
+    assert "not on this kernel's network allowlist" in request["reason"]
+    assert cell_line["kind"] == "cell"
+    text = log.read_text()
+    assert "secret-words" not in text and "hidden" not in text and "/path" not in text

@@ -59,7 +59,8 @@ def _text(value: Any) -> str:
 
 
 def _public_url(url: str) -> str:
-    """A URL without what may be a secret: no user or password, query or fragment."""
+    """A URL's origin only (scheme, host, port): paths, queries and user names may carry
+    secrets (tokens in paths are common), and the origin is what the allowlist judges."""
     try:
         parts = urllib.parse.urlsplit(url)
         host = parts.hostname or ""
@@ -68,7 +69,7 @@ def _public_url(url: str) -> str:
         return "(not a URL)"
     if ":" in host:
         host = f"[{host}]"
-    return _text(urllib.parse.urlunsplit((parts.scheme, host + port, parts.path, "", "")))
+    return _text(urllib.parse.urlunsplit((parts.scheme, host + port, "", "", "")))
 
 
 class AuditLog:
@@ -180,7 +181,7 @@ class AuditLog:
     ) -> None:
         """A cell asked for ``url``: ``verdict`` 'allowed' (``status``: the HTTP status) or
         'refused' (``reason``: not listed, private address, over budget...). The URL is kept
-        without user, password, query and fragment; no header or body is kept."""
+        as its origin only (scheme, host, port); no header or body is kept."""
         self._write(
             "network_request",
             verdict,

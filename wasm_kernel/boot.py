@@ -88,6 +88,7 @@ class SandboxStart:
             import_paths=paths,
             checkpoint_mode=settings.checkpoint_mode,
             plain_tracebacks=settings.plain_tracebacks,
+            network=bool(settings.network_allow),
         )
         if self.images.snapshots or self.images.hibernation.enabled:
             self.images.folder.sweep()  # staging files of killed kernels' saves

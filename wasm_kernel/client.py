@@ -83,6 +83,8 @@ def kernel_arguments(profile: str, settings: dict[str, Any]) -> list[str]:
             if isinstance(value, str):
                 value = [value]
             value = json.dumps([str(spec) for spec in value])
+        elif isinstance(value, (list, tuple)):  # network_allow: one list literal
+            value = json.dumps([str(item) for item in value])
         arguments.append(f"--WasmKernel.{name}={value}")
     return arguments
 

@@ -10,6 +10,7 @@ from .grants import Grants
 from .limits import Limits
 from .metrics import CellMetrics
 from .mounts import SCRATCH
+from .network import describe as describe_network
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox
@@ -59,8 +60,9 @@ def describe(
         f"Rollback: {_rollback(settings, runtime.restorable, sandbox)}\n"
         f"Hibernation: {hibernation}\n"
         f"Audit log: {audit}\n"
+        f"Network: {describe_network(settings)}\n"
         f"{operator_tools}"
-        "No host environment, network or processes."
+        "No host environment or processes."
         + (f"\nLast cell: {last_cell.describe()}" if last_cell is not None else "")
     )
 

@@ -41,6 +41,7 @@ from .image_folder import ImageFolder
 from .kernel_settings import KernelSettings, screened
 from .kernel_tools import for_kernel as kernel_tools
 from .limits import Limits
+from .network import Network, NetworkLimits
 from .request_checks import CheckedRequests
 from .sandbox import Sandbox
 from .session_images import SessionImages
@@ -130,6 +131,7 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
                 folder, self.hibernate, self.hibernation_quota, self.hibernation_days
             ),
         )
+        self.network = Network(self.network_allow, NetworkLimits.of(self))
         self._doors = KernelDoors(
             publish=self._publish_guest_output,
             stdin=lambda: (self.live_session, self.stdin_socket),
@@ -141,6 +143,8 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
             host_folders=self.grants.host_folders_in_guest(),
             own_folders=self.grants.own_folders(),
             tools=self.host_tools,
+            network=self.network.cell,
+            audit=lambda: self.audit,
         )
         self._start = SandboxStart(self, self.limits, self.grants, self.session_images)
         self._interrupt_relay = InterruptRelay(self._interrupt_sandbox)

@@ -37,6 +37,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import setproctitle
+
 REQUEST_LIMIT = 1 << 20  # bytes of one request: argv, env and cwd
 DESCRIPTORS = 4  # stdin, stdout, stderr, lifeline
 IDLE_SECONDS = float(os.environ.get("WASM_KERNEL_SERVER_IDLE", "600"))  # then the server exits
@@ -161,6 +163,8 @@ def _become_kernel(request: dict, descriptors: list[int]) -> None:
         tempfile.tempdir = None  # read again from TMPDIR when first needed
         time.tzset()
         _watch_lifeline(lifeline)
+        # seen by ps and pkill as the kernel it now is, not as another server
+        setproctitle.setproctitle(" ".join([sys.executable, *KERNEL_COMMAND, *request["argv"]]))
         from .__main__ import main
 
         # The lifeline watches the launcher instead of ipykernel's parent poller, which would

@@ -29,15 +29,20 @@ from .settings import (
     INT64_MAX,
     MAX_GRACE,
     MAX_MEMORY,
+    MAX_NETWORK_BYTES,
+    MAX_NETWORK_REQUESTS,
+    MAX_NETWORK_SECONDS,
     MAX_SECONDS,
     MIN_FUEL,
     MIN_MEMORY,
+    MIN_NETWORK_BYTES,
     MIN_OUTPUT,
     MIN_PACKAGES_QUOTA,
     MIN_SCRATCH,
     MIN_SECONDS,
     AbsoluteFileOrOff,
     AbsoluteFolder,
+    AllowList,
     CheckedBool,
     CheckedEnum,
     Limit,
@@ -212,6 +217,41 @@ class KernelSettings(Configurable):
         help="Bytes of %pip packages one user may hold on the host: the unpacked packages of"
         " all their running kernels together, plus the per-user cache of downloaded wheels"
         " (trimmed, least recently used first, to what the kernels leave).",
+    ).tag(config=True)
+    network_allow = AllowList(
+        Unicode(),
+        default=[],
+        help="Hosts a cell may reach over HTTP, each 'http://HOST' or 'https://HOST' with an"
+        " optional ':PORT' (else the scheme's own), HOST a name, '*.example.com' (the names"
+        " below it) or an address ('127.0.0.1', '[::1]'). The host makes each request, never"
+        " the guest; names resolving to loopback, private, link-local or metadata addresses are"
+        " refused unless the address itself is listed. Empty (the default): no network.",
+    ).tag(config=True)
+    network_requests = Limit(
+        integer=True,
+        low=1,
+        high=MAX_NETWORK_REQUESTS,
+        unit="requests",
+        default=100,
+        help="HTTP requests a cell may make (each redirect is one).",
+    ).tag(config=True)
+    network_bytes = Limit(
+        integer=True,
+        low=MIN_NETWORK_BYTES,
+        high=MAX_NETWORK_BYTES,
+        unit="bytes",
+        default=64 << 20,
+        help="Bytes a cell may send and receive over HTTP (request and response bodies, as"
+        " sent); a response that would go past it is refused.",
+    ).tag(config=True)
+    network_timeout = Limit(
+        integer=False,
+        low=MIN_SECONDS,
+        high=MAX_NETWORK_SECONDS,
+        unit="seconds",
+        default=30.0,
+        help="Seconds an HTTP request may take, from its start to its last byte. Waiting on"
+        " the network counts against the cell's time_limit too.",
     ).tag(config=True)
     plain_tracebacks = CheckedBool(
         default=False,

@@ -94,8 +94,10 @@ class Sandbox:
         image: images.Image | None = None,
         checkpoint_mode: str = "auto",
         plain_tracebacks: bool = False,
+        network: bool = False,
     ):
         self.compiled = compiled
+        self.network = network  # the guest's HTTP goes through the kernel (see network.py)
         self.checkpoint_mode = checkpoint_mode
         self.packages = guest_packages.site_mount(compiled)  # raises if not installed
         self.plain_tracebacks = plain_tracebacks
@@ -177,6 +179,10 @@ class Sandbox:
                 interpreter.initialize()
                 if interpreter.call_turn(self._install_source()) != 0:
                     raise RuntimeError("the guest's kernel module failed to load")
+            if self.network:
+                allow = guest_call(declared.ALLOW_NETWORK)
+                if self._repair_turn(interpreter, allow, "the network adapter trapped") != 0:
+                    raise RuntimeError("the guest's network adapter failed to load")
         except BaseException:
             interpreter.close()
             raise

@@ -410,6 +410,13 @@ def _immortalize():
     send(addresses)
 
 
+def allow_network():
+    """The operator allows some hosts: the guest's HTTP libraries send through the kernel."""
+    import _wasm_kernel_network
+
+    _wasm_kernel_network.install()
+
+
 def close_stale_files():
     """After a rollback (see _wasm_kernel_sandbox): files whose descriptor leads elsewhere."""
     sys.modules["_wasm_kernel_sandbox"].close_stale_files()

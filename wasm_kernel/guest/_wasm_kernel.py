@@ -425,6 +425,13 @@ def settle(cwd, start, paths):
     close_stale_files()
 
 
+def layer_writes(folders, layer):
+    """Where writes beside the notebook go: see _wasm_kernel_layer."""
+    import _wasm_kernel_layer
+
+    _wasm_kernel_layer.activate(folders, layer)
+
+
 # -- guest-only modules ---------------------------------------------------------------------
 
 

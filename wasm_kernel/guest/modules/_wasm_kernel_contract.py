@@ -221,6 +221,9 @@ SETTLE = EntryPoint("settle", "cwd", "start", "paths")  # after an image is resu
 CLOSE_STALE_FILES = EntryPoint("close_stale_files")
 INSTALL_MODULES = EntryPoint("install_modules", "sources")
 BOOT = EntryPoint("boot", "packages", "import_paths", "plain_tracebacks")
+# after a boot or a resume: the read-only folders whose writes go to a private layer, and
+# the guest folder (in /tmp) that holds it; no folders: writes there are refused
+LAYER_WRITES = EntryPoint("layer_writes", "folders", "layer")
 
 # services ``serve`` runs (the guest's SERVICES table holds exactly these)
 COMPLETE = "complete"

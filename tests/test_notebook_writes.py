@@ -143,7 +143,8 @@ def test_the_layer_survives_a_snapshot_restore_and_a_hibernation(tmp_path):
         ok(kernel.execute("%snapshot restore layered"))
         assert plain(ok(kernel.execute(READ_BACK))) == AFTER
         listing = ok(kernel.execute("%sandbox")).stream_text()
-        assert "/notebook/data.npy (160 bytes)" in listing, listing
+        size = plain(ok(kernel.execute("os.path.getsize('data.npy')")))
+        assert f"/notebook/data.npy ({size:,} bytes)" in listing, listing
         assert "/notebook/sales.csv (" in listing
         assert "hidden (deleted or renamed by cells): /notebook/sub/inner.txt" in listing
     finally:
@@ -204,4 +205,28 @@ def test_the_client_downloads_a_file_written_beside_the_notebook(tmp_path):
         assert session.download("/notebook/out.csv") == b",a\n0,1\n"
         names = [entry["name"] for entry in session.files("/notebook")]
         assert "out.csv" in names and "sales.csv" in names
+    assert folder_hash(folder) == before
+
+
+def test_folders_only_the_layer_has_and_a_rolled_back_cell(start_kernel, tmp_path):
+    """A folder made by a cell can be entered; a cell rolled back after deleting a host file
+    leaves it deleted, as files written in /tmp by a rolled-back cell stay written."""
+    folder = make_folder(tmp_path / "notebook")
+    before = folder_hash(folder)
+    kernel = start_kernel(
+        ["--WasmKernel.time_limit=1", "--WasmKernel.interrupt_grace=0.2"], cwd=folder
+    )
+    entered = "import os; os.makedirs('new/x'); os.chdir('new'); open('f.txt', 'w').write('1')"
+    ok(kernel.execute(entered))
+    assert plain(ok(kernel.execute("os.getcwd(), sorted(os.listdir())"))) == (
+        "/notebook/new",
+        ["f.txt", "x"],
+    )
+    ok(kernel.execute("os.chdir('..'); kept = 1"))
+    assert plain(ok(kernel.execute("os.getcwd(), open('new/f.txt').read()"))) == ("/notebook", "1")
+    stuck = "os.remove('sales.csv')\nwhile True:\n    try:\n        while True: pass\n"
+    stuck += "    except BaseException: pass"
+    run = kernel.execute(stuck)
+    assert "rolled back" in run.content["evalue"], run.content
+    assert plain(ok(kernel.execute("kept, os.path.exists('sales.csv')"))) == (1, False)
     assert folder_hash(folder) == before

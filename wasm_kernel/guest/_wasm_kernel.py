@@ -401,6 +401,9 @@ def _immortalize():
 def close_stale_files():
     """After a rollback (see _wasm_kernel_sandbox): files whose descriptor leads elsewhere."""
     sys.modules["_wasm_kernel_sandbox"].close_stale_files()
+    layer = sys.modules.get("_wasm_kernel_layer")
+    if layer is not None:
+        layer.reload()
 
 
 def settle(cwd, start, paths):

@@ -46,6 +46,8 @@ LAYERED = (
     "replace",
     "truncate",
     "utime",
+    "chdir",
+    "getcwd",
 )
 
 _folders = ()  # guest folders with a layer, e.g. ("/notebook",)
@@ -91,6 +93,14 @@ def _set_open(function):
         shell.io_open = function
 
 
+def reload():
+    """After a rollback: the guest's memory forgot what the rolled-back cell hid, but its
+    record in /tmp (like every file it wrote) stays, so the record is read again."""
+    global _deleted
+    if _folders:
+        _deleted = set(_load_deleted())
+
+
 def _load_deleted():
     try:
         with _real["builtins.open"](_record, encoding="utf-8") as file:
@@ -123,7 +133,7 @@ def _layered(path):
     if not isinstance(text, str) or "\0" in text:
         return None
     if not text.startswith("/"):
-        text = posixpath.join(os.getcwd(), text)
+        text = posixpath.join(_getcwd(), text)
     elif not text.startswith(_folders):
         return None
     absolute = posixpath.normpath(text)
@@ -539,10 +549,32 @@ def _changing(name):
     return functools.wraps(real)(change)
 
 
+def _chdir(path):
+    """Into a folder only the layer has, through its copy in /tmp (``os.getcwd`` still
+    names it as the cell does)."""
+    absolute = _layered(path)
+    if absolute is None:
+        return _real["chdir"](path)
+    upper = _upper(absolute)  # absolute either way: the real working folder may be the copy
+    if _is_folder(upper) and (_hidden(absolute) or not _is_folder(absolute)):
+        return _redirected(_real["chdir"], upper, path)
+    return _redirected(_real["chdir"], absolute, path)
+
+
+def _getcwd():
+    cwd = _real["getcwd"]()
+    if _files and cwd.startswith(_files + "/"):
+        inner = cwd[len(_files) :]
+        if any(inner == folder or inner.startswith(folder + "/") for folder in _folders):
+            return inner
+    return cwd
+
+
 def _layered_functions():
     """The replacement of each real os function this runtime has."""
     makers = {"open": lambda _: _open, "listdir": lambda _: _listdir}
     makers.update({"scandir": lambda _: _scandir, "mkdir": lambda _: _mkdir})
+    makers.update({"chdir": lambda _: _chdir, "getcwd": lambda _: _getcwd})
     makers.update(dict.fromkeys(("stat", "lstat", "access"), _looking))
     makers.update(dict.fromkeys(("remove", "unlink", "rmdir"), _removing))
     makers.update(dict.fromkeys(("rename", "replace"), _renaming))

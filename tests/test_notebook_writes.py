@@ -47,6 +47,8 @@ CELLS = [
     "[(top, sorted(dirs), sorted(files)) for top, dirs, files in sorted(os.walk('deep'))]",
     "%%writefile helper_mod.py\nVALUE = 42\n",
     "import helper_mod\nhelper_mod.VALUE",
+    "%%writefile script.py\nprint('ran', 6 * 7)\n",
+    "%run script.py",
     "open('missing/x.txt', 'w')",
     "os.rmdir('sub')",
     "open('results', 'w')",

@@ -86,11 +86,16 @@ def activate(folders, layer):
 
 
 def _set_open(function):
-    """open() everywhere: builtins, io, and the copy IPython's shell gives cells."""
+    """open() everywhere: builtins, io, and the copies kept by IPython's shell (the open
+    cells see) and by tokenize (what %run, %load and %pycat read files with)."""
     builtins.open = io.open = function
-    shell = sys.modules.get("IPython.core.interactiveshell")
-    if shell is not None and hasattr(shell, "io_open"):
-        shell.io_open = function
+    for module, name in (
+        ("IPython.core.interactiveshell", "io_open"),
+        ("tokenize", "_builtin_open"),
+    ):
+        module = sys.modules.get(module)
+        if module is not None and hasattr(module, name):
+            setattr(module, name, function)
 
 
 def reload():

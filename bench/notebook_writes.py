@@ -23,6 +23,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 
 SETUP = "import os, time, numpy as np, pandas as pd"
@@ -48,37 +49,35 @@ def timed(body: str, repeat: int) -> str:
     )
 
 
-def run(manager: KernelManager, code: str) -> object:
-    client = manager.client()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=120)
-        reply = client.execute_interactive(code, timeout=600, output_hook=lambda _: None)
-        assert reply["content"]["status"] == "ok", reply["content"]
-        msg_id = reply["parent_header"]["msg_id"]
-        while True:
-            message = client.get_iopub_msg(timeout=30)
-            if message["parent_header"].get("msg_id") == msg_id:
-                if message["msg_type"] == "execute_result":
-                    return ast.literal_eval(message["content"]["data"]["text/plain"])
-                if message["msg_type"] == "status":
-                    return None
-    finally:
-        client.stop_channels()
+def run(client: BlockingKernelClient, code: str) -> object:
+    """Run ``code``; its execute_result, read back as a literal (None if it has none)."""
+    results: list[object] = []
+
+    def keep(message: dict) -> None:
+        if message["msg_type"] == "execute_result":
+            results.append(ast.literal_eval(message["content"]["data"]["text/plain"]))
+
+    reply = client.execute_interactive(code, timeout=600, output_hook=keep)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    return results[-1] if results else None
 
 
 def measure(kernel: str, arguments: list[str], folder: Path, repeat: int) -> dict[str, float]:
     manager = KernelManager(kernel_name=kernel)
     manager.start_kernel(extra_arguments=arguments, cwd=str(folder))
+    client = manager.client()
+    client.start_channels()
     try:
+        client.wait_for_ready(timeout=120)
         place = "'/tmp/'" if "refuse" in " ".join(arguments) else "''"
-        run(manager, f"{SETUP}\nPLACE = {place}")
-        numbers = {name: run(manager, timed(body, repeat)) for name, body in READS.items()}
-        numbers["write data.npy + out.csv"] = run(manager, timed(WRITE, repeat))
+        run(client, f"{SETUP}\nPLACE = {place}")
+        numbers = {name: run(client, timed(body, repeat)) for name, body in READS.items()}
+        numbers["write data.npy + out.csv"] = run(client, timed(WRITE, repeat))
         for name, body in READS.items():  # the same reads with files in the layer
-            numbers[f"{name}, layer holding files"] = run(manager, timed(body, repeat))
+            numbers[f"{name}, layer holding files"] = run(client, timed(body, repeat))
         return numbers  # type: ignore[return-value]
     finally:
+        client.stop_channels()
         manager.shutdown_kernel(now=True)
 
 

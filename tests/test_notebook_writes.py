@@ -171,6 +171,7 @@ def test_writes_past_the_scratch_quota_stop_with_a_clear_error(start_kernel, tmp
     assert plain(ok(kernel.execute("open('small.txt', 'w').write('ok')"))) == 2
 
 
+@pytest.mark.slow
 def test_refuse_and_the_strict_profile_keep_the_folder_read_only(start_kernel, tmp_path):
     folder = make_folder(tmp_path / "notebook")
     refusing = start_kernel(["--WasmKernel.notebook_writes=refuse"], cwd=folder)
@@ -210,6 +211,7 @@ def test_the_client_downloads_a_file_written_beside_the_notebook(tmp_path):
     assert folder_hash(folder) == before
 
 
+@pytest.mark.slow
 def test_folders_only_the_layer_has_and_a_rolled_back_cell(start_kernel, tmp_path):
     """A folder made by a cell can be entered; a cell rolled back after deleting a host file
     leaves it deleted, as files written in /tmp by a rolled-back cell stay written."""

@@ -302,7 +302,7 @@ WRITES_THROUGH_LINKS_OUT = (
 )
 NEW_LAYER = (  # between attempts: an empty layer, as a new kernel has
     "import shutil, _wasm_kernel_layer as _layer\nos.chdir('/notebook')\n"
-    "shutil.rmtree('/tmp/.wasm-kernel-writes')\n"
+    "shutil.rmtree('/tmp/.wasm-kernel-writes', ignore_errors=True)\n"
     "_layer.activate(['/notebook'], '/tmp/.wasm-kernel-writes')"
 )
 

@@ -234,3 +234,14 @@ def test_folders_only_the_layer_has_and_a_rolled_back_cell(start_kernel, tmp_pat
     assert "rolled back" in run.content["evalue"], run.content
     assert plain(ok(kernel.execute("kept, os.path.exists('sales.csv')"))) == (1, False)
     assert folder_hash(folder) == before
+
+
+def test_the_layer_takes_nothing_until_a_cell_writes(kernel):
+    """/tmp of a kernel that never wrote beside the notebook holds nothing of the layer, and a
+    module written there later imports (the import system looks at its folder again)."""
+    assert plain(ok(kernel.execute("import os; os.listdir('/tmp')"))) == []
+    missing = kernel.execute("import layer_probe_module")  # import looks, finds no folder
+    assert missing.content["ename"] == "ModuleNotFoundError", missing.content
+    ok(kernel.execute("%%writefile layer_probe_module.py\nFOUND = True\n"))
+    assert plain(ok(kernel.execute("import layer_probe_module; layer_probe_module.FOUND")))
+    assert plain(ok(kernel.execute("os.listdir('/tmp')"))) == [".wasm-kernel-writes"]

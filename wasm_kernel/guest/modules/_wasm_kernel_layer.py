@@ -77,8 +77,7 @@ def activate(folders, layer):
         return
     _files, _record = layer + "/files", layer + "/deleted.json"
     _deleted = set(_load_deleted())
-    for folder in _folders:
-        os.makedirs(_files + folder, exist_ok=True)
+    for folder in _folders:  # made by the first write (until then /tmp holds nothing of it)
         if folder in sys.path:
             sys.path.insert(sys.path.index(folder), _files + folder)
     os.__dict__.update(_LAYERED_FUNCTIONS)
@@ -117,6 +116,7 @@ def _load_deleted():
 
 def _hide(absolute):
     _deleted.add(absolute)
+    os.makedirs(posixpath.dirname(_record), exist_ok=True)
     staged = _record + ".new"
     with _real["builtins.open"](staged, "w", encoding="utf-8") as file:
         json.dump(sorted(_deleted), file)
@@ -220,10 +220,15 @@ def _make_folder(absolute, original):
     upper = _upper(absolute)
     if _is_folder(upper):
         return
-    if absolute not in _folders:
-        if _hidden(absolute) or not _is_folder(absolute):
-            raise _missing(original)
-        _make_folder(posixpath.dirname(absolute), original)
+    if absolute in _folders:
+        os.makedirs(upper, exist_ok=True)
+        # import found no folder there before: let it look again (a module written beside
+        # the notebook imports)
+        sys.path_importer_cache.pop(upper, None)
+        return
+    if _hidden(absolute) or not _is_folder(absolute):
+        raise _missing(original)
+    _make_folder(posixpath.dirname(absolute), original)
     try:
         _real["mkdir"](upper)
     except FileExistsError:

@@ -56,7 +56,7 @@ def describe(choice: str, folders: Sequence[str], scratch: Path | None) -> str:
     lines += [f"    {name} ({size:,} bytes)" for name, size in files[:LISTED]]
     if len(files) > LISTED or more:
         lines.append("    ...")
-    deleted = _deleted(layer / "deleted.json")
+    deleted = _deleted(layer / "deleted")
     if deleted:
         shown = ", ".join(deleted[:LISTED]) + (", ..." if len(deleted) > LISTED else "")
         lines.append(f"    hidden (deleted or renamed by cells): {shown}")
@@ -82,7 +82,8 @@ def _written(root: Path, folders: Sequence[str]) -> tuple[list[tuple[str, int]],
                         pending.append(Path(entry.path))
                     elif entry.is_file(follow_symlinks=False):
                         size = entry.stat(follow_symlinks=False).st_size
-                        found.append(("/" + str(Path(entry.path).relative_to(root)), size))
+                        name = "/" + str(Path(entry.path).relative_to(root))
+                        found.append((_shown(name), size))
                         total += size
         except OSError:
             continue
@@ -90,18 +91,25 @@ def _written(root: Path, folders: Sequence[str]) -> tuple[list[tuple[str, int]],
 
 
 def _deleted(record: Path) -> list[str]:
-    """The guest paths cells hid, from the layer's record (written by the guest: bounded,
-    opened as a regular file only)."""
+    """The guest paths cells hid, from the layer's record: one JSON string a line, written by
+    the guest, so opened as a regular file only and read up to RECORD_LIMIT."""
     try:
         fd = open_regular(record)
     except OSError:
         return []
     with os.fdopen(fd, "rb") as file:
-        data = file.read(RECORD_LIMIT + 1)
-    try:
-        names = json.loads(data) if len(data) <= RECORD_LIMIT else []
-    except ValueError:
-        return []
-    if not isinstance(names, list):
-        return []
-    return sorted(name for name in names if isinstance(name, str) and name.isprintable())
+        lines = file.read(RECORD_LIMIT).splitlines()
+    names = set()
+    for line in lines:
+        try:
+            name = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(name, str):
+            names.add(_shown(name))
+    return sorted(names)
+
+
+def _shown(name: str) -> str:
+    """A guest-chosen name as %sandbox prints it: one line, no control characters."""
+    return name if name.isprintable() else repr(name)

@@ -13,7 +13,8 @@ With ``WasmKernel.notebook_writes = "overlay"`` the host names the layered folde
 - a name the layer holds hides the host's; an append, ``r+`` or truncation first copies the
   host's file up (regular files only: a FIFO or device is refused before it is opened);
 - a deleted or renamed host entry is hidden with everything below it (its path is kept in
-  ``<layer>/deleted.json``); a folder made again under that name starts empty.
+  ``<layer>/deleted``, one JSON string a line); a folder made again under that name starts
+  empty.
 
 Code that opens files through C (sqlite3, lxml's own writers) reaches the read-only mount
 itself and gets ``PermissionError`` there, as without the layer.
@@ -75,7 +76,7 @@ def activate(folders, layer):
         os.__dict__.update((name, _real[name]) for name in _LAYERED_FUNCTIONS)
         _set_open(_real["builtins.open"])
         return
-    _files, _record = layer + "/files", layer + "/deleted.json"
+    _files, _record = layer + "/files", layer + "/deleted"
     _deleted = set(_load_deleted())
     for folder in _folders:  # made by the first write (until then /tmp holds nothing of it)
         if folder in sys.path:
@@ -106,21 +107,30 @@ def reload():
 
 
 def _load_deleted():
+    names = []
     try:
         with _real["builtins.open"](_record, encoding="utf-8") as file:
-            names = json.load(file)
+            for line in file:
+                try:
+                    name = json.loads(line)
+                except ValueError:
+                    continue  # a line cut short (the cell was stopped as it wrote)
+                if isinstance(name, str):
+                    names.append(name)
     except (OSError, ValueError):
-        return []
-    return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
+        pass
+    return names
 
 
 def _hide(absolute):
+    """Hide the host's entry, recorded by appending a line (deleting a folder of thousands
+    of host files costs a line each)."""
+    if _hidden(absolute):
+        return
     _deleted.add(absolute)
     os.makedirs(posixpath.dirname(_record), exist_ok=True)
-    staged = _record + ".new"
-    with _real["builtins.open"](staged, "w", encoding="utf-8") as file:
-        json.dump(sorted(_deleted), file)
-    _real["replace"](staged, _record)
+    with _real["builtins.open"](_record, "a", encoding="utf-8") as file:
+        file.write(json.dumps(absolute) + "\n")
 
 
 # -- paths ------------------------------------------------------------------------------------

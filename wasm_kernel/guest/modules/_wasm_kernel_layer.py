@@ -330,8 +330,8 @@ class _LayeredOpen:
     like _wasm_kernel_sandbox's, so it does not become a method as a class attribute."""
 
     def __init__(self, real_open):
-        self._real_open = real_open
-        functools.update_wrapper(self, real_open)
+        functools.update_wrapper(self, real_open)  # first: it copies the wrapped one's
+        self._real_open = real_open  # attributes, _wasm_kernel_sandbox's own _real_open too
 
     def __call__(self, file, mode="r", *args, **kwargs):
         absolute = _layered(file)

@@ -24,13 +24,12 @@ import builtins
 import errno
 import functools
 import io
-import json
 import os
 import posixpath
-import stat
 import sys
 
-COPY_CHUNK = 1 << 20
+import _wasm_kernel_layer_paths as paths
+
 # the os functions this module layers; each is replaced while active, put back when not
 LAYERED = (
     "open",
@@ -51,12 +50,7 @@ LAYERED = (
     "getcwd",
 )
 
-_folders = ()  # guest folders with a layer, e.g. ("/notebook",)
-_files = ""  # where the layer mirrors them: _files + "/notebook/out.csv"
-_record = ""  # the file listing _deleted, for an interpreter started afresh on the same /tmp
-_deleted = set()  # guest paths whose host entry is hidden, with everything below it
-_real = {}  # the os functions as they were, and "builtins.open"
-_LAYERED_FUNCTIONS = {}  # their replacements, made at the first activation
+_LAYERED_FUNCTIONS = {}  # the replacements, made at the first activation
 
 
 def activate(folders, layer):
@@ -64,25 +58,25 @@ def activate(folders, layer):
     folders puts the plain functions back (a snapshot of a layered session restored where
     writes are refused). A layered folder on sys.path gets its layer's copy just before it,
     so a module written beside the notebook imports."""
-    global _folders, _files, _record, _deleted
-    if not _real:
-        _real.update((name, getattr(os, name)) for name in LAYERED if hasattr(os, name))
-        _real["builtins.open"] = builtins.open
+    if not paths.real:
+        paths.real.update((name, getattr(os, name)) for name in LAYERED if hasattr(os, name))
+        paths.real["builtins.open"] = builtins.open
         _LAYERED_FUNCTIONS.update(_layered_functions())
-    if _files:
-        sys.path[:] = [entry for entry in sys.path if not entry.startswith(_files + "/")]
-    _folders = tuple(folders)
-    if not _folders:
-        os.__dict__.update((name, _real[name]) for name in _LAYERED_FUNCTIONS)
-        _set_open(_real["builtins.open"])
+    if paths.files:
+        sys.path[:] = [entry for entry in sys.path if not entry.startswith(paths.files + "/")]
+    paths.folders = tuple(folders)
+    if not paths.folders:
+        os.__dict__.update((name, paths.real[name]) for name in _LAYERED_FUNCTIONS)
+        _set_open(paths.real["builtins.open"])
         return
-    _files, _record = layer + "/files", layer + "/deleted"
-    _deleted = set(_load_deleted())
-    for folder in _folders:  # made by the first write (until then /tmp holds nothing of it)
+    paths.files, paths.record = layer + "/files", layer + "/deleted"
+    paths.deleted.clear()
+    paths.deleted.update(paths.load_deleted())
+    for folder in paths.folders:  # made by the first write (until then /tmp holds nothing of it)
         if folder in sys.path:
-            sys.path.insert(sys.path.index(folder), _files + folder)
+            sys.path.insert(sys.path.index(folder), paths.files + folder)
     os.__dict__.update(_LAYERED_FUNCTIONS)
-    _set_open(_LayeredOpen(_real["builtins.open"]))
+    _set_open(_LayeredOpen(paths.real["builtins.open"]))
 
 
 def _set_open(function):
@@ -101,225 +95,9 @@ def _set_open(function):
 def reload():
     """After a rollback: the guest's memory forgot what the rolled-back cell hid, but its
     record in /tmp (like every file it wrote) stays, so the record is read again."""
-    global _deleted
-    if _folders:
-        _deleted = set(_load_deleted())
-
-
-def _load_deleted():
-    names = []
-    try:
-        with _real["builtins.open"](_record, encoding="utf-8") as file:
-            for line in file:
-                try:
-                    name = json.loads(line)
-                except ValueError:
-                    continue  # a line cut short (the cell was stopped as it wrote)
-                if isinstance(name, str):
-                    names.append(name)
-    except (OSError, ValueError):
-        pass
-    return names
-
-
-def _hide(absolute):
-    """Hide the host's entry, recorded by appending a line (deleting a folder of thousands
-    of host files costs a line each)."""
-    if _hidden(absolute):
-        return
-    _deleted.add(absolute)
-    os.makedirs(posixpath.dirname(_record), exist_ok=True)
-    with _real["builtins.open"](_record, "a", encoding="utf-8") as file:
-        file.write(json.dumps(absolute) + "\n")
-
-
-# -- paths ------------------------------------------------------------------------------------
-
-
-def _layered(path):
-    """The absolute guest path if ``path`` (str or path-like) is in a layered folder, else
-    None (descriptors, bytes and every other folder go to the real function untouched)."""
-    if not _folders or isinstance(path, int):
-        return None
-    try:
-        text = os.fspath(path)
-    except TypeError:
-        return None
-    if not isinstance(text, str) or "\0" in text:
-        return None
-    if not text.startswith("/"):
-        text = posixpath.join(_getcwd(), text)
-    elif not text.startswith(_folders):
-        return None
-    absolute = posixpath.normpath(text)
-    for folder in _folders:
-        if absolute == folder or absolute.startswith(folder + "/"):
-            return absolute
-    return None
-
-
-def _upper(absolute):
-    return _files + absolute
-
-
-def _exists(path):
-    try:
-        _real["lstat"](path)
-    except (OSError, ValueError):
-        return False
-    return True
-
-
-def _is_folder(path):
-    try:
-        return stat.S_ISDIR(_real["stat"](path).st_mode)
-    except (OSError, ValueError):
-        return False
-
-
-def _hidden(absolute):
-    """Whether the host's entry at ``absolute`` (or a folder above it) was deleted here."""
-    if not _deleted:
-        return False
-    path = absolute
-    while path not in _folders and path != "/":
-        if path in _deleted:
-            return True
-        path = posixpath.dirname(path)
-    return path in _deleted
-
-
-def _host_has(absolute):
-    return not _hidden(absolute) and _exists(absolute)
-
-
-def _missing(original):
-    return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), original)
-
-
-def _read_target(absolute, original):
-    """What a read of ``absolute`` opens: the layer's copy, else the path as given (the
-    host's file, or nothing); a hidden host entry reads as missing."""
-    upper = _upper(absolute)
-    if _exists(upper):
-        return upper
-    if _hidden(absolute):
-        raise _missing(original)
-    return original
-
-
-def _write_target(absolute, original, copy=False, exclusive=False):
-    """The layer's path a write to ``absolute`` goes to, its folder made in the layer; with
-    ``copy`` the host's file is copied up first (appending, ``r+``, truncating)."""
-    upper = _upper(absolute)
-    if _exists(upper):
-        if exclusive:
-            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), original)
-        return upper
-    on_host = _host_has(absolute)
-    if exclusive and on_host:
-        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), original)
-    _make_folder(posixpath.dirname(absolute), original)
-    if copy and on_host:
-        _copy_up(absolute, upper, original)
-    return upper
-
-
-def _make_folder(absolute, original):
-    """The layer's copy of folder ``absolute``, made if the merged view has that folder."""
-    upper = _upper(absolute)
-    if _is_folder(upper):
-        return
-    if absolute in _folders:
-        os.makedirs(upper, exist_ok=True)
-        # import found no folder there before: let it look again (a module written beside
-        # the notebook imports)
-        sys.path_importer_cache.pop(upper, None)
-        return
-    if _hidden(absolute) or not _is_folder(absolute):
-        raise _missing(original)
-    _make_folder(posixpath.dirname(absolute), original)
-    try:
-        _real["mkdir"](upper)
-    except FileExistsError:
-        pass
-
-
-def _copy_up(absolute, upper, original):
-    """The host's regular file at ``absolute`` copied into the layer: the notebook's folder
-    may hold FIFOs and devices, which are refused before they are opened (opening a FIFO
-    would wait for a writer, in the host, where no interrupt reaches), and checked again."""
-    if not stat.S_ISREG(_real["stat"](absolute).st_mode):
-        raise _not_regular(original)
-    source = _real["open"](absolute, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        if not stat.S_ISREG(os.fstat(source).st_mode):
-            raise _not_regular(original)
-        target = _real["open"](upper, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        try:
-            while chunk := os.read(source, COPY_CHUNK):
-                while chunk:
-                    chunk = chunk[os.write(target, chunk) :]
-        finally:
-            os.close(target)
-    finally:
-        os.close(source)
-
-
-def _not_regular(original):
-    return PermissionError(
-        errno.EACCES,
-        "only regular files beside the notebook can be changed (this one stays read-only)",
-        original,
-    )
-
-
-def _copy_tree(absolute, upper, original):
-    """A host folder copied into the layer, merged with what the layer has of it (a rename)."""
-    _make_folder(absolute, original)
-    for name in _names(absolute, original):
-        child = absolute + "/" + name
-        if not _exists(_upper(child)):
-            if _is_folder(child):
-                _copy_tree(child, _upper(child), original)
-            else:
-                _copy_up(child, _upper(child), original)
-
-
-def _names(absolute, original):
-    """The merged folder's entry names; FileNotFoundError if neither side has it."""
-    upper = _upper(absolute)
-    names = set()
-    found = False
-    if _is_folder(upper):
-        names.update(_real["listdir"](upper))
-        found = True
-    if not _hidden(absolute) and (not found or _is_folder(absolute)):
-        try:
-            names.update(
-                name for name in _real["listdir"](absolute) if absolute + "/" + name not in _deleted
-            )
-            found = True
-        except OSError:
-            if not found:
-                raise
-    if not found:
-        raise _missing(original)
-    return sorted(names)
-
-
-def _fixed(error, mapped, original):
-    """An error of a redirected call, naming the path the cell gave."""
-    if error.filename == mapped:
-        error.filename = original
-    return error
-
-
-def _redirected(function, mapped, original, *args, **kwargs):
-    try:
-        return function(mapped, *args, **kwargs)
-    except OSError as error:
-        raise _fixed(error, mapped, original) from None
+    if paths.folders:
+        paths.deleted.clear()
+        paths.deleted.update(paths.load_deleted())
 
 
 # -- the layered functions --------------------------------------------------------------------
@@ -334,17 +112,17 @@ class _LayeredOpen:
         self._real_open = real_open  # attributes, _wasm_kernel_sandbox's own _real_open too
 
     def __call__(self, file, mode="r", *args, **kwargs):
-        absolute = _layered(file)
+        absolute = paths.layered(file)
         if absolute is None or not isinstance(mode, str):
             return self._real_open(file, mode, *args, **kwargs)
         if any(letter in mode for letter in "wax+"):
             copy = "w" not in mode and ("a" in mode or "+" in mode)
-            target = _write_target(absolute, file, copy=copy, exclusive="x" in mode)
+            target = paths.write_target(absolute, file, copy=copy, exclusive="x" in mode)
         else:
-            target = _read_target(absolute, file)
+            target = paths.read_target(absolute, file)
         if target is file:
             return self._real_open(file, mode, *args, **kwargs)
-        opened = _redirected(self._real_open, target, file, mode, *args, **kwargs)
+        opened = paths.redirected(self._real_open, target, file, mode, *args, **kwargs)
         raw = getattr(getattr(opened, "buffer", opened), "raw", opened)
         if isinstance(raw, io.FileIO):
             raw.name = file
@@ -355,40 +133,40 @@ class _LayeredOpen:
 
 
 def _open(path, flags, mode=0o777, *, dir_fd=None):
-    absolute = _layered(path) if dir_fd is None else None
+    absolute = paths.layered(path) if dir_fd is None else None
     if absolute is None:
-        return _real["open"](path, flags, mode, dir_fd=dir_fd)
+        return paths.real["open"](path, flags, mode, dir_fd=dir_fd)
     writes = flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_CREAT | os.O_TRUNC)
     if writes:
         exclusive = flags & os.O_CREAT and flags & os.O_EXCL
         copy = not flags & os.O_TRUNC
-        target = _write_target(absolute, path, copy=copy, exclusive=exclusive)
+        target = paths.write_target(absolute, path, copy=copy, exclusive=exclusive)
     else:
-        target = _read_target(absolute, path)
-    return _redirected(_real["open"], target, path, flags, mode)
+        target = paths.read_target(absolute, path)
+    return paths.redirected(paths.real["open"], target, path, flags, mode)
 
 
 def _looking(name):
     """os.stat / os.lstat / os.access over the layer."""
-    real = _real[name]
+    real = paths.real[name]
 
     def look(path, *args, dir_fd=None, **kwargs):
-        absolute = _layered(path) if dir_fd is None else None
+        absolute = paths.layered(path) if dir_fd is None else None
         if absolute is None:
             return real(path, *args, dir_fd=dir_fd, **kwargs)
-        target = _read_target(absolute, path)
+        target = paths.read_target(absolute, path)
         if name == "access" and args and args[0] & os.W_OK:  # writes go to the layer
-            return _redirected(real, target, path, os.F_OK, **kwargs)
-        return _redirected(real, target, path, *args, **kwargs)
+            return paths.redirected(real, target, path, os.F_OK, **kwargs)
+        return paths.redirected(real, target, path, *args, **kwargs)
 
     return functools.wraps(real)(look)
 
 
 def _listdir(path="."):
-    absolute = _layered(path)
+    absolute = paths.layered(path)
     if absolute is None:
-        return _real["listdir"](path)
-    return _names(absolute, path)
+        return paths.real["listdir"](path)
+    return paths.merged_names(absolute, path)
 
 
 class _Entry:
@@ -447,64 +225,64 @@ class _Listing:
 
 
 def _scandir(path="."):
-    absolute = _layered(path)
+    absolute = paths.layered(path)
     if absolute is None:
-        return _real["scandir"](path)
+        return paths.real["scandir"](path)
     entries = {}
-    upper = _upper(absolute)
-    if not _hidden(absolute) and (_is_folder(absolute) or not _is_folder(upper)):
-        with _real["scandir"](path) as found:
+    upper = paths.layer_path(absolute)
+    if not paths.hidden(absolute) and (paths.is_folder(absolute) or not paths.is_folder(upper)):
+        with paths.real["scandir"](path) as found:
             for entry in found:
-                if absolute + "/" + entry.name not in _deleted:
+                if absolute + "/" + entry.name not in paths.deleted:
                     entries[entry.name] = entry
-    if _is_folder(upper):
+    if paths.is_folder(upper):
         shown = os.fspath(path)
-        with _real["scandir"](upper) as found:
+        with paths.real["scandir"](upper) as found:
             for entry in found:
                 entries[entry.name] = _Entry(posixpath.join(shown, entry.name), entry)
-    elif _hidden(absolute):
-        raise _missing(path)
+    elif paths.hidden(absolute):
+        raise paths.missing(path)
     return _Listing(entries.values())
 
 
 def _mkdir(path, mode=0o777, *, dir_fd=None):
-    absolute = _layered(path) if dir_fd is None else None
+    absolute = paths.layered(path) if dir_fd is None else None
     if absolute is None:
-        return _real["mkdir"](path, mode, dir_fd=dir_fd)
-    upper = _upper(absolute)
-    if absolute in _folders or _exists(upper) or _host_has(absolute):
+        return paths.real["mkdir"](path, mode, dir_fd=dir_fd)
+    upper = paths.layer_path(absolute)
+    if absolute in paths.folders or paths.exists(upper) or paths.host_has(absolute):
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path)
-    _make_folder(posixpath.dirname(absolute), path)
-    return _redirected(_real["mkdir"], upper, path, mode)
+    paths.make_folder(posixpath.dirname(absolute), path)
+    return paths.redirected(paths.real["mkdir"], upper, path, mode)
 
 
 def _removing(name):
     """os.remove / os.unlink / os.rmdir over the layer: the layer's entry goes, the host's
     is hidden."""
-    real = _real[name]
+    real = paths.real[name]
     folder = name == "rmdir"
 
     def remove(path, *, dir_fd=None):
-        absolute = _layered(path) if dir_fd is None else None
+        absolute = paths.layered(path) if dir_fd is None else None
         if absolute is None:
             return real(path, dir_fd=dir_fd)
-        if absolute in _folders:
+        if absolute in paths.folders:
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
-        upper = _upper(absolute)
-        on_host = _host_has(absolute)
-        if not on_host and not _exists(upper):
-            raise _missing(path)
-        is_folder = _is_folder(upper) if _exists(upper) else _is_folder(absolute)
+        upper = paths.layer_path(absolute)
+        on_host = paths.host_has(absolute)
+        if not on_host and not paths.exists(upper):
+            raise paths.missing(path)
+        is_folder = paths.is_folder(upper) if paths.exists(upper) else paths.is_folder(absolute)
         if folder and not is_folder:
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
         if not folder and is_folder:
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-        if folder and _names(absolute, path):
+        if folder and paths.merged_names(absolute, path):
             raise OSError(errno.ENOTEMPTY, os.strerror(errno.ENOTEMPTY), path)
-        if _exists(upper):
-            _redirected(real, upper, path)
+        if paths.exists(upper):
+            paths.redirected(real, upper, path)
         if on_host:
-            _hide(absolute)
+            paths.hide(absolute)
         return None
 
     return functools.wraps(real)(remove)
@@ -513,36 +291,36 @@ def _removing(name):
 def _renaming(name):
     """os.rename / os.replace over the layer: the source is copied up if it is the host's,
     moved within /tmp, and the host's entry hidden."""
-    real = _real[name]
+    real = paths.real[name]
 
     def rename(src, dst, *, src_dir_fd=None, dst_dir_fd=None):
         fds = src_dir_fd is not None or dst_dir_fd is not None
-        source, target = (None, None) if fds else (_layered(src), _layered(dst))
+        source, target = (None, None) if fds else (paths.layered(src), paths.layered(dst))
         if source is None and target is None:
             return real(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
         moved, on_host = src, False
         if source is not None:
-            if source in _folders:
+            if source in paths.folders:
                 raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), src)
-            moved, on_host = _upper(source), _host_has(source)
-            if not _exists(moved):
+            moved, on_host = paths.layer_path(source), paths.host_has(source)
+            if not paths.exists(moved):
                 if not on_host:
-                    raise _missing(src)
-                if _is_folder(source):
-                    _copy_tree(source, moved, src)
+                    raise paths.missing(src)
+                if paths.is_folder(source):
+                    paths.copy_tree(source, moved, src)
                 else:
-                    _make_folder(posixpath.dirname(source), src)
-                    _copy_up(source, moved, src)
-        to = dst if target is None else _write_target(target, dst)
+                    paths.make_folder(posixpath.dirname(source), src)
+                    paths.copy_up(source, moved, src)
+        to = dst if target is None else paths.write_target(target, dst)
         try:
             real(moved, to)
         except OSError as error:
-            error = _fixed(error, moved, src)
+            error = paths.fixed(error, moved, src)
             if error.filename2 == to:
                 error.filename2 = dst
             raise error from None
         if on_host:
-            _hide(source)
+            paths.hide(source)
         return None
 
     return functools.wraps(real)(rename)
@@ -550,21 +328,21 @@ def _renaming(name):
 
 def _changing(name):
     """os.truncate / os.utime over the layer: on the layer's copy, made first."""
-    real = _real[name]
+    real = paths.real[name]
 
     def change(path, *args, **kwargs):
-        absolute = _layered(path) if kwargs.get("dir_fd") is None else None
+        absolute = paths.layered(path) if kwargs.get("dir_fd") is None else None
         if absolute is None:
             return real(path, *args, **kwargs)
-        upper = _upper(absolute)
-        if not _exists(upper):
-            if not _host_has(absolute):
-                raise _missing(path)
-            if _is_folder(absolute):
-                _make_folder(absolute, path)
+        upper = paths.layer_path(absolute)
+        if not paths.exists(upper):
+            if not paths.host_has(absolute):
+                raise paths.missing(path)
+            if paths.is_folder(absolute):
+                paths.make_folder(absolute, path)
             else:
-                _write_target(absolute, path, copy=True)
-        return _redirected(real, upper, path, *args, **kwargs)
+                paths.write_target(absolute, path, copy=True)
+        return paths.redirected(real, upper, path, *args, **kwargs)
 
     return functools.wraps(real)(change)
 
@@ -572,31 +350,22 @@ def _changing(name):
 def _chdir(path):
     """Into a folder only the layer has, through its copy in /tmp (``os.getcwd`` still
     names it as the cell does)."""
-    absolute = _layered(path)
+    absolute = paths.layered(path)
     if absolute is None:
-        return _real["chdir"](path)
-    upper = _upper(absolute)  # absolute either way: the real working folder may be the copy
-    if _is_folder(upper) and (_hidden(absolute) or not _is_folder(absolute)):
-        return _redirected(_real["chdir"], upper, path)
-    return _redirected(_real["chdir"], absolute, path)
-
-
-def _getcwd():
-    cwd = _real["getcwd"]()
-    if _files and cwd.startswith(_files + "/"):
-        inner = cwd[len(_files) :]
-        if any(inner == folder or inner.startswith(folder + "/") for folder in _folders):
-            return inner
-    return cwd
+        return paths.real["chdir"](path)
+    upper = paths.layer_path(absolute)  # absolute either way: the working folder may be the copy
+    if paths.is_folder(upper) and (paths.hidden(absolute) or not paths.is_folder(absolute)):
+        return paths.redirected(paths.real["chdir"], upper, path)
+    return paths.redirected(paths.real["chdir"], absolute, path)
 
 
 def _layered_functions():
     """The replacement of each real os function this runtime has."""
     makers = {"open": lambda _: _open, "listdir": lambda _: _listdir}
     makers.update({"scandir": lambda _: _scandir, "mkdir": lambda _: _mkdir})
-    makers.update({"chdir": lambda _: _chdir, "getcwd": lambda _: _getcwd})
+    makers.update({"chdir": lambda _: _chdir, "getcwd": lambda _: paths.getcwd})
     makers.update(dict.fromkeys(("stat", "lstat", "access"), _looking))
     makers.update(dict.fromkeys(("remove", "unlink", "rmdir"), _removing))
     makers.update(dict.fromkeys(("rename", "replace"), _renaming))
     makers.update(dict.fromkeys(("truncate", "utime"), _changing))
-    return {name: make(name) for name, make in makers.items() if name in _real}
+    return {name: make(name) for name, make in makers.items() if name in paths.real}

@@ -159,6 +159,7 @@ def test_the_layer_survives_a_snapshot_restore_and_a_hibernation(tmp_path):
     assert folder_hash(folder) == before
 
 
+@pytest.mark.slow
 def test_writes_past_the_scratch_quota_stop_with_a_clear_error(start_kernel, tmp_path):
     folder = make_folder(tmp_path / "notebook")
     kernel = start_kernel(["--WasmKernel.scratch_limit=16777216"], cwd=folder)
@@ -169,6 +170,16 @@ def test_writes_past_the_scratch_quota_stop_with_a_clear_error(start_kernel, tmp
     ok(kernel.execute("import os; os.remove('big.bin')"))
     assert not (folder / "big.bin").exists()
     assert plain(ok(kernel.execute("open('small.txt', 'w').write('ok')"))) == 2
+    # a huge host file is copied up like any write, so the limit stops that too, and the
+    # cut copy never stands for the host's file
+    with open(folder / "huge.bin", "wb") as huge:
+        huge.truncate(1 << 30)  # sparse: nothing on the host's disk
+    before = folder_hash(folder)
+    stopped = kernel.execute("open('huge.bin', 'a').write('more')")
+    assert stopped.content["ename"] == "ScratchLimitExceeded", stopped.content
+    assert plain(ok(kernel.execute("os.path.getsize('huge.bin')"))) == 1 << 30
+    assert plain(ok(kernel.execute("open('small.txt', 'a').write('!')"))) == 1
+    assert folder_hash(folder) == before
 
 
 @pytest.mark.slow

@@ -94,10 +94,12 @@ def _set_open(function):
 
 def reload():
     """After a rollback: the guest's memory forgot what the rolled-back cell hid, but its
-    record in /tmp (like every file it wrote) stays, so the record is read again."""
+    record in /tmp (like every file it wrote) stays, so the record is read again; a copy-up
+    the stop cut short goes (the cell could not know to delete it to make room)."""
     if paths.folders:
         paths.deleted.clear()
         paths.deleted.update(paths.load_deleted())
+        paths.drop_staging()
 
 
 # -- the layered functions --------------------------------------------------------------------

@@ -160,22 +160,39 @@ def make_folder(absolute, original):
 def copy_up(absolute, upper, original):
     """The host's regular file at ``absolute`` copied into the layer: the notebook's folder
     may hold FIFOs and devices, which are refused before they are opened (opening a FIFO
-    would wait for a writer, in the host, where no interrupt reaches), and checked again."""
+    would wait for a writer, in the host, where no interrupt reaches), and checked again.
+    Copied beside the layer, then moved into place: a copy the scratch limit stopped never
+    stands for the host's file."""
     if not stat.S_ISREG(real["stat"](absolute).st_mode):
         raise _not_regular(original)
+    staging = drop_staging()  # one left by a copy stopped hard: removing needs no room
     source = real["open"](absolute, os.O_RDONLY | os.O_NONBLOCK)
     try:
         if not stat.S_ISREG(os.fstat(source).st_mode):
             raise _not_regular(original)
-        target = real["open"](upper, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        target = real["open"](staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
             while chunk := os.read(source, COPY_CHUNK):
                 while chunk:
                     chunk = chunk[os.write(target, chunk) :]
-        finally:
+        except BaseException:
             os.close(target)
+            real["remove"](staging)
+            raise
+        os.close(target)
+        real["replace"](staging, upper)
     finally:
         os.close(source)
+
+
+def drop_staging():
+    """Remove the copy-up in progress, if any; its path."""
+    staging = posixpath.dirname(files) + "/copying"
+    try:
+        real["remove"](staging)
+    except OSError:
+        pass
+    return staging
 
 
 def _not_regular(original):

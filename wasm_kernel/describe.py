@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
+from . import __version__, notebook_writes
 from .checkpoints import checkpoint_method
 from .grants import Grants
 from .limits import Limits
@@ -39,6 +39,7 @@ def describe(
     scratch_size = (
         f"up to {limits.scratch_limit >> 20} MiB" if limits.scratch_limit else "no size limit"
     )
+    scratch = sandbox.scratch_folder if sandbox is not None else None
     time_limit = f"time {limits.time_limit:.10g} s" if limits.time_limit else "no time limit"
     tools = getattr(settings, "host_tools", None)
     operator_tools = (
@@ -52,6 +53,7 @@ def describe(
         f"Profile: {settings.profile}\n"
         f"Host folders:\n{grants.describe_folders()}\n"
         f"  {SCRATCH}: private scratch, deleted when the kernel stops, {scratch_size}\n"
+        f"{notebook_writes.describe(settings.notebook_writes, grants.layered, scratch)}\n"
         f"Starting folder: {grants.start_dir}\n"
         f"Interpreter: {f'from {started_from}' if started_from else 'still starting'}\n"
         f"Per cell: fuel {limits.fuel:,}, {time_limit},"

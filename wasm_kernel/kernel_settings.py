@@ -21,6 +21,7 @@ from traitlets.config import Config, Configurable
 from traitlets.config.loader import DeferredConfig, LazyConfigValue
 
 from .limits import DEFAULT_GRACE
+from .notebook_writes import NOTEBOOK_WRITES
 from .profiles import DEFAULT_PROFILE, PROFILES, Profile
 from .runtime import DEFAULT_RUNTIME
 from .settings import (
@@ -192,6 +193,14 @@ class KernelSettings(Configurable):
         " HTML and SVG, widget and other script-bearing mime types): 'block' drops or sanitizes"
         " it, with a notice; 'allow' passes it on, so a cell can act in the user's browser with"
         " the server's credentials.",
+    ).tag(config=True)
+    notebook_writes = CheckedEnum(
+        list(NOTEBOOK_WRITES),
+        default=FROM_PROFILE,
+        help="Files cells write in the notebook's folder (its read-only mount): 'overlay'"
+        " keeps them in a private copy-on-write layer in /tmp (the host's files never change;"
+        " later cells read them; they count against scratch_limit, go with snapshots and"
+        " hibernation, and %sandbox lists them); 'refuse' raises PermissionError.",
     ).tag(config=True)
     packages = PackageSource(
         default=FROM_PROFILE,

@@ -39,6 +39,7 @@ from .interrupts import Interrupts, Metering
 from .limits import Limits
 from .metrics import CellMeter, CellMetrics
 from .mounts import SCRATCH, Mount
+from .notebook_writes import GUEST_LAYER
 from .output import OutputPump
 from .scratch import ScratchWatch, Usage, usage
 from .stops import (
@@ -90,6 +91,7 @@ class Sandbox:
         rollback: bool = True,
         mounts: Sequence[Mount] = (),
         cwd: str = SCRATCH,
+        layered: Sequence[str] = (),
         import_paths: Sequence[str] = (),
         image: images.Image | None = None,
         checkpoint_mode: str = "auto",
@@ -105,6 +107,7 @@ class Sandbox:
         self.mounts = tuple(mounts)
         self.import_paths = tuple(import_paths)  # guest folders appended to sys.path at boot
         self.cwd = cwd
+        self.layered = tuple(layered)  # read-only mounts whose writes go to a private layer
         self.rollback = rollback and compiled.runtime.restorable
         self._metering = Metering(compiled.engine, compiled.interrupt_cells, limits.interrupt_grace)
         self.interrupts: Interrupts = self._metering.interrupts
@@ -179,6 +182,9 @@ class Sandbox:
                 interpreter.initialize()
                 if interpreter.call_turn(self._install_source()) != 0:
                     raise RuntimeError("the guest's kernel module failed to load")
+            layer = guest_call(declared.LAYER_WRITES, list(self.layered), GUEST_LAYER)
+            if self._repair_turn(interpreter, layer, "the guest could not set its layer") != 0:
+                raise RuntimeError("the guest could not set up writes beside the notebook")
             if self.network:
                 allow = guest_call(declared.ALLOW_NETWORK)
                 if self._repair_turn(interpreter, allow, "the network adapter trapped") != 0:
@@ -189,6 +195,11 @@ class Sandbox:
         if self.rollback:
             interpreter.keep_checkpoints(self.checkpoint_mode)
         return interpreter
+
+    @property
+    def scratch_folder(self) -> Path:
+        """The host folder that is the guest's /tmp (for %sandbox's list of written files)."""
+        return self._tmp
 
     def _guest_output(self, name: str, data: bytes) -> int:
         try:

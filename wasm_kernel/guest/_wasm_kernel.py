@@ -420,6 +420,9 @@ def allow_network():
 def close_stale_files():
     """After a rollback (see _wasm_kernel_sandbox): files whose descriptor leads elsewhere."""
     sys.modules["_wasm_kernel_sandbox"].close_stale_files()
+    layer = sys.modules.get("_wasm_kernel_layer")
+    if layer is not None:
+        layer.reload()
 
 
 def settle(cwd, start, paths):
@@ -442,6 +445,13 @@ def settle(cwd, start, paths):
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
     close_stale_files()
+
+
+def layer_writes(folders, layer):
+    """Where writes beside the notebook go: see _wasm_kernel_layer."""
+    import _wasm_kernel_layer
+
+    _wasm_kernel_layer.activate(folders, layer)
 
 
 # -- guest-only modules ---------------------------------------------------------------------

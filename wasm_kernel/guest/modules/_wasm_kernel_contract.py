@@ -265,6 +265,9 @@ CLOSE_STALE_FILES = EntryPoint("close_stale_files")
 INSTALL_MODULES = EntryPoint("install_modules", "sources")
 BOOT = EntryPoint("boot", "packages", "import_paths", "plain_tracebacks")
 ALLOW_NETWORK = EntryPoint("allow_network")  # the guest's HTTP libraries use HTTP messages
+# after a boot or a resume: the read-only folders whose writes go to a private layer, and
+# the guest folder (in /tmp) that holds it; no folders: writes there are refused
+LAYER_WRITES = EntryPoint("layer_writes", "folders", "layer")
 
 # services ``serve`` runs (the guest's SERVICES table holds exactly these)
 COMPLETE = "complete"

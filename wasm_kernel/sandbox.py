@@ -4,8 +4,8 @@ The sandbox owns everything that touches wasmtime after compilation, each part a
 its own: the instance (``interpreter``), the host functions the guest imports
 (``host_functions``), fuel, deadlines and interrupts (``interrupts.Metering``), the private
 /tmp and its size limit (``scratch``), checkpoints (``checkpoints``) and images
-(``image_transfer``). It knows nothing about Jupyter: a ``Receiver`` supplied per turn gets
-the guest's output and messages.
+(``image_transfer``), the state kept between turns (``sandbox_state``). It knows nothing
+about Jupyter: a ``Receiver`` supplied per turn gets the guest's output and messages.
 
 When a turn traps (fuel, deadline, hard interrupt, memory, stack, anything), the interpreter
 cannot take further turns as it is: the sandbox writes back the checkpoint taken after the
@@ -16,24 +16,21 @@ what became of the user's state (``stops`` words why).
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import BinaryIO
 
 import wasmtime
 
-from . import guest_packages, image_transfer, images, kernel_folders
+from . import guest_packages, images, kernel_folders
 from .cache import CompiledRuntime
-from .checkpoints import CheckpointStats
 from .contract import guest_call
 from .descriptors import GuestFiles
 from .guest.modules import _wasm_kernel_contract as declared
 from .guest_code import install_source
 from .host_functions import MAX_MESSAGE, Discard, GuestClock, HostCall, Receiver, SymlinkRefusal
-from .image_writer import ScratchArchive, staged
+from .image_writer import staged
 from .interpreter import Interpreter, has_sources, wasi_config
 from .interrupts import Interrupts, Metering
 from .limits import Limits
@@ -41,6 +38,7 @@ from .metrics import CellMeter, CellMetrics
 from .mounts import SCRATCH, Mount
 from .notebook_writes import GUEST_LAYER
 from .output import OutputPump
+from .sandbox_state import SandboxState
 from .scratch import ScratchWatch, Usage, usage
 from .stops import (
     SCRATCH_FULL,
@@ -80,7 +78,7 @@ RESTARTED = (
 UNDONE = (ROLLED_BACK, ROLLED_BACK_REINSTALLED, FRESH_AGAIN)  # the state is as before the cell
 
 
-class Sandbox:
+class Sandbox(SandboxState):
     """One guest interpreter. With a restorable runtime, a trap rolls it back to the state
     checkpointed after the last cell; otherwise it is replaced by a fresh one."""
 
@@ -211,17 +209,6 @@ class Sandbox:
     def _install_source(self) -> str:
         return install_source(self.packages.guest, list(self.import_paths), self.plain_tracebacks)
 
-    def _resume(self, interpreter: Interpreter, image: images.Image) -> None:
-        """An image's memory and globals, its clocks and /tmp, then the guest's own settling
-        (this kernel's folders and import paths, fresh random seeds, stale files)."""
-        image_transfer.load(interpreter, image, self.limits.memory_limit)
-        self._clock.resume(image.host.clocks)
-        images.unpack_archive(image.scratch, self._tmp, self.limits.scratch_limit)
-        settle = guest_call(declared.SETTLE, image.host.cwd, self.cwd, list(self.import_paths))
-        status = self._repair_turn(interpreter, settle, "the resumed interpreter trapped")
-        if status != 0:
-            raise images.ImageError("the resumed interpreter could not run the kernel's code")
-
     def restart(self) -> None:
         """Replace the interpreter with a fresh one (same private /tmp)."""
         self._interpreter.close()
@@ -255,98 +242,6 @@ class Sandbox:
     def interrupt(self) -> None:
         """Jupyter interrupt: KeyboardInterrupt in the cell, or a hard stop after the grace time."""
         self._metering.interrupt()
-
-    # -- images ---------------------------------------------------------------------------------
-
-    def save_image(
-        self,
-        out: BinaryIO,
-        host: images.HostState,
-        mounts: list[str],
-        memory_file: Path | None = None,
-    ) -> None:
-        """This interpreter as an image file written into ``out``, taken between turns (its
-        memory as a raw file at ``memory_file`` instead, for a boot image)."""
-        with self._turn_lock:
-            interpreter = self._interpreter
-            self._host_call.reply = None
-            self._output.begin(lambda *_: None, MAX_MESSAGE, "")
-            try:
-                ask = guest_call(declared.SERVE, declared.WORKING_FOLDER)
-                self._repair_turn(interpreter, ask, "the interpreter could not be asked")
-            finally:
-                self._output.end()
-            self._changed = True  # that turn ran: the next checkpoint keeps what it did
-            reply = self._host_call.reply
-            cwd = reply.get("cwd") if reply else None
-            host.cwd = cwd if isinstance(cwd, str) and cwd else self.cwd
-            host.clocks = self._clock.readings()
-            scratch = ScratchArchive.of(self._tmp, self.limits.scratch_limit)
-            image_transfer.capture(interpreter, out, host, mounts, scratch, memory_file)
-
-    def restore_image(self, image: images.Image) -> None:
-        """Replace this interpreter by the image's, in place (like a rollback); on failure the
-        current one stays as it was."""
-        with self._turn_lock:
-            kept, offsets = self._interpreter, dict(self._clock.offsets)
-            backup = self._tmp.with_name(self._tmp.name + "-before-restore")
-            self._tmp.rename(backup)  # the current store keeps its handle on the folder
-            self._tmp.mkdir(mode=0o700)
-            restored = None
-            try:
-                restored = self._start(image)
-                if restored.state is not None:
-                    self._take_checkpoint(restored)
-            except BaseException:
-                if restored is not None:
-                    restored.close()
-                self._host_call.bind(kept.guest_memory, kept.alloc)
-                self._clock.memory = kept.guest_memory
-                self._clock.offsets = offsets
-                shutil.rmtree(self._tmp, ignore_errors=True)
-                backup.rename(self._tmp)
-                raise
-            self._interpreter = restored
-            kept.close()
-            shutil.rmtree(backup, ignore_errors=True)
-
-    # -- checkpoints ----------------------------------------------------------------------------
-
-    def checkpoint(self) -> None:
-        """Keep the current state as the one a trapping cell rolls back to."""
-        with self._turn_lock:
-            interpreter = self._interpreter
-            if interpreter.state is not None and self._changed and not self._closing:
-                self._take_checkpoint(interpreter)
-
-    def _take_checkpoint(self, interpreter: Interpreter) -> None:
-        assert interpreter.state is not None
-        interpreter.state.take(interpreter.store)
-        interpreter.files.checkpoint()
-        self._changed = False
-
-    @staticmethod
-    def _checkpoint_held(interpreter: Interpreter) -> int:
-        """Bytes of guest memory in the checkpoint a trap would now roll back to (0: none)."""
-        state = interpreter.state
-        return state.last.bytes if state is not None and state.taken else 0
-
-    @property
-    def checkpoint_stats(self) -> CheckpointStats | None:
-        state = self._interpreter.state
-        return state.last if state is not None else None
-
-    @property
-    def restore_seconds(self) -> float | None:
-        """How long the last rollback took to put memory and globals back."""
-        state = self._interpreter.state
-        return state.last_restore_seconds if state is not None else None
-
-    @property
-    def checkpoint_method(self) -> str | None:
-        """How checkpoints are taken (None: rollback is off)."""
-        state = self._interpreter.state
-        return state.method if state is not None else None
 
     def _hit_memory_limit(
         self, store: wasmtime.Store | wasmtime.Caller, memory_at_start: int

@@ -10,6 +10,7 @@ nothing it should (kill -9 of it leaves kernels serving) and answers only its ow
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import subprocess
@@ -217,3 +218,17 @@ def test_the_server_answers_only_its_own_user() -> None:
         folder.chmod(mode)
         socket_path.chmod(0o755)
     assert "answers its own user only" in answer
+
+
+def test_a_shutdown_request_meant_for_the_kernel_it_replaces_is_ignored(kernels) -> None:
+    """jupyter_client asks a dead kernel to shut down before restarting it, and that request
+    stays queued for the port the new kernel binds: a kernel that starts fast receives it.
+    One dated before the kernel began is ignored; the kernel stays up and answers."""
+    kernels.append(served())
+    kernel = kernels[0]
+    stale = kernel.client.session.msg("shutdown_request", {"restart": False})
+    stale["header"]["date"] = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=1)
+    kernel.client.control_channel.send(stale)
+    time.sleep(1.0)
+    assert kernel.manager.is_alive()
+    assert plain(kernel.execute("1 + 1")) == 2

@@ -12,6 +12,7 @@ from traitlets import Dict, DottedObjectName, Type
 from traitlets.config import Application, Configurable
 from traitlets.utils.text import indent, wrap_paragraphs
 
+from . import request_checks
 from .kernel import WasmKernel
 from .kernel_settings import KernelSettings
 from .profiles import PROFILES
@@ -122,6 +123,11 @@ class WasmKernelApp(IPKernelApp):
     # every client as the notebook's output (and make each flush around a cell a round trip
     # to the IOPub thread).
     outstream_class = DottedObjectName(None, allow_none=True)
+
+    def initialize(self, argv: Any = None) -> None:
+        """Note when this kernel began, before its sockets exist (see request_checks)."""
+        request_checks.note_start()
+        super().initialize(argv)
 
     def emit_help(self, classes: bool = False) -> Generator[str, None, None]:
         """Our commands and settings first, with their real defaults; ipykernel's after.

@@ -13,20 +13,17 @@ as silent cells; ``fork`` starts a second session that resumes from an image of 
 ``tools``: functions the session's cells may call (``from sandbox_tools import NAME``); they
 run here, in the client's process, served by ``tool_server``.
 
-Everything the kernel sends back is the guest's: it is parsed as data (``ast.literal_eval``
-of strings only, sizes checked), never trusted.
+Everything the kernel sends back is the guest's: it is parsed as data (``client_code``), never
+trusted.
 """
 
 from __future__ import annotations
 
-import ast
 import asyncio
-import base64
 import functools
 import json
 import os
 import queue
-import shlex
 import time
 import uuid
 from collections.abc import Callable, Coroutine
@@ -35,9 +32,9 @@ from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 from jupyter_client.manager import AsyncKernelManager, KernelManager
 from jupyter_core.utils import ensure_async, run_sync
 
+from . import client_code
+from .client_code import SessionError
 from .execution import Callback, Collector, Execution, ExecutionError
-from .image_folder import check_name
-from .images import ImageError
 from .kernelspecs import KERNEL_NAME, kernelspec_name
 from .limits import DEFAULT_GRACE
 from .profiles import DEFAULT_PROFILE, PROFILES
@@ -56,11 +53,6 @@ PIP_TIMEOUT = 600.0  # seconds for an install (downloads, and the kernel's own p
 S = TypeVar("S", bound="_Session")
 P = ParamSpec("P")
 T = TypeVar("T")
-
-
-class SessionError(Exception):
-    """The session cannot do what was asked: the kernel refused its settings, died, or a file
-    operation failed inside the sandbox."""
 
 
 def kernel_arguments(profile: str, settings: dict[str, Any]) -> list[str]:
@@ -87,106 +79,6 @@ def kernel_arguments(profile: str, settings: dict[str, Any]) -> list[str]:
             value = json.dumps([str(item) for item in value])
         arguments.append(f"--WasmKernel.{name}={value}")
     return arguments
-
-
-# -- code sent for file operations: expressions only, so no name lands in the user's namespace --
-
-
-def _write_code(guest_path: str, chunk: bytes, append: bool) -> str:
-    encoded = base64.b64encode(chunk).decode("ascii")
-    mode = "ab" if append else "wb"
-    return (
-        f"(lambda f: (f.write(__import__('base64').b64decode({encoded!r})), f.close()))"
-        f"(__import__('io').open({guest_path!r}, {mode!r}));"
-    )
-
-
-def _size_expression(guest_path: str) -> str:
-    return f"__import__('os').stat({guest_path!r}).st_size"
-
-
-def _read_expression(guest_path: str, offset: int, length: int) -> str:
-    return (
-        f"(lambda f: (f.seek({offset}), __import__('base64').b64encode(f.read({length})).decode(),"
-        f" f.close())[1])(__import__('io').open({guest_path!r}, 'rb'))"
-    )
-
-
-def _list_expression(guest_path: str) -> str:
-    return (
-        "__import__('json').dumps([[e.name, e.is_dir(), 0 if e.is_dir() else e.stat().st_size]"
-        f" for e in sorted(__import__('os').scandir({guest_path!r}), key=lambda e: e.name)])"
-    )
-
-
-def _check_path(guest_path: Any) -> str:
-    if not isinstance(guest_path, str) or not guest_path or "\0" in guest_path:
-        raise SessionError(f"a guest path must be a non-empty string, not {guest_path!r}")
-    return guest_path
-
-
-def _literal_string(reply: dict, name: str, limit: int) -> str:
-    """The string a user expression evaluated to, read from its text/plain (guest data)."""
-    content = reply.get("content") or {}
-    if content.get("status") != "ok":
-        raise SessionError(f"{content.get('ename', 'Error')}: {content.get('evalue', '')}")
-    result = (content.get("user_expressions") or {}).get(name)
-    if not isinstance(result, dict):
-        raise SessionError("the kernel did not answer the file request")
-    if result.get("status") != "ok":
-        raise SessionError(f"{result.get('ename', 'Error')}: {result.get('evalue', '')}")
-    text = (result.get("data") or {}).get("text/plain")
-    if not isinstance(text, str) or len(text) > limit:
-        raise SessionError("the kernel's answer to the file request is not what was asked for")
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
-        raise SessionError("the kernel's answer to the file request is malformed") from exc
-    if not isinstance(value, (str, int)) or isinstance(value, bool):
-        raise SessionError("the kernel's answer to the file request is not what was asked for")
-    return str(value)
-
-
-def _entries(text: str) -> list[dict[str, Any]]:
-    try:
-        rows = json.loads(text)
-        return [
-            {"name": str(name), "is_dir": bool(is_dir), "size": int(size)}
-            for name, is_dir, size in rows
-        ]
-    except (ValueError, TypeError) as exc:
-        raise SessionError("the kernel's folder listing is malformed") from exc
-
-
-def _decoded(text: str, limit: int) -> bytes:
-    try:
-        data = base64.b64decode(text, validate=True)
-    except ValueError as exc:
-        raise SessionError("the kernel's file data is not base64") from exc
-    if len(data) > limit:
-        raise SessionError("the kernel sent more file data than was asked for")
-    return data
-
-
-def _snapshot_code(action: str, name: str) -> str:
-    """``%snapshot ACTION NAME``, the name checked first: it goes into a line of code."""
-    try:
-        return f"%snapshot {action} {check_name(name)}"
-    except (ImageError, TypeError) as exc:
-        raise SessionError(str(exc)) from None
-
-
-def _install_code(requirements: tuple[str, ...]) -> str:
-    """``%pip install`` with each requirement quoted, so none can add a line or an option
-    the magic would read as something else."""
-    if not requirements:
-        raise SessionError("install needs at least one requirement")
-    for requirement in requirements:
-        if not isinstance(requirement, str) or not requirement.strip():
-            raise SessionError(f"a requirement must be a non-empty string, not {requirement!r}")
-        if any(char in requirement for char in "\0\r\n"):
-            raise SessionError(f"a requirement must be one line: {requirement!r}")
-    return "%pip install " + " ".join(shlex.quote(item) for item in requirements)
 
 
 class _Session:
@@ -405,36 +297,41 @@ class _Session:
 
     async def _upload(self, guest_path: str, data: bytes) -> None:
         """Write ``data`` to ``guest_path`` in the guest (in /tmp or a writable mount)."""
-        guest_path = _check_path(guest_path)
+        guest_path = client_code.check_path(guest_path)
         data = bytes(data)
         for offset in range(0, max(len(data), 1), UPLOAD_CHUNK):
             chunk = data[offset : offset + UPLOAD_CHUNK]
-            reply = await self._request(_write_code(guest_path, chunk, append=offset > 0))
+            reply = await self._request(
+                client_code.write_code(guest_path, chunk, append=offset > 0)
+            )
             _raise_for(reply, f"cannot write {guest_path}")
 
     async def _download(self, guest_path: str, limit: int = DOWNLOAD_LIMIT) -> bytes:
         """The contents of ``guest_path`` in the guest; refuses files larger than ``limit``."""
-        guest_path = _check_path(guest_path)
-        size = int(await self._expression(_size_expression(guest_path), 32))
+        guest_path = client_code.check_path(guest_path)
+        size = int(await self._expression(client_code.size_expression(guest_path), 32))
         if size > limit:
             raise SessionError(f"{guest_path} has {size:,} bytes, more than the limit {limit:,}")
         parts = []
         for offset in range(0, size, DOWNLOAD_CHUNK):
             length = min(DOWNLOAD_CHUNK, size - offset)
             text = await self._expression(
-                _read_expression(guest_path, offset, length), self._file_reply_limit(length)
+                client_code.read_expression(guest_path, offset, length),
+                self._file_reply_limit(length),
             )
-            parts.append(_decoded(text, length))
+            parts.append(client_code.decoded(text, length))
         return b"".join(parts)
 
     async def _files(self, guest_path: str = "/tmp") -> list[dict[str, Any]]:
         """The entries of a guest folder: name, is_dir, size (bytes; 0 for folders)."""
-        guest_path = _check_path(guest_path)
-        return _entries(await self._expression(_list_expression(guest_path), 16 << 20))
+        guest_path = client_code.check_path(guest_path)
+        return client_code.entries(
+            await self._expression(client_code.list_expression(guest_path), 16 << 20)
+        )
 
     async def _expression(self, expression: str, limit: int) -> str:
         reply = await self._request("", user_expressions={"value": expression})
-        return _literal_string(reply, "value", limit)
+        return client_code.literal_string(reply, "value", limit)
 
     async def _reset(self) -> None:
         """A fresh interpreter and an empty /tmp: the kernel is restarted with its settings."""
@@ -445,11 +342,13 @@ class _Session:
     async def _snapshot(self, name: str) -> None:
         """Save this session's image as ``name`` (the kernel's ``%snapshot save``; the
         ``snapshots`` setting must allow it, and the strict profile has it off)."""
-        _raise_for(await self._request(_snapshot_code("save", name)), "snapshot failed")
+        _raise_for(await self._request(client_code.snapshot_code("save", name)), "snapshot failed")
 
     async def _restore(self, name: str) -> None:
         """Bring this session back to the image saved as ``name``."""
-        _raise_for(await self._request(_snapshot_code("restore", name)), "restore failed")
+        _raise_for(
+            await self._request(client_code.snapshot_code("restore", name)), "restore failed"
+        )
 
     async def _fork(self, name: str | None = None) -> Self:
         """A new, started session that resumes from an image of this one, saved as ``name``
@@ -461,14 +360,14 @@ class _Session:
             await forked._start()
         finally:
             if own:
-                reply = await self._request(_snapshot_code("delete", image))
+                reply = await self._request(client_code.snapshot_code("delete", image))
                 _raise_for(reply, "delete failed")
         return forked
 
     async def _install(self, *requirements: str) -> None:
         """Install packages into this session (the kernel's ``%pip install``, from the
         index or wheelhouse its ``packages`` setting names; off in the strict profile)."""
-        reply = await self._request(_install_code(requirements), timeout=PIP_TIMEOUT)
+        reply = await self._request(client_code.install_code(requirements), timeout=PIP_TIMEOUT)
         _raise_for(reply, "install failed")
 
 

@@ -121,18 +121,25 @@ def _read_request(connection: socket.socket) -> tuple[dict, list[int]]:
             and isinstance(cwd, str)
         ):
             raise Refused("malformed request")
-        if len(argv) < 3 or os.path.realpath(argv[0]) != os.path.realpath(sys.executable):
+        if os.path.realpath(argv[0]) != os.path.realpath(sys.executable):
             raise Refused("the kernel's interpreter is not this server's")
-        rest = argv[2:] if argv[1] == "-P" else argv[1:]
-        if tuple(rest[:2]) != KERNEL_COMMAND:
-            raise Refused("not a wasm-kernel command")
+        rest = kernel_arguments(argv)
         if _interpreter_settings(env) != _interpreter_settings(os.environ):
             raise Refused("the request sets the interpreter's PYTHON* variables otherwise")
     except (ValueError, KeyError, TypeError, Refused) as exc:
         for descriptor in descriptors:
             os.close(descriptor)
         raise Refused(str(exc)) from None
-    return {"argv": rest[2:], "env": env, "cwd": cwd}, descriptors
+    return {"argv": rest, "env": env, "cwd": cwd}, descriptors
+
+
+def kernel_arguments(argv: list[str]) -> list[str]:
+    """The kernel's own arguments in a kernelspec's argv (``PYTHON [-P] -m wasm_kernel ...``);
+    Refused for any other command (a wrapper such as unshare, another kernel)."""
+    rest = argv[2:] if argv[1:2] == ["-P"] else argv[1:]
+    if len(argv) < 3 or tuple(rest[:2]) != KERNEL_COMMAND:
+        raise Refused("not a wasm-kernel command")
+    return rest[2:]
 
 
 def _interpreter_settings(env: Mapping[str, str]) -> dict[str, str]:

@@ -124,6 +124,7 @@ class WasmKernelProvisioner(LocalProvisioner):
         return self.connection_info
 
     def _from_server(self, cmd: list[str], kwargs: dict[str, Any]) -> ServedKernel | None:
+        kernel_server.kernel_arguments(cmd)  # another command (a wrapper): launched as it is
         folder = kernel_server.runtime_folder(kernel_server.code_fingerprint(cmd[0]))
         connection = _connect(folder / kernel_server.SOCKET_NAME)
         if connection is None:

@@ -8,12 +8,15 @@ to completion and is_complete requests are shaped back into what the protocol al
 
 from __future__ import annotations
 
+import datetime
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from ipykernel.kernelbase import Kernel
 from jupyter_client.session import Session
 
+STALE_WINDOW = 5.0  # seconds after its start in which a kernel checks requests' dates
 COMPLETION_TYPES = "_jupyter_types_experimental"  # ipykernel's key for typed completions
 # requests whose content ipykernel reads without checking: the fields each must hold
 CHECKED_REQUESTS: dict[str, tuple[str, dict[str, type]]] = {
@@ -106,6 +109,27 @@ def is_complete_reply(reply: dict) -> dict:
     return result
 
 
+def note_start() -> None:
+    """When this kernel began: before its sockets were bound, so before any client could send
+    it a request (the kernel application calls it first thing)."""
+    global _started
+    _started = time.time()
+
+
+_started: float | None = None
+
+
+def addressed_to_a_predecessor(parent: dict) -> bool:
+    """A request sent before this kernel began, received in its first seconds: meant for the
+    kernel it replaces. jupyter_client asks a dead kernel to shut down before a restart, and
+    closing its control socket keeps that request queued for the next kernel on the same
+    port, which a fast-starting kernel binds in time to receive it."""
+    sent = parent.get("header", {}).get("date")
+    if _started is None or not isinstance(sent, datetime.datetime) or sent.tzinfo is None:
+        return False
+    return time.time() - _started < STALE_WINDOW and sent.timestamp() < _started
+
+
 class CheckedRequests(Kernel):
     """ipykernel's request handlers, each answering a request whose content is not what the
     protocol says with an error reply (execute_request's check is the kernel's own: it also
@@ -137,6 +161,12 @@ class CheckedRequests(Kernel):
     async def history_request(self, stream: Any, ident: Any, parent: dict) -> None:
         if not self._refuse_malformed(stream, ident, parent, "history_request"):
             await super().history_request(stream, ident, parent)
+
+    async def shutdown_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        if addressed_to_a_predecessor(parent):
+            self.log.warning("ignored a shutdown_request sent to the kernel this one replaces")
+            return
+        await super().shutdown_request(stream, ident, parent)
 
     def _refuse_malformed(self, stream: Any, ident: Any, parent: dict, msg_type: str) -> bool:
         """Send an error reply when the request's content is not what the protocol says."""

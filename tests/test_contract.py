@@ -39,7 +39,10 @@ GOOD = {
     declared.WORDS: [],
     declared.ADDRESSES: "",
     declared.ITEMS: [],
+    declared.BUFFERS: [],
 }
+# what a message's rules require beyond its fields' smallest values
+RULED = {declared.COMM.op: {"content": {"comm_id": "c"}}}
 
 # values of the wrong type (or shape) for each kind; a new kind must be added here
 BAD = {
@@ -55,6 +58,7 @@ BAD = {
     declared.WORDS: ["x", None, 1, [1], [None], {}],
     declared.ADDRESSES: [1, None, [], "!!!!", "AAA", "AAA="],
     declared.ITEMS: [{}, "x", None, [1], [[]], [{"source": "no such shape"}]],
+    declared.BUFFERS: ["x", None, [1], [None], ["!!!!"], ["AAA"], {}, ["AA=="] * 65],
 }
 
 
@@ -64,11 +68,15 @@ def good_value(field: declared.Field) -> Any:
 
 def minimal(shape: declared.Message | declared.Shape) -> dict:
     """``shape`` with only its required fields, each at its smallest valid value."""
-    return {shape.tag_key: shape.tag} | {
-        field.name: good_value(field)
-        for field in shape.fields
-        if field.default is declared.REQUIRED
-    }
+    return (
+        {shape.tag_key: shape.tag}
+        | {
+            field.name: good_value(field)
+            for field in shape.fields
+            if field.default is declared.REQUIRED
+        }
+        | RULED.get(shape.tag, {})
+    )
 
 
 def encode(message: Any) -> bytes:

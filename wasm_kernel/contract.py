@@ -149,6 +149,19 @@ def _addresses(field: Field, value: Any) -> bytes:
     return raw
 
 
+def _buffers(field: Field, value: Any) -> list[bytes]:
+    _check(
+        isinstance(value, list)
+        and len(value) <= field.limit
+        and all(isinstance(item, str) for item in value),
+        f"{field.name} must be a list of at most {field.limit} base64 strings",
+    )
+    try:
+        return [base64.b64decode(item, validate=True) for item in value]
+    except ValueError:
+        raise ProtocolError(f"{field.name} must hold base64 strings") from None
+
+
 def _items(field: Field, value: Any) -> list[dict]:
     _check(isinstance(value, list) and len(value) <= field.limit, f"{field.name}: too many")
     shapes = {shape.tag: shape for shape in field.shapes}
@@ -175,6 +188,7 @@ _KINDS: dict[str, Callable[[Field, Any], Any]] = {
     declared.WORDS: _words,
     declared.ADDRESSES: _addresses,
     declared.ITEMS: _items,
+    declared.BUFFERS: _buffers,
 }
 
 

@@ -30,6 +30,7 @@ from traitlets import Float
 from . import __version__, images, iopub, kernel_folders
 from .boot import SandboxStart
 from .cell_messages import CellMessages, KernelDoors, Request
+from .comms import HostComms
 from .describe import describe
 from .grants import Grants, configured_runtime
 from .guest_services import GuestServices
@@ -75,7 +76,7 @@ def _log_to_process_stderr() -> None:
         package.propagate = False
 
 
-class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedRequests):
+class WasmKernel(KernelSettings, GuestServices, HostComms, RelayedInterrupts, CheckedRequests):
     implementation = "wasm-kernel"
     implementation_version = __version__
     language = "python"
@@ -131,6 +132,7 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
             describe=self.describe_sandbox,
             pip=self.grants.pip,
             snapshot=self.session_images.snapshot_message,
+            comm=self.comm_outgoing,
             active_output=self.active_output,
             memory_limit=self.limits.memory_limit,
             host_folders=self.grants.host_folders_in_guest(),

@@ -30,6 +30,7 @@ CHOICE = "choice"  # one of ``choices``
 WORDS = "words"  # a list of at most ``limit`` strings, each at most WORD_LIMIT characters
 ADDRESSES = "addresses"  # base64 of little-endian 32-bit guest addresses, read as bytes
 ITEMS = "items"  # a list of at most ``limit`` objects, each one of the ``shapes`` by its tag
+BUFFERS = "buffers"  # a list of at most ``limit`` base64 strings, read as bytes
 
 REQUIRED = ...  # a field without a default must be present
 WORD_LIMIT = 1000
@@ -189,6 +190,27 @@ INTERRUPTION = Message(  # why the cell is interrupted: its time limit, or not
     "interruption",
     reply=(Field("time_limit", TEXT),),
 )
+# comms (see the guest's _wasm_kernel_comms): what a comm in the guest sends the front end
+COMM_MESSAGE_TYPES = ("comm_open", "comm_msg", "comm_close")
+COMM_BUFFERS = 64  # binary buffers one comm message may carry
+COMM = Message(  # comm_open, comm_msg or comm_close on IOPub; the reply's error: not sent
+    "comm",
+    Field("msg_type", CHOICE, choices=COMM_MESSAGE_TYPES),
+    Field("content", OBJECT, keys={"comm_id": TEXT, "target_name": TEXT}),
+    Field("metadata", OBJECT, default={}),
+    Field("buffers", BUFFERS, limit=COMM_BUFFERS, default=[]),
+    rules=(
+        (
+            "a comm message needs a comm_id of at most 256 characters",
+            lambda message: len(message["content"].get("comm_id") or "") in range(1, 257),
+        ),
+    ),
+    reply=(Field("error", TEXT),),
+    output=True,
+)
+PARENT = Message(  # the request the turn answers (ipywidgets' Output widget captures by it)
+    "parent", reply=(Field("header", OBJECT),)
+)
 IMMORTALIZE = Message(  # boot image only: objects to make immortal
     "immortalize",
     Field("addresses", ADDRESSES),
@@ -210,6 +232,8 @@ MESSAGES = {
         PIP,
         SNAPSHOT,
         INTERRUPTION,
+        COMM,
+        PARENT,
         IMMORTALIZE,
     )
 }
@@ -220,6 +244,8 @@ SERVE = EntryPoint("serve", "service", "*arguments")
 SETTLE = EntryPoint("settle", "cwd", "start", "paths")  # after an image is resumed
 CLOSE_STALE_FILES = EntryPoint("close_stale_files")
 INSTALL_MODULES = EntryPoint("install_modules", "sources")
+# a comm_open, comm_msg or comm_close from the front end, as JSON text, buffers in base64
+COMM_RECEIVED = EntryPoint("comm_received", "message")
 BOOT = EntryPoint("boot", "packages", "import_paths", "plain_tracebacks")
 
 # services ``serve`` runs (the guest's SERVICES table holds exactly these)
@@ -229,4 +255,13 @@ IS_COMPLETE = "is_complete"
 EVALUATE_EXPRESSIONS = "evaluate_expressions"
 WORKING_FOLDER = "working_folder"
 WARM_UP = "warm_up"  # boot image only
-SERVICES = (COMPLETE, INSPECT, IS_COMPLETE, EVALUATE_EXPRESSIONS, WORKING_FOLDER, WARM_UP)
+COMM_INFO = "comm_info"  # the open comms, for comm_info_request
+SERVICES = (
+    COMPLETE,
+    INSPECT,
+    IS_COMPLETE,
+    EVALUATE_EXPRESSIONS,
+    WORKING_FOLDER,
+    WARM_UP,
+    COMM_INFO,
+)

@@ -8,10 +8,9 @@ the sandbox cannot do (processes, GUIs, threads) is refused with one clear line.
 The class is named ``ZMQInteractiveShell`` because that is what pandas, plotly and others
 look for to tell a notebook front end from a terminal, and it has a ``kernel`` as ipykernel's
 shell has (pandas decides from it, when it is imported, whether to fit wide frames to a
-terminal or show every column). Its config has no ``IPKernelApp``
-section, which is all tqdm.auto looks for: its notebook bars are widgets, which need comms
-the sandbox does not have, so it must choose its text bars (as under ipykernel without
-ipywidgets).
+terminal or show every column). Its config has an ``IPKernelApp`` section, as ipykernel's
+has, which is all tqdm.auto looks for to choose its widget bars (comms: see
+``_wasm_kernel_comms``).
 """
 
 import base64
@@ -273,6 +272,11 @@ class GuestKernel:
     its presence is what matters. It says which kernel it is, and nothing of ipykernel's."""
 
     implementation = "wasm-kernel"
+
+    def get_parent(self, channel="shell"):
+        """The request being answered, as ipykernel's kernel keeps it: ipywidgets' Output
+        widget captures the output of the request whose id it finds here."""
+        return {"header": _kernel().call_host(contract.PARENT).get("header", {})}
 
     def __repr__(self):
         return "<wasm-kernel's guest side>"
@@ -597,6 +601,7 @@ def create_shell(user_module, plain_tracebacks=False):
     config.HistoryManager.hist_file = ":memory:"  # no file, and no saving thread
     config.IPCompleter.use_jedi = False  # seconds per completion in the guest
     config.InteractiveShell.colors = "nocolor" if plain_tracebacks else "neutral"
+    config.IPKernelApp = Config()  # ipykernel's section: tqdm.auto then draws widget bars
     os.environ.setdefault("MPLBACKEND", INLINE)
     ipython_dir = os.path.expanduser("~/.ipython")  # HOME is the private /tmp
     made = not os.path.exists(ipython_dir)

@@ -92,7 +92,7 @@ def shown(run: CellRun, request: str = "") -> list[tuple]:
         kind, content = msg["msg_type"], msg["content"]
         if kind in COMM_TYPES:
             buffers = [bytes(buffer) for buffer in msg.get("buffers", [])]
-            kept.append((kind, same(content), buffers))
+            kept.append((kind, same(content), msg["metadata"], buffers))
         elif kind == "stream" and content["name"] == "stdout":
             kept.append((kind, content["text"]))
         elif kind == "error":

@@ -81,7 +81,7 @@ class WidgetPolicy:
             widget = self._widgets.get(comm_id) or Widget()
             _clean_state(widget, state, active)
         states = data.get("states") if isinstance(data, dict) else None
-        if isinstance(states, dict):  # the control comm's answer: every widget's state
+        if isinstance(data, dict) and isinstance(states, dict):  # the control comm's answer
             data["states"] = self._passive_states(states, active)
         return ""
 

@@ -202,7 +202,10 @@ class HostComms(Kernel):
             return {"error": refusal}
         topic = f"comm-{content['comm_id']}".encode()
         parent = cell.request.parent
-        if not self.guest_output.publish(msg_type, content, parent, topic, message["buffers"]):
+        published = self.guest_output.publish(
+            msg_type, content, parent, topic, message["buffers"], message["metadata"]
+        )
+        if not published:
             return {"error": BACKLOG}
         return {}
 

@@ -62,9 +62,10 @@ class GuestPublisher:
         parent: dict,
         ident: bytes,
         buffers: Sequence[bytes] = (),
+        metadata: dict | None = None,
     ) -> bool:
         """Send one message, with its binary buffers (thread-safe); False if it was left out."""
-        message = self._session.msg(msg_type, content, parent=parent)
+        message = self._session.msg(msg_type, content, parent=parent, metadata=metadata)
         frames = [*self._session.serialize(message, ident), *buffers]
         size = sum(len(frame) for frame in frames)
         entry: list[Any] = [size, None]

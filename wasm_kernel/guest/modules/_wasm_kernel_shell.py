@@ -8,9 +8,9 @@ the sandbox cannot do (processes, GUIs, threads) is refused with one clear line.
 The class is named ``ZMQInteractiveShell`` because that is what pandas, plotly and others
 look for to tell a notebook front end from a terminal, and it has a ``kernel`` as ipykernel's
 shell has (pandas decides from it, when it is imported, whether to fit wide frames to a
-terminal or show every column). Its config has an ``IPKernelApp`` section, as ipykernel's
-has, which is all tqdm.auto looks for to choose its widget bars (comms: see
-``_wasm_kernel_comms``).
+terminal or show every column). IPython's module for WebAssembly builds without processes
+is imported, as under JupyterLite: tqdm.auto looks for it (or ipykernel's) to choose its
+widget bars (comms: see ``_wasm_kernel_comms``).
 """
 
 import base64
@@ -601,7 +601,6 @@ def create_shell(user_module, plain_tracebacks=False):
     config.HistoryManager.hist_file = ":memory:"  # no file, and no saving thread
     config.IPCompleter.use_jedi = False  # seconds per completion in the guest
     config.InteractiveShell.colors = "nocolor" if plain_tracebacks else "neutral"
-    config.IPKernelApp = Config()  # ipykernel's section: tqdm.auto then draws widget bars
     os.environ.setdefault("MPLBACKEND", INLINE)
     ipython_dir = os.path.expanduser("~/.ipython")  # HOME is the private /tmp
     made = not os.path.exists(ipython_dir)
@@ -613,6 +612,8 @@ def create_shell(user_module, plain_tracebacks=False):
         shutil.rmtree(ipython_dir, ignore_errors=True)
     _fix_module_completion()
     _refuse_jpeg_without_encoder()
+    import IPython.utils._process_emscripten  # noqa: F401 (true here too; see the module's doc)
+
     shell.magics_manager.register(SandboxMagics)
     for name in PROCESS_MAGICS:
         shell.register_magic_function(_no_process_magic(name), "line_cell", name)

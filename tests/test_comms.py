@@ -329,6 +329,11 @@ def test_widget_state_passes_the_policy(start_kernel):
         f"s = w.IntSlider(description={HOSTILE!r}, description_allow_html=True)\n"
         "t = w.Text(value='a<b')\n"
         "h.value = h.value + '<i>more</i>'\n"
+        f"flip = w.Checkbox(description={HOSTILE!r})\n"
+        "flip.description_allow_html = True\n"
+        "from IPython.display import HTML\n"
+        "o = w.Output()\n"
+        f"o.append_display_data(HTML({HOSTILE!r}))\n"
     )
     state = {}
     for name, kernel in (("blocked", blocked), ("allowed", allowed)):
@@ -346,10 +351,18 @@ def test_widget_state_passes_the_policy(start_kernel):
     assert text["value"] == "a<b"  # not HTML: left as it is
     later = [u["value"] for u in updates if "value" in u]
     assert later and all("onerror" not in v and "<i>more</i>" in v for v in later)
+    # a description turned into HTML later is sent again, cleaned, with the flag
+    [flipped] = [u for u in updates if u.get("description_allow_html")]
+    assert "<b>bold</b>" in flipped["description"] and "onerror" not in flipped["description"]
+    # the Output widget's bundles pass the policy like any display
+    [shown_html] = [out["data"]["text/html"] for u in updates for out in u.get("outputs", ())]
+    assert "<b>bold</b>" in shown_html and "onerror" not in shown_html
     assert "active output blocked" in told
     opened, updates, told = state["allowed"]
     html = next(s for s in opened if s["_model_name"] == "HTMLModel")
     assert html["value"] == HOSTILE and "blocked" not in told
+    [shown_html] = [out["data"]["text/html"] for u in updates for out in u.get("outputs", ())]
+    assert shown_html == HOSTILE
 
     custom = (
         "import ipywidgets as w, traitlets\n"

@@ -38,8 +38,6 @@ KNOWN_DIFFERENCES = {
     ("tracebacks", 4): "SyntaxError value: CPython 3.15 words the message differently from the"
     " native kernel's Python",
     ("magics", 22): "ValueError value: CPython 3.15 words list.index's message differently",
-    ("results", 16): "tqdm.auto: natively it tries widgets, warns that ipywidgets is missing and"
-    " falls back to text bars; in the sandbox (no comms, so no widgets) it goes straight to them",
 }
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -427,3 +427,31 @@ def test_widgets_outlive_a_hibernation(tmp_path):
         )
     finally:
         second.shutdown()
+
+
+def test_widgets_after_a_snapshot_restore_are_the_image_s(start_kernel, tmp_path):
+    """%snapshot restore brings back the widgets the image holds, working; one made after
+    the save is gone (its messages are logged as for an unknown comm). The strict profile
+    (no snapshots) has ipywidgets too."""
+    strict = start_kernel(kernel_name="wasm-python-strict")
+    assert ok(strict.execute("import ipywidgets as w\nw.IntSlider(4).value")).result_text() == "4"
+    kernel = start_kernel(env={"WASM_KERNEL_SNAPSHOT_DIR": str(tmp_path)})
+    saved = ok(
+        kernel.execute(
+            "import ipywidgets as w\n"
+            "s = w.IntSlider(value=3)\n"
+            "s.observe(lambda change: print('now', change['new']), 'value')\n"
+            "%snapshot save widgets\n"
+            "s.model_id"
+        )
+    )
+    model = eval(saved.result_text())
+    later = eval(ok(kernel.execute("w.IntSlider().model_id")).result_text())
+    ok(kernel.execute("%snapshot restore widgets"))
+
+    def move(comm_id: str) -> CellRun:
+        update = {"method": "update", "state": {"value": 9}, "buffer_paths": []}
+        return collect(kernel, send(kernel, "comm_msg", {"comm_id": comm_id, "data": update}))
+
+    assert "now 9" in move(model).stream_text()
+    assert "No such comm" in move(later).stream_text("stderr")

@@ -286,6 +286,21 @@ def test_a_huge_buffer_from_the_client_is_refused(limited):
     assert comm_messages(work(limited, "count"), "comm_msg")
 
 
+@pytest.mark.parametrize(
+    ("msg_type", "content"),
+    [
+        ("comm_msg", {"data": {}}),
+        ("comm_msg", {"comm_id": "x" * 300, "data": {}}),
+        ("comm_open", {"comm_id": "z" * 32, "data": {}}),
+        ("comm_close", {"comm_id": 7}),
+    ],
+)
+def test_a_malformed_comm_message_is_refused(limited, msg_type, content):
+    run = collect(limited, send(limited, msg_type, content))
+    assert [e["ename"] for e in errors(run)] == ["CommRefused"]
+    assert comm_messages(work(limited, "count"), "comm_msg")
+
+
 def test_a_client_flood_does_not_hold_cells_back(limited):
     """Thousands of comm messages at once: those that waited past comms.QUEUED behind the
     others are dropped, with a notice; a cell sent after them runs, and memory stays bounded."""

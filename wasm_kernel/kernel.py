@@ -76,7 +76,7 @@ def _log_to_process_stderr() -> None:
         package.propagate = False
 
 
-class WasmKernel(KernelSettings, GuestServices, HostComms, RelayedInterrupts, CheckedRequests):
+class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedRequests, HostComms):
     implementation = "wasm-kernel"
     implementation_version = __version__
     language = "python"

@@ -6,7 +6,8 @@ and an ``HTML`` widget holding a script and an event handler. The slider is drag
 mouse and the output below it must change; the button is clicked and its handler's output
 must appear in its ``Output`` widget; the progress bar must be a widget; and under the
 default policy (block) the hostile widget's markup shows while its script and handler run
-nothing. The server's log must not say it saw comm messages it did not know. The JupyterLab
+nothing (under allow, on a second kernelspec, its handler runs: the check is real). The
+server's log must not say it saw comm messages it did not know. The JupyterLab
 helpers are ``test_browser``'s; a screenshot goes to ``test-artifacts/``.
 """
 
@@ -18,6 +19,7 @@ import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 from playwright.sync_api import Page, expect, sync_playwright
 from test_browser import (
+    ALLOW_KERNEL,
     ARTIFACTS,
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -26,6 +28,7 @@ from test_browser import (
     UI_TIMEOUT_MS,
     JupyterLab,
     _screenshot,
+    _write_allow_kernelspec,
     _write_notebook,
     running_jupyterlab,
 )
@@ -33,6 +36,7 @@ from test_browser import (
 pytestmark = pytest.mark.slow
 
 NOTEBOOK = "widgets.ipynb"
+ALLOW_NOTEBOOK = "widgets-allow.ipynb"
 CELLS = [
     "from ipywidgets import interact\n"
     "@interact(x=(0, 10))\n"
@@ -104,6 +108,21 @@ def _run_widgets(page: Page, lab: JupyterLab, display_name: str) -> None:
     assert panel.locator('[data-mime-type="application/vnd.jupyter.error"]').count() == 0
 
 
+def _run_allowed(page: Page, lab: JupyterLab) -> None:
+    """The hostile widget on a kernel with active_output=allow: its handler runs (so the
+    check above would have caught it)."""
+    page.goto(f"{lab.url}/lab/workspaces/allow/tree/{ALLOW_NOTEBOOK}?token={lab.token}")
+    status = page.locator(".jp-StatusBar-Widget").filter(has_text="active output allowed").first
+    expect(status).to_contain_text("Idle", timeout=RENDER_TIMEOUT_MS)
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.locator(".lm-Menu").get_by_text("Run All Cells", exact=True).click()
+    panel = page.locator(".jp-NotebookPanel:visible")
+    expect(panel.locator("b#widget-bold")).to_have_text("kept", timeout=RENDER_TIMEOUT_MS)
+    expect(page.locator("body")).to_have_attribute(
+        "data-pwned-widget", "1", timeout=RENDER_TIMEOUT_MS
+    )
+
+
 @pytest.mark.timeout(300)
 def test_widgets_work_in_jupyterlab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert Path(CHROMIUM).is_file(), f"Chromium not found at {CHROMIUM}"
@@ -114,6 +133,11 @@ def test_widgets_work_in_jupyterlab(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     root = tmp_path / "notebooks"
     root.mkdir()
     _write_notebook(root / NOTEBOOK, KERNEL_NAME, display_name, CELLS)
+    _write_notebook(
+        root / ALLOW_NOTEBOOK, ALLOW_KERNEL, "allow", ["import ipywidgets as w", CELLS[-1]]
+    )
+    spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
+    _write_allow_kernelspec(tmp_path / "jupyter-state" / "data", spec)
     console: list[str] = []
     with (
         running_jupyterlab(root, ARTIFACTS / "jupyterlab-widgets.log") as lab,
@@ -128,6 +152,9 @@ def test_widgets_work_in_jupyterlab(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             try:
                 _run_widgets(page, lab, display_name)
                 _screenshot(page, "browser-widgets.png")
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                page.set_default_timeout(UI_TIMEOUT_MS)
+                _run_allowed(page, lab)
             except Exception as error:
                 _screenshot(page, "browser-widgets-failure.png")
                 recent = "\n".join(console[-20:])

@@ -252,6 +252,15 @@ def test_a_handler_that_loops_is_stopped_by_the_time_limit(limited):
     assert comm_messages(work(limited, "count"), "comm_msg")[0]["data"]["n"] >= 2
 
 
+def test_an_interrupt_stops_a_handler(limited):
+    """Jupyter's interrupt reaches a comm handler as it reaches a cell."""
+    msg_id = send(limited, "comm_msg", {"comm_id": "w" * 32, "data": {"do": "loop"}})
+    time.sleep(0.5)
+    limited.manager.interrupt_kernel()
+    assert [e["ename"] for e in errors(collect(limited, msg_id))] == ["KeyboardInterrupt"]
+    assert comm_messages(work(limited, "count"), "comm_msg")
+
+
 def test_a_handler_that_ignores_the_limit_is_stopped_hard_and_rolled_back(limited):
     before = comm_messages(work(limited, "count"), "comm_msg")[0]["data"]["n"]
     run = work(limited, "stubborn")

@@ -41,7 +41,10 @@ GOOD = {
     declared.ITEMS: [],
     declared.HEADERS: [],
     declared.BYTES: "",
+    declared.BUFFERS: [],
 }
+# what a message's rules require beyond its fields' smallest values
+RULED = {declared.COMM.op: {"content": {"comm_id": "c"}}}
 
 # values of the wrong type (or shape) for each kind; a new kind must be added here
 BAD = {
@@ -59,6 +62,7 @@ BAD = {
     declared.ITEMS: [{}, "x", None, [1], [[]], [{"source": "no such shape"}]],
     declared.HEADERS: ["x", None, {}, [["a"]], [["a", 1]], [["a", "b", "c"]], [("a", None)]],
     declared.BYTES: [1, None, [], "!!!!", "AAA"],
+    declared.BUFFERS: ["x", None, [1], [None], ["!!!!"], ["AAA"], {}, ["AA=="] * 65],
 }
 
 
@@ -68,11 +72,15 @@ def good_value(field: declared.Field) -> Any:
 
 def minimal(shape: declared.Message | declared.Shape) -> dict:
     """``shape`` with only its required fields, each at its smallest valid value."""
-    return {shape.tag_key: shape.tag} | {
-        field.name: good_value(field)
-        for field in shape.fields
-        if field.default is declared.REQUIRED
-    }
+    return (
+        {shape.tag_key: shape.tag}
+        | {
+            field.name: good_value(field)
+            for field in shape.fields
+            if field.default is declared.REQUIRED
+        }
+        | RULED.get(shape.tag, {})
+    )
 
 
 def encode(message: Any) -> bytes:

@@ -4,10 +4,11 @@ JupyterLab runs what a kernel displays with the Jupyter server's credentials: Ja
 scripts and event handlers in HTML, widget and plotting mime types that load or execute code.
 Under ``WasmKernel.active_output = "block"`` every bundle the guest produces (display_data,
 update_display_data, execute_result, inspect_reply data, user_expressions) goes through
-``ActiveOutput.bundle``, which keeps an allowlist of passive mime types: text/plain and JSON as
-they are, raster images when they are text (base64), text/html cleaned (``active_html``),
-image/svg+xml rebuilt from an allowlist of SVG elements (``active_svg``), text/markdown with
-its HTML cleaned by the same allowlist and text/latex when it holds no script URL
+``ActiveOutput.bundle``, which keeps an allowlist of passive mime types: text/plain, JSON and
+widget views (their widgets' state is cleaned by ``active_widgets``) as they are, raster
+images when they are text (base64), text/html cleaned (``active_html``), image/svg+xml
+rebuilt from an allowlist of SVG elements (``active_svg``), text/markdown with its HTML
+cleaned by the same allowlist and text/latex when it holds no script URL
 (``active_markdown``). Everything else is dropped. What was dropped or removed is said once
 per cell, when it ends, through ``tell`` (the cell's stderr), in words for the person reading
 the notebook; nothing is said when nothing was. ``"allow"`` returns every bundle untouched.
@@ -38,6 +39,9 @@ PASSIVE = frozenset(
         "application/json",
         "application/vnd.jupyter.stdout",
         "application/vnd.jupyter.stderr",
+        # a widget's view names a model by id; models come through comms, whose state the
+        # policy cleans (active_widgets), or from the notebook's own saved state
+        "application/vnd.jupyter.widget-view+json",
     }
 )
 # Rendered as <img src="data:MIME;base64,PAYLOAD">: an image context runs no script.

@@ -65,6 +65,7 @@ class KernelDoors:
     describe: Callable[[], str]  # %sandbox
     pip: Callable[[dict, Interrupts], dict]  # %pip: (message, interrupts) -> reply
     snapshot: Callable[[CellMessages, str, str], dict]  # %snapshot: (cell, action, name)
+    comm: Callable[[CellMessages, dict, Verdict], dict]  # a comm message from the guest
     active_output: str  # the active-output policy's mode
     memory_limit: int  # bytes, for MemoryLimitExceeded
     # where the guest sees its host folders (None: they could not be mounted, no hint)
@@ -195,6 +196,14 @@ class CellMessages:
                 received_bytes=_decoded_size(reply.get("body", "")),
             )
         return reply
+
+    def on_comm(self, message: dict, verdict: Verdict, _interrupts: Interrupts) -> dict:
+        return self.doors.comm(self, message, verdict)
+
+    def on_parent(self, _message: dict, _verdict: Verdict, _interrupts: Interrupts) -> dict:
+        header = self.request.parent.get("header", {})
+        kept = ("msg_id", "msg_type", "session")
+        return {"header": {key: header[key] for key in kept if isinstance(header.get(key), str)}}
 
     # -- the cell's end ------------------------------------------------------------------------
 

@@ -176,6 +176,19 @@ def _headers(field: Field, value: Any) -> list[tuple[str, str]]:
     return [(name, text) for name, text in value]
 
 
+def _buffers(field: Field, value: Any) -> list[bytes]:
+    _check(
+        isinstance(value, list)
+        and len(value) <= field.limit
+        and all(isinstance(item, str) for item in value),
+        f"{field.name} must be a list of at most {field.limit} base64 strings",
+    )
+    try:
+        return [base64.b64decode(item, validate=True) for item in value]
+    except ValueError:
+        raise ProtocolError(f"{field.name} must hold base64 strings") from None
+
+
 def _items(field: Field, value: Any) -> list[dict]:
     _check(isinstance(value, list) and len(value) <= field.limit, f"{field.name}: too many")
     shapes = {shape.tag: shape for shape in field.shapes}
@@ -209,6 +222,7 @@ _KINDS: dict[str, Callable[[Field, Any], Any]] = {
     declared.JSON: _json,
     declared.HEADERS: _headers,
     declared.BYTES: _bytes,
+    declared.BUFFERS: _buffers,
 }
 
 

@@ -28,6 +28,7 @@ SERVICE_NAMES = {
     declared.INSPECT: "an inspection request",
     declared.IS_COMPLETE: "an is_complete request",
     declared.EVALUATE_EXPRESSIONS: "the cell's user_expressions",
+    declared.COMM_INFO: "a comm_info request",
 }
 
 

@@ -171,6 +171,8 @@ class HostCall:
             # not output, or an error: read it as any other message
             message = contract.parse(self._memory.read(caller, ptr, size))
             return self._dispatch(message, size, caller)
+        if kind is declared.COMM:  # the guest's send raises this
+            return {"error": f"a comm message of {size:,} bytes is over the kernel's limit"}
         if kind is declared.ERROR and self._receiver is not None:
             self._output.flush()
             error = contract.oversized_error(size)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import deque
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -54,9 +55,18 @@ class GuestPublisher:
         self._waiting: deque[list[Any]] = deque()  # [size, tracker, or True once sent]
         self._bytes = 0  # handed to ZMQ and not yet let go of
 
-    def publish(self, msg_type: str, content: dict, parent: dict, ident: bytes) -> bool:
-        """Send one message (thread-safe); False if it was left out."""
-        frames = self._session.serialize(self._session.msg(msg_type, content, parent=parent), ident)
+    def publish(
+        self,
+        msg_type: str,
+        content: dict,
+        parent: dict,
+        ident: bytes,
+        buffers: Sequence[bytes] = (),
+        metadata: dict | None = None,
+    ) -> bool:
+        """Send one message, with its binary buffers (thread-safe); False if it was left out."""
+        message = self._session.msg(msg_type, content, parent=parent, metadata=metadata)
+        frames = [*self._session.serialize(message, ident), *buffers]
         size = sum(len(frame) for frame in frames)
         entry: list[Any] = [size, None]
         with self._lock:

@@ -31,6 +31,7 @@ from . import __version__, images, iopub, kernel_folders
 from .accounting import CellAccounting
 from .boot import SandboxStart
 from .cell_messages import CellMessages, KernelDoors, Request
+from .comms import HostComms
 from .describe import describe
 from .grants import Grants, configured_runtime
 from .guest_services import GuestServices
@@ -78,7 +79,14 @@ def _log_to_process_stderr() -> None:
         package.propagate = False
 
 
-class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedRequests, CellAccounting):
+class WasmKernel(
+    KernelSettings,
+    GuestServices,
+    RelayedInterrupts,
+    CheckedRequests,
+    CellAccounting,
+    HostComms,  # after CheckedRequests: it checks comm_info_request first
+):
     implementation = "wasm-kernel"
     implementation_version = __version__
     language = "python"
@@ -138,6 +146,7 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
             describe=self.describe_sandbox,
             pip=self.grants.pip,
             snapshot=self.session_images.snapshot_message,
+            comm=self.comm_outgoing,
             active_output=self.active_output,
             memory_limit=self.limits.memory_limit,
             host_folders=self.grants.host_folders_in_guest(),

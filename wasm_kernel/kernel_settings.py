@@ -190,7 +190,8 @@ class KernelSettings(Configurable):
         ["block", "allow"],
         default=FROM_PROFILE,
         help="Output that runs code in the front end (JavaScript, scripts and event handlers in"
-        " HTML and SVG, widget and other script-bearing mime types): 'block' drops or sanitizes"
+        " HTML and SVG, in widgets' HTML state, custom widgets and other script-bearing mime"
+        " types): 'block' drops or sanitizes"
         " it, with a notice; 'allow' passes it on, so a cell can act in the user's browser with"
         " the server's credentials.",
     ).tag(config=True)

@@ -273,6 +273,10 @@ class Sandbox(SandboxState):
         assert measured is not None
         return measured
 
+    def comm_received(self, message: str, receiver: Receiver) -> None:
+        """A front end's comm message (JSON text), run as a cell is. Raises CellStopped."""
+        self._turn(guest_call(declared.COMM_RECEIVED, message), receiver, self.limits, cell=True)
+
     def request(self, service: str, *args: object) -> dict:
         """Run a guest service (completion, inspection...) and return its answer; what it
         prints or displays is not shown."""

@@ -4,7 +4,9 @@ are compared cell by cell after normalising what legitimately varies (addresses,
 cell file names, colours).
 
 Compared per output: its type, stream name and text, every mime type and its value (images
-by mime type only: their bytes depend on the fonts and versions), error name and value. Every
+by mime type only: their bytes depend on the fonts and versions; widget views less their
+model id), error name and value; and the widget state nbclient saves into the notebook,
+model ids numbered in order. Every
 cell that differs must be listed in ``KNOWN_DIFFERENCES`` with its reason, and every listed
 cell must still differ, so the list stays the truth; the summary prints the match count.
 """
@@ -38,8 +40,6 @@ KNOWN_DIFFERENCES = {
     ("tracebacks", 4): "SyntaxError value: CPython 3.15 words the message differently from the"
     " native kernel's Python",
     ("magics", 22): "ValueError value: CPython 3.15 words list.index's message differently",
-    ("results", 16): "tqdm.auto: natively it tries widgets, warns that ipywidgets is missing and"
-    " falls back to text bars; in the sandbox (no comms, so no widgets) it goes straight to them",
 }
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -66,9 +66,16 @@ def normalise(text: str) -> str:
     return DURATION.sub("<time>", text)
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+PROGRESS_TIMES = re.compile(r"\d+(?:\.\d+)?(?:it/s|s/it)|\d\d:\d\d")  # tqdm's bar text
+MODEL_ID = re.compile(r"(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])")  # ipywidgets' (uuid4 hex)
+
+
 def value_of(mime: str, value: object) -> object:
     if mime.startswith(BINARY):
         return "<binary>"
+    if mime == WIDGET_VIEW and isinstance(value, dict):
+        return {**value, "model_id": "<model>"}
     if isinstance(value, str):
         return normalise(value)
     return value
@@ -92,6 +99,16 @@ def outputs_of(cell: nbformat.NotebookNode) -> list[tuple]:
     return [
         (item[0], item[1], normalise(item[2])) if item[0] == "stream" else item for item in shown
     ]
+
+
+def saved_widgets(notebook: nbformat.NotebookNode) -> list:
+    """The saved widget state, its model ids numbered in order of appearance."""
+    saved = notebook.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json")
+    if saved is None:
+        return []
+    ids: dict[str, str] = {}
+    text = MODEL_ID.sub(lambda m: ids.setdefault(m.group(), f"<model {len(ids)}>"), str(saved))
+    return [normalise(PROGRESS_TIMES.sub("<time>", text))]
 
 
 def execute(notebook: nbformat.NotebookNode, kernel: str, folder: Path) -> nbformat.NotebookNode:
@@ -134,6 +151,8 @@ def test_notebook_matches_native_kernel(name: str, folder: Path) -> None:
             )
         if same and (name, index) in KNOWN_DIFFERENCES:
             stale.append(f"cell {index} now matches: drop it from KNOWN_DIFFERENCES")
+    # the widgets' state nbclient saved into the notebook, as JupyterLab saves it
+    assert saved_widgets(native) == saved_widgets(sandboxed)
     matched = sum(RESULTS[(name, i)] for i in range(len(notebook.cells)))
     print(f"\n{name}: {matched} of {len(notebook.cells)} cells match the native kernel")
     assert not unexplained and not stale, "\n".join(unexplained + stale)

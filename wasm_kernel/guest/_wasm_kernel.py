@@ -139,6 +139,29 @@ def run_cell(source, execution_count, store_history=True, silent=False):
             call_host(contract.PAYLOAD, payload=payloads)
     except BaseException as exc:
         _report(exc)
+    _end_turn()
+
+
+def comm_received(message):
+    """A comm message from the front end (see _wasm_kernel_comms), in a turn of its own that
+    ends as a cell's does: what escapes the comm's handlers is shown as a cell's error is."""
+    global _reported
+    _reported = False
+    try:
+        sys.modules["_wasm_kernel_comms"].received(message)
+    except BaseException as exc:
+        if isinstance(exc, MemoryError):
+            release_reserve()
+        try:
+            shell.showtraceback((type(exc), exc, exc.__traceback__))
+        except BaseException:
+            if not _reported:
+                _report(exc)
+    _end_turn()
+
+
+def _end_turn():
+    """What every turn that ran the user's code ends with."""
     try:
         flush_streams()
         sys.modules["_wasm_kernel_sandbox"].note_new_files()
@@ -339,6 +362,11 @@ def is_complete(code):
     return reply
 
 
+def comm_info(target_name=None):
+    """The open comms, for comm_info_request."""
+    return sys.modules["_wasm_kernel_comms"].info(target_name)
+
+
 def working_folder():
     """Where the session is, for an image of it."""
     return {"cwd": os.getcwd()}
@@ -495,6 +523,7 @@ def install_modules(sources):
             contract.IS_COMPLETE: is_complete,
             contract.EVALUATE_EXPRESSIONS: evaluate_expressions,
             contract.WARM_UP: warm_up,
+            contract.COMM_INFO: comm_info,
         }
     )
 
@@ -575,6 +604,9 @@ def boot(packages, import_paths, plain_tracebacks):
     signal.signal(signal.SIGINT, _on_sigint)
 
     hold_reserve()
+    import _wasm_kernel_comms
+
+    _wasm_kernel_comms.install()  # before anything imports ipywidgets
     from _wasm_kernel_shell import ZMQInteractiveShell, create_shell
 
     if ZMQInteractiveShell.initialized():

@@ -33,6 +33,7 @@ ITEMS = "items"  # a list of at most ``limit`` objects, each one of the ``shapes
 JSON = "json"  # any JSON value (the host's replies: a tool's result)
 HEADERS = "headers"  # a list of at most ``limit`` [name, value] string pairs (HTTP headers)
 BYTES = "bytes"  # base64 of at most ``limit`` bytes, read as bytes
+BUFFERS = "buffers"  # a list of at most ``limit`` base64 strings, read as bytes
 
 REQUIRED = ...  # a field without a default must be present
 WORD_LIMIT = 1000
@@ -229,6 +230,27 @@ HTTP = Message(  # a request the host makes for the cell, if WasmKernel.network_
         Field("detail", TEXT),  # with error: why, for the exception
     ),
 )
+# comms (see the guest's _wasm_kernel_comms): what a comm in the guest sends the front end
+COMM_MESSAGE_TYPES = ("comm_open", "comm_msg", "comm_close")
+COMM_BUFFERS = 64  # binary buffers one comm message may carry
+COMM = Message(  # comm_open, comm_msg or comm_close on IOPub; the reply's error: not sent
+    "comm",
+    Field("msg_type", CHOICE, choices=COMM_MESSAGE_TYPES),
+    Field("content", OBJECT, keys={"comm_id": TEXT, "target_name": TEXT}),
+    Field("metadata", OBJECT, default={}),
+    Field("buffers", BUFFERS, limit=COMM_BUFFERS, default=[]),
+    rules=(
+        (
+            "a comm message needs a comm_id of at most 256 characters",
+            lambda message: len(message["content"].get("comm_id") or "") in range(1, 257),
+        ),
+    ),
+    reply=(Field("error", TEXT),),
+    output=True,
+)
+PARENT = Message(  # the request the turn answers (ipywidgets' Output widget captures by it)
+    "parent", reply=(Field("header", OBJECT),)
+)
 IMMORTALIZE = Message(  # boot image only: objects to make immortal
     "immortalize",
     Field("addresses", ADDRESSES),
@@ -252,6 +274,8 @@ MESSAGES = {
         INTERRUPTION,
         TOOLS,
         TOOL,
+        COMM,
+        PARENT,
         IMMORTALIZE,
         HTTP,
     )
@@ -263,6 +287,8 @@ SERVE = EntryPoint("serve", "service", "*arguments")
 SETTLE = EntryPoint("settle", "cwd", "start", "paths")  # after an image is resumed
 CLOSE_STALE_FILES = EntryPoint("close_stale_files")
 INSTALL_MODULES = EntryPoint("install_modules", "sources")
+# a comm_open, comm_msg or comm_close from the front end, as JSON text, buffers in base64
+COMM_RECEIVED = EntryPoint("comm_received", "message")
 BOOT = EntryPoint("boot", "packages", "import_paths", "plain_tracebacks")
 ALLOW_NETWORK = EntryPoint("allow_network")  # the guest's HTTP libraries use HTTP messages
 # after a boot or a resume: the read-only folders whose writes go to a private layer, and
@@ -276,4 +302,13 @@ IS_COMPLETE = "is_complete"
 EVALUATE_EXPRESSIONS = "evaluate_expressions"
 WORKING_FOLDER = "working_folder"
 WARM_UP = "warm_up"  # boot image only
-SERVICES = (COMPLETE, INSPECT, IS_COMPLETE, EVALUATE_EXPRESSIONS, WORKING_FOLDER, WARM_UP)
+COMM_INFO = "comm_info"  # the open comms, for comm_info_request
+SERVICES = (
+    COMPLETE,
+    INSPECT,
+    IS_COMPLETE,
+    EVALUATE_EXPRESSIONS,
+    WORKING_FOLDER,
+    WARM_UP,
+    COMM_INFO,
+)

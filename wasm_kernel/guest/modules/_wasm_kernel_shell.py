@@ -8,10 +8,9 @@ the sandbox cannot do (processes, GUIs, threads) is refused with one clear line.
 The class is named ``ZMQInteractiveShell`` because that is what pandas, plotly and others
 look for to tell a notebook front end from a terminal, and it has a ``kernel`` as ipykernel's
 shell has (pandas decides from it, when it is imported, whether to fit wide frames to a
-terminal or show every column). Its config has no ``IPKernelApp``
-section, which is all tqdm.auto looks for: its notebook bars are widgets, which need comms
-the sandbox does not have, so it must choose its text bars (as under ipykernel without
-ipywidgets).
+terminal or show every column). IPython's module for WebAssembly builds without processes
+is imported, as under JupyterLite: tqdm.auto looks for it (or ipykernel's) to choose its
+widget bars (comms: see ``_wasm_kernel_comms``).
 """
 
 import base64
@@ -273,6 +272,11 @@ class GuestKernel:
     its presence is what matters. It says which kernel it is, and nothing of ipykernel's."""
 
     implementation = "wasm-kernel"
+
+    def get_parent(self, channel="shell"):
+        """The request being answered, as ipykernel's kernel keeps it: ipywidgets' Output
+        widget captures the output of the request whose id it finds here."""
+        return {"header": _kernel().call_host(contract.PARENT).get("header", {})}
 
     def __repr__(self):
         return "<wasm-kernel's guest side>"
@@ -608,6 +612,8 @@ def create_shell(user_module, plain_tracebacks=False):
         shutil.rmtree(ipython_dir, ignore_errors=True)
     _fix_module_completion()
     _refuse_jpeg_without_encoder()
+    import IPython.utils._process_emscripten  # noqa: F401 (true here too; see the module's doc)
+
     shell.magics_manager.register(SandboxMagics)
     for name in PROCESS_MAGICS:
         shell.register_magic_function(_no_process_magic(name), "line_cell", name)

@@ -109,6 +109,10 @@ def kernels() -> Iterator[tuple[Kernel, Kernel]]:
     ours.shutdown()
 
 
+def interrupt_kernel(kernel: Kernel) -> None:
+    kernel.manager.interrupt_kernel()
+
+
 def both(
     kernels: tuple[Kernel, Kernel], code: str, answers: list[str] = (), **options
 ) -> Conversation:
@@ -144,11 +148,26 @@ def test_interrupt_while_the_debugger_waits(kernels: tuple[Kernel, Kernel]) -> N
     """An interrupt while the debugger waits for a command leaves the debugger (as under
     ipykernel, whose debugger an interrupt ends) and the kernel keeps its state."""
     both(kernels, FAILING)
-    talk = both(
-        kernels, "%debug", ["p v"], when_out_of_answers=lambda k: k.manager.interrupt_kernel()
-    )
+    talk = both(kernels, "%debug", ["p v"], when_out_of_answers=interrupt_kernel)
     assert "KeyboardInterrupt" in normalise(talk.streams.get("stdout", ""))
     assert both(kernels, "print(f.__name__)").streams["stdout"] == "f\n"
+
+
+def test_set_trace_opens_the_interruptible_debugger(kernels: tuple[Kernel, Kernel]) -> None:
+    """pdb.set_trace() stops in IPython's debugger, as ipykernel arranges, and an interrupt
+    while it waits leaves the debugger and lets the cell finish. Compared without the
+    debugger's listing: since Python 3.14 (the sandbox's runtime is 3.15) set_trace stops on
+    its own line, where older Pythons stop on the next one."""
+    code = "import pdb\ndef g(a):\n    pdb.set_trace()\n    b = a * 2\n    return b\n\ng(4)"
+    for answers, interrupt in ((["n", "n", "p b", "c"], None), ([], interrupt_kernel)):
+        native, ours = (
+            converse(k, code, list(answers), when_out_of_answers=interrupt) for k in kernels
+        )
+        listings = [talk.streams.pop("stdout") for talk in (native, ours)]
+        assert ours.comparable() == native.comparable()
+        assert ours.reply["status"] == "ok"
+        assert len(ours.prompts) == max(len(answers), 1)
+    assert all(text.endswith("KeyboardInterrupt: Interrupted by user\n") for text in listings)
 
 
 def test_debug_without_stdin(kernels: tuple[Kernel, Kernel]) -> None:

@@ -27,7 +27,7 @@ import psutil
 from ipykernel._version import kernel_protocol_version
 from traitlets import Float
 
-from . import __version__, images, iopub, kernel_folders
+from . import __version__, debug_requests, images, iopub, kernel_folders
 from .boot import SandboxStart
 from .cell_messages import CellMessages, KernelDoors, Request
 from .describe import describe
@@ -160,6 +160,9 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
             "help_links": self.help_links,
             "supported_features": ["kernel subshells"] if self._supports_kernel_subshells else [],
         }
+
+    async def do_debug_request(self, msg: Any) -> dict:
+        return debug_requests.refusal(msg)
 
     @property
     def language_info(self) -> dict[str, Any]:  # type: ignore[override]

@@ -175,9 +175,13 @@ def keep_room():
     """At the end of a cell: the reserve (see hold_reserve); if memory is still nearly full,
     the last failure's frames, kept for %debug, are let go and the reserve taken again."""
     hold_reserve()
-    debugging = sys.modules["_wasm_kernel_debugging"]
-    if _reserve is None and debugging.release_frames_for_memory(shell):
-        hold_reserve()
+    if _reserve is None:
+        try:
+            released = sys.modules["_wasm_kernel_debugging"].release_frames_for_memory(shell)
+        except Exception:  # a cell broke that module: only this memory rule is lost
+            return
+        if released:
+            hold_reserve()
 
 
 def hold_reserve():

@@ -9,14 +9,18 @@ addresses and cell file names.
 
 from __future__ import annotations
 
+import os
 import queue
 import re
+import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
-from conftest import Kernel
+from conftest import KERNEL_NAME, Kernel
 
 pytestmark = pytest.mark.slow  # each test runs cells on two kernels, with waits for prompts
 
@@ -239,3 +243,35 @@ def test_visual_debugger_is_not_offered_and_says_so(
     assert "does not offer the visual debugger" in reply["content"]["message"]
     assert reply["content"]["request_seq"] == (1 if content["seq"] == 1 else 0)
     assert converse(kernel, "print(6 * 7)", []).streams["stdout"] == "42\n"
+
+
+def test_debug_in_jupyter_console() -> None:
+    """The console answers the debugger's input_requests at its own prompt."""
+    pexpect = pytest.importorskip("pexpect")
+    jupyter = shutil.which("jupyter", path=str(Path(sys.executable).parent))
+    assert jupyter is not None
+    console = pexpect.spawn(
+        jupyter,
+        ["console", "--kernel", KERNEL_NAME, "--simple-prompt"],
+        encoding="utf-8",
+        timeout=60,
+        env={**os.environ, "TERM": "dumb"},
+    )
+    try:
+        console.expect(r"In \[1\]: ")
+        console.sendline("def f(v): return v / 0")
+        console.expect(r"In \[2\]: ")
+        console.sendline("f(41)")
+        console.expect("ZeroDivisionError")
+        console.expect(r"In \[3\]: ")
+        console.sendline("%debug")
+        console.expect("ipdb> ")
+        console.sendline("p v + 1")
+        console.expect("42")
+        console.expect("ipdb> ")
+        console.sendline("q")
+        console.expect(r"In \[4\]: ")
+        console.sendline("exit")
+        console.expect(pexpect.EOF)
+    finally:
+        console.close(force=True)

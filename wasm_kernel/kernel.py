@@ -128,6 +128,7 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
         self._doors = KernelDoors(
             publish=self._publish_guest_output,
             stdin=lambda: (self.live_session, self.stdin_socket),
+            output_sent=self.guest_output.handed_over,
             describe=self.describe_sandbox,
             pip=self.grants.pip,
             snapshot=self.session_images.snapshot_message,

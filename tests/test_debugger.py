@@ -174,6 +174,21 @@ def test_set_trace_opens_the_interruptible_debugger(kernels: tuple[Kernel, Kerne
     assert all(text.endswith("KeyboardInterrupt: Interrupted by user\n") for text in listings)
 
 
+def test_kernel_frames_stay_out_of_the_debugger(kernels: tuple[Kernel, Kernel]) -> None:
+    """A failure raised inside the kernel's own guest code (time.sleep, interrupted) opens at
+    the user's frame, as natively, where sleep is C: `down` finds nothing below it."""
+    sleeper = "import time\nprint('napping', flush=True)\ndef nap():\n    time.sleep(30)\n\nnap()"
+    for kernel in kernels:
+        msg_id = kernel.client.execute(sleeper)
+        while "napping" not in kernel.client.get_iopub_msg(timeout=60)["content"].get("text", ""):
+            pass
+        time.sleep(INTERRUPT_DELAY)  # into the sleep
+        kernel.manager.interrupt_kernel()
+        assert kernel.collect(msg_id).content["ename"] == "KeyboardInterrupt"
+    talk = both(kernels, "%debug", ["where", "down", "q"])
+    assert "Newest frame" in talk.streams["stdout"]
+
+
 def test_debug_without_stdin(kernels: tuple[Kernel, Kernel]) -> None:
     """A client that takes no input requests gets what ipykernel gives it."""
     both(kernels, FAILING)

@@ -290,3 +290,25 @@ def test_debug_in_jupyter_console() -> None:
         console.expect(pexpect.EOF)
     finally:
         console.close(force=True)
+
+
+def test_a_debugger_stopped_hard_leaves_the_failure_to_debug(
+    start_kernel: Callable[..., Kernel],
+) -> None:
+    """A command that ignores the interrupt is stopped hard after the grace time: the %debug
+    cell is rolled back, and the failure it was debugging is still there to debug again."""
+    kernel = start_kernel(["--WasmKernel.interrupt_grace=1"])
+    converse(kernel, FAILING, [])
+    stubborn = (
+        "p exec('while True:\\n try:\\n  while True: pass\\n except KeyboardInterrupt: pass')"
+    )
+    msg_id = kernel.client.execute("%debug", allow_stdin=True)
+    kernel.client.get_stdin_msg(timeout=60)
+    kernel.client.input(stubborn)
+    time.sleep(1)  # into the loop
+    kernel.manager.interrupt_kernel()
+    stopped = kernel.collect(msg_id)
+    assert stopped.content["status"] == "error"
+    assert "rolled back" in stopped.content["evalue"]
+    again = converse(kernel, "%debug", ["p v", "q"])
+    assert normalise(again.streams["stdout"]).endswith("\n7\n")

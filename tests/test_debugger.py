@@ -193,6 +193,17 @@ def test_debug_without_stdin(kernels: tuple[Kernel, Kernel]) -> None:
     """A client that takes no input requests gets what ipykernel gives it."""
     both(kernels, FAILING)
     both(kernels, "%debug", allow_stdin=False)
+    both(kernels, "%pdb on", allow_stdin=False)
+    try:
+        native, ours = (converse(kernel, FAILING, [], allow_stdin=False) for kernel in kernels)
+    finally:
+        both(kernels, "%pdb off", allow_stdin=False)  # and the kernel is intact after it
+    # %pdb's debugger fails for want of stdin, and IPython debugs that failure too: natively
+    # at ipykernel's raw_input, here where the kernel's frames end (they are hidden)
+    listings = [normalise(talk.streams.pop("stdout")).split("\n\n") for talk in (native, ours)]
+    assert ours.comparable() == native.comparable()
+    assert listings[1][0] == listings[0][0]  # the failing frame, as natively
+    assert ours.reply["ename"] == "StdinNotImplementedError"
 
 
 def test_nothing_to_debug_in_a_fresh_kernel(start_kernel: Callable[..., Kernel]) -> None:

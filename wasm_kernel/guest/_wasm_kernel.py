@@ -146,6 +146,8 @@ def run_cell(source, execution_count, store_history=True, silent=False):
     for name in ("stdout", "stderr"):
         if not hasattr(sys, name):  # deleted: the interpreter's end of turn cannot do without
             setattr(sys, name, getattr(sys, f"__{name}__"))
+    if not callable(sys.displayhook):  # the turn's end calls it; IPython's display traps can
+        sys.displayhook = sys.__displayhook__  # leave None (a debugger failing under %pdb on)
     try:
         keep_room()
     except KeyboardInterrupt:  # see _still_intact

@@ -44,6 +44,10 @@ def test_help_all_lists_every_setting() -> None:
         "rollback",
         "cache_dir",
         "history_file",
+        "network_allow",
+        "network_requests",
+        "network_bytes",
+        "network_timeout",
     ):
         assert f"--WasmKernel.{trait}=" in shown, trait
         assert f"WASM_KERNEL_{trait.upper()}" in shown, trait

@@ -39,6 +39,8 @@ GOOD = {
     declared.WORDS: [],
     declared.ADDRESSES: "",
     declared.ITEMS: [],
+    declared.HEADERS: [],
+    declared.BYTES: "",
 }
 
 # values of the wrong type (or shape) for each kind; a new kind must be added here
@@ -55,6 +57,8 @@ BAD = {
     declared.WORDS: ["x", None, 1, [1], [None], {}],
     declared.ADDRESSES: [1, None, [], "!!!!", "AAA", "AAA="],
     declared.ITEMS: [{}, "x", None, [1], [[]], [{"source": "no such shape"}]],
+    declared.HEADERS: ["x", None, {}, [["a"]], [["a", 1]], [["a", "b", "c"]], [("a", None)]],
+    declared.BYTES: [1, None, [], "!!!!", "AAA"],
 }
 
 
@@ -396,6 +400,21 @@ def test_defaults_are_fresh_objects():
 def test_immortalize_addresses_are_bytes():
     parsed = contract.parse(encode({"op": "immortalize", "addresses": "AQAAAAIAAAA="}))
     assert parsed["addresses"] == b"\x01\x00\x00\x00\x02\x00\x00\x00"
+
+
+def test_http_request_fields_are_read_and_bounded():
+    """Headers arrive as pairs, the body as bytes; too many headers, a header or a body past
+    its bound are refused before anything is decoded or sent."""
+    message = {"op": "http", "method": "POST", "url": "http://h/", "body": "aGk="}
+    parsed = contract.parse(encode(message | {"headers": [["A", "1"], ["a", "2"]]}))
+    assert parsed["headers"] == [("A", "1"), ("a", "2")] and parsed["body"] == b"hi"
+    assert contract.parse(encode(message))["timeout"] == 0.0
+    headers_limit = next(f.limit for f in declared.HTTP.fields if f.name == "headers")
+    refused(encode(message | {"headers": [["a", "b"]] * (headers_limit + 1)}))
+    refused(encode(message | {"headers": [["a", "x" * (declared.HEADER_LIMIT + 1)]]}))
+    body_limit = next(f.limit for f in declared.HTTP.fields if f.name == "body")
+    refused(encode(message | {"body": "AAAA" * (body_limit // 3 + 2)}))
+    refused(encode(message | {"url": "http://h/" + "x" * 9000}))
 
 
 def test_sleep_seconds_are_floats():

@@ -116,8 +116,9 @@ def confinement() -> list[str]:
 def baked_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A cache folder as an image would carry it: built by precompile, then sealed.
 
-    The entry is copied (mtimes kept) from the default cache, where the test setup compiled
-    it, and `precompile --cache-dir` then checks it in place: a cold compile takes minutes.
+    The entry and the runtime's files are copied (mtimes kept) from the default cache, where
+    the test setup made them, and `precompile --cache-dir` then checks them in place: a cold
+    compile takes minutes, fetching the libraries' sources most of one.
     """
     folder = tmp_path_factory.mktemp("baked") / "wasm-kernel-cache"
     folder.mkdir()
@@ -125,6 +126,9 @@ def baked_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     source = RuntimeCache().entry_dir(runtime)
     if (source / RuntimeCache.RECORD).is_file():
         shutil.copytree(source, RuntimeCache(folder).entry_dir(runtime), copy_function=shutil.copy2)
+    files = runtime.module.path.parent
+    if files.is_dir():
+        shutil.copytree(files, folder / files.name, copy_function=shutil.copy2)
     result = subprocess.run(
         [sys.executable, "-m", "wasm_kernel", "precompile", "--cache-dir", str(folder)],
         capture_output=True,

@@ -180,7 +180,9 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Tree:
 
 @pytest.fixture(scope="module")
 def notebook_kernel(tree: Tree) -> Iterator[Kernel]:
-    started = Kernel(cwd=tree.notebook, kernel_name="wasm-python")
+    """The read-only mount as it is: writes refused (``TestOverlay``: the profile's layer)."""
+    refusing = ["--WasmKernel.notebook_writes=refuse"]
+    started = Kernel(refusing, cwd=tree.notebook, kernel_name="wasm-python")
     yield start_with_helpers(started)
     started.shutdown()
 
@@ -285,6 +287,45 @@ class TestReadOnlyMount:
         """WASI has no permission bits: CPython's chmod succeeds without touching the host
         (the fixture's snapshot compares the host file's mode)."""
         assert outcome(notebook_kernel, "attempt(os.chmod, 'sales.csv', 0o777)") == ("ok", None)
+
+
+# Under the profile's default (notebook_writes=overlay) the same attempts succeed in the private
+# layer, except links, which are refused everywhere; writes through links leading out fail.
+REFUSED_UNDER_OVERLAY = {"hard-link-inside", "hard-link-to-tmp", "symlink"}
+WRITES_THROUGH_LINKS_OUT = (
+    "attempt(write, 'rel_out', 'x', 'a')",
+    "attempt(open, 'abs_out', 'r+')",
+    "attempt(os.truncate, 'up_secret', 0)",
+    "attempt(os.truncate, 'dir_out/secret.txt', 0)",
+    "attempt(os.rename, 'chain_a', 'renamed')",
+    "attempt(os.rename, 'dir_out', 'renamed')",
+)
+NEW_LAYER = (  # between attempts: an empty layer, as a new kernel has
+    "import shutil, _wasm_kernel_layer as _layer\nos.chdir('/notebook')\n"
+    "shutil.rmtree('/tmp/.wasm-kernel-writes', ignore_errors=True)\n"
+    "_layer.activate(['/notebook'], '/tmp/.wasm-kernel-writes')"
+)
+
+
+class TestOverlay:
+    def test_changes_land_in_the_private_layer_and_the_host_is_unchanged(self, tree: Tree) -> None:
+        kernel = start_with_helpers(Kernel(cwd=tree.notebook, kernel_name="wasm-python"))
+        before = snapshot(tree.parent)
+        try:
+            for name, expression in READ_ONLY_ATTEMPTS.items():
+                got = outcome(kernel, f"(lambda got: (got[0], str(got[1])))({expression})")
+                if name in REFUSED_UNDER_OVERLAY:
+                    assert got == DENIED, (name, got)
+                else:
+                    assert got[0] == "ok", (name, got)
+                ok(run(kernel, NEW_LAYER))
+            for expression in WRITES_THROUGH_LINKS_OUT:
+                got = outcome(kernel, expression)
+                assert got[0] != "ok", (expression, got)
+            assert outcome(kernel, "attempt(read, 'rel_out')") == DENIED
+        finally:
+            kernel.shutdown()
+        assert snapshot(tree.parent) == before
 
 
 def _from_tmp(path: Path) -> str:
@@ -482,6 +523,7 @@ def rw_kernel(rw_tree: Tree) -> Iterator[Kernel]:
             "--WasmKernel.mounts=.:/notebook:ro",
             "--WasmKernel.mounts=../out:/out:rw",
             f"--WasmKernel.fuel={FUEL}",
+            "--WasmKernel.notebook_writes=refuse",  # the read-only mount as it is
         ],
         cwd=rw_tree.notebook,
         kernel_name="wasm-python",

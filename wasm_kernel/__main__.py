@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,14 +52,22 @@ def progress(description: str) -> Iterator[None]:
 
 
 def precompile(cache_dir: str | None) -> Path:
-    from . import guest_packages, runtime_files
+    from . import guest_packages, runtime_files, runtime_sources
     from .cache import RuntimeCache
-    from .runtime import load_runtime
+    from .runtime import RuntimeUnavailable, load_runtime
 
     cache = RuntimeCache(Path(cache_dir) if cache_dir else None)
     runtime = load_runtime(cache_dir=cache.directory)
     with progress(f"downloading the runtime ({runtime.wheel})"):
         runtime_files.fetch(runtime)
+    with progress("downloading the sources of the runtime's packages (for tracebacks)"):
+        try:
+            sources = runtime_sources.fetch(runtime)
+        except (RuntimeUnavailable, OSError, zipfile.BadZipFile) as exc:
+            sources = None
+            print(f"warning: tracebacks will show no library source: {exc}", file=sys.stderr)
+    if sources is not None:
+        print(f"sources of {sources} library modules ready", file=sys.stderr)
     compiled = cache.load(runtime, progress=progress)
     entry = cache.entry_dir(runtime)
     print(f"compiled runtime {runtime.name} ready in {entry}", file=sys.stderr)
@@ -140,7 +149,7 @@ def install(args: argparse.Namespace) -> None:
             if args.name and single
             else kernelspec_name(profile, args.name or KERNEL_NAME)
         )
-        spec = kernelspec(profile, args, single)
+        spec = kernelspec(profile, args, single, provisioned=prefix == sys.prefix)
         with tempfile.TemporaryDirectory() as staging:
             write_kernelspec(Path(staging), spec)
             path = KernelSpecManager().install_kernel_spec(
@@ -268,12 +277,12 @@ def snapshot_command(args: argparse.Namespace) -> int:
 
     from . import images
     from .image_folder import ImageFolder
-    from .kernel_settings import DEFAULT_SNAPSHOT_DIR, KernelSettings
+    from .kernel_settings import KernelSettings, default_snapshot_dir
     from .runtime import load_runtime
 
     given = args.snapshot_dir
     if given is None:
-        given = os.environ.get("WASM_KERNEL_SNAPSHOT_DIR", DEFAULT_SNAPSHOT_DIR)
+        given = os.environ.get("WASM_KERNEL_SNAPSHOT_DIR") or default_snapshot_dir()
     try:  # as the kernel checks it: a relative or empty folder is refused, not replaced
         directory = KernelSettings.snapshot_dir.validate(None, given)
     except TraitError as exc:

@@ -44,6 +44,7 @@ class SandboxStart:
         self.limits = limits
         self.granted = grants.granted
         self.start_dir = grants.start_dir
+        self.layered = grants.layered
         self.packages = grants.packages
         self.images = session_images
         self.stage = "starting"
@@ -85,9 +86,11 @@ class SandboxStart:
             rollback=settings.rollback,
             mounts=mounts,
             cwd=self.start_dir,
+            layered=self.layered,
             import_paths=paths,
             checkpoint_mode=settings.checkpoint_mode,
             plain_tracebacks=settings.plain_tracebacks,
+            network=bool(settings.network_allow),
         )
         if self.images.snapshots or self.images.hibernation.enabled:
             self.images.folder.sweep()  # staging files of killed kernels' saves

@@ -49,6 +49,10 @@ from .runtime import CACHE_DIR_ENV, Runtime, default_cache_dir, sha256_file, ver
 log = logging.getLogger(__name__)
 
 KEY_CHARS = 24  # hex digits of the cache key in an entry's folder name
+# The entry the kernel server loaded before forking, by folder and record: a kernel it forks
+# finds its compiled runtime here instead of deserializing it again. Only the server keeps
+# one (``preload``): a module kept loaded holds a mapping of its file.
+_PRELOADED: dict[tuple[str, str], CompiledRuntime] = {}
 
 #: Engine settings the compiled code depends on. Changing any of them changes the cache key.
 ENGINE_SETTINGS: dict[str, object] = {
@@ -146,6 +150,10 @@ def writable(path: Path) -> bool:
     return False
 
 
+def _memo(entry: Path, record: dict) -> tuple[str, str]:
+    return str(entry), json.dumps(record, sort_keys=True)
+
+
 class RuntimeCache:
     MODULE = "module.cwasm"
     RECORD = "entry.json"
@@ -182,6 +190,8 @@ class RuntimeCache:
             if not (entry / self.RECORD).exists():
                 return None, None
             record = self._check(entry, runtime)
+            if (preloaded := _PRELOADED.get(_memo(entry, record))) is not None:
+                return preloaded, None
             cells = record.get("interrupt_cells")
             interrupt_cells = rewrite.InterruptCells(**cells) if cells else None
             module = wasmtime.Module.deserialize_file(self.engine, str(entry / self.MODULE))
@@ -205,6 +215,13 @@ class RuntimeCache:
             interrupt_cells,
         )
         return compiled, None
+
+    def preload(self, runtime: Runtime) -> None:
+        """Keep ``runtime``'s entry loaded for the processes this one forks (the server)."""
+        compiled = self.lookup(runtime)
+        if compiled is not None:
+            entry = self.entry_dir(runtime)
+            _PRELOADED[_memo(entry, self._check(entry, runtime))] = compiled
 
     def _check(self, entry: Path, runtime: Runtime) -> dict:
         record = json.loads((entry / self.RECORD).read_text())

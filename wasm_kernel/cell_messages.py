@@ -9,8 +9,10 @@ not visible there. What it needs of the kernel is the narrow ``KernelDoors``, no
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,7 +23,10 @@ from .guest.modules import _wasm_kernel_contract as declared
 from .stops import memory_limit_text
 
 if TYPE_CHECKING:
+    from .audit import AuditLog
     from .interrupts import Interrupts
+    from .kernel_tools import KernelTools
+    from .network import CellNetwork
 
 INPUT_POLL = 0.05  # seconds between checks for an input_reply or an interrupt
 BRIEF_ERROR = 1024  # characters of an error's value shown when the output budget is spent
@@ -66,6 +71,9 @@ class KernelDoors:
     # where the guest sees its host folders (None: they could not be mounted, no hint)
     host_folders: tuple[str, ...] | None
     own_folders: tuple[str, ...]  # the guest's other folders (scratch, runtime, packages)
+    tools: KernelTools  # sandbox_tools: the operator's and the cell's client's tools
+    network: Callable[[], CellNetwork]  # a cell's HTTP requests, within its budget
+    audit: Callable[[], AuditLog | None]  # the operator's audit log, if any
 
 
 class CellMessages:
@@ -80,6 +88,7 @@ class CellMessages:
         self.payload: list[dict] = []
         self._error_published = True
         self._told_backlog = False
+        self.network = doors.network()
         # active-output policy: passive bundles; one notice on stderr when the cell ends
         self.active_output = ActiveOutput(
             doors.active_output, lambda text: self.stream("stderr", text)
@@ -153,6 +162,40 @@ class CellMessages:
 
     def on_snapshot(self, message: dict, _verdict: Verdict, _interrupts: Interrupts) -> dict:
         return self.doors.snapshot(self, message["action"], message["name"])
+
+    def on_tools(self, message: dict, _verdict: Verdict, _interrupts: Interrupts) -> dict:
+        return self.doors.tools.catalogue(self.request, message["digest"])
+
+    def on_tool(self, message: dict, _verdict: Verdict, interrupts: Interrupts) -> dict:
+        started = time.monotonic()
+        reply = self.doors.tools.call(self.request, message, interrupts, self.doors.stdin)
+        if (audit := self.doors.audit()) is not None:
+            error = reply.get("error")
+            audit.tool_call(
+                message["name"],
+                "ok" if "value" in reply else "error",
+                seconds=time.monotonic() - started,
+                error="interrupted" if reply.get("interrupted") else error and error["ename"],
+                sent_bytes=len(json.dumps(message["arguments"])),
+                received_bytes=len(json.dumps(reply.get("value"))) if "value" in reply else None,
+            )
+        return reply
+
+    def on_http(self, message: dict, _verdict: Verdict, interrupts: Interrupts) -> dict:
+        started = time.monotonic()
+        reply = self.network.fetch(message, interrupts)
+        if (audit := self.doors.audit()) is not None:
+            audit.network_request(
+                message["method"],
+                message["url"],
+                "refused" if "error" in reply else "allowed",
+                reason=reply.get("detail"),
+                status=reply.get("status"),
+                seconds=time.monotonic() - started,
+                sent_bytes=len(message["body"]),
+                received_bytes=_decoded_size(reply.get("body", "")),
+            )
+        return reply
 
     # -- the cell's end ------------------------------------------------------------------------
 
@@ -245,3 +288,8 @@ class CellMessages:
                 if not isinstance(value, str):
                     value = ""
                 return {"error": declared.EOF} if value == "\x04" else {"value": value}
+
+
+def _decoded_size(text: str) -> int:
+    """Bytes a base64 text holds, without decoding it."""
+    return len(text) // 4 * 3 - text[-2:].count("=")

@@ -10,6 +10,8 @@ cell and the session goes on. Files move in and out through the kernel (silent c
 as silent cells; ``fork`` starts a second session that resumes from an image of this one.
 ``AsyncSession`` is the same for asyncio code: each operation is one coroutine, which
 ``AsyncSession`` awaits and ``Session`` runs to its end with jupyter_core's ``run_sync``.
+``tools``: functions the session's cells may call (``from sandbox_tools import NAME``); they
+run here, in the client's process, served by ``tool_server``.
 
 Everything the kernel sends back is the guest's: it is parsed as data (``ast.literal_eval``
 of strings only, sizes checked), never trusted.
@@ -18,6 +20,7 @@ of strings only, sizes checked), never trusted.
 from __future__ import annotations
 
 import ast
+import asyncio
 import base64
 import functools
 import json
@@ -38,6 +41,8 @@ from .images import ImageError
 from .kernelspecs import KERNEL_NAME, kernelspec_name
 from .limits import DEFAULT_GRACE
 from .profiles import DEFAULT_PROFILE, PROFILES
+from .tool_server import ToolServer
+from .tools import ToolDeclarationError, tools_of
 
 UPLOAD_CHUNK = 512 << 10  # raw bytes per upload cell (~0.7 MB of source)
 DOWNLOAD_CHUNK = 1 << 20  # raw bytes per download request
@@ -78,6 +83,8 @@ def kernel_arguments(profile: str, settings: dict[str, Any]) -> list[str]:
             if isinstance(value, str):
                 value = [value]
             value = json.dumps([str(spec) for spec in value])
+        elif isinstance(value, (list, tuple)):  # network_allow: one list literal
+            value = json.dumps([str(item) for item in value])
         arguments.append(f"--WasmKernel.{name}={value}")
     return arguments
 
@@ -199,6 +206,7 @@ class _Session:
         env: dict[str, str] | None = None,
         startup_timeout: float = START_TIMEOUT,
         kernel_stdout: int | None = None,
+        tools: Any = None,
         **settings: Any,
     ):
         if profile not in PROFILES:
@@ -206,6 +214,11 @@ class _Session:
         self.profile = profile
         self.kernel_name = kernel_name or kernelspec_name(PROFILES[profile], KERNEL_NAME)
         self.settings = dict(settings)
+        try:  # callables, HostTools, or a mapping name -> either
+            self.tools = tools_of(tools)
+        except ToolDeclarationError as exc:
+            raise SessionError(str(exc)) from None
+        self._tool_server: ToolServer | None = None
         self._launch: dict[str, Any] = {"extra_arguments": kernel_arguments(profile, self.settings)}
         if cwd is not None:
             self._launch["cwd"] = str(cwd)
@@ -221,6 +234,7 @@ class _Session:
             "env": env,
             "startup_timeout": startup_timeout,
             "kernel_stdout": kernel_stdout,
+            "tools": self.tools,
         }
 
     @property
@@ -244,7 +258,8 @@ class _Session:
     async def _connect(self) -> None:
         """Open the channels and wait for a silent empty cell, which fails on refused settings."""
         self.client = self.manager.client()
-        self.client.start_channels()
+        self.client.start_channels(stdin=not self.tools)  # with tools, the server's
+        self._serve_tools()
         try:
             await ensure_async(self.client.wait_for_ready(timeout=self.startup_timeout))
             reply = await self._request("", timeout=self.startup_timeout)
@@ -255,8 +270,45 @@ class _Session:
             await self._close()
             raise
 
+    def _serve_tools(self) -> None:
+        """A tool server for this connection (its own stdin socket: the client's is off)."""
+        if self._tool_server is not None:
+            self._tool_server.close()
+            self._tool_server = None
+        if self.tools:
+            loop = asyncio.get_running_loop() if self.manager_class is AsyncKernelManager else None
+            self._tool_server = ToolServer(self.client, self.tools, loop)
+
+    def _execute(self, code: str, **options: Any) -> str:
+        """Send an execute_request; with tools, declared in its metadata and served."""
+        if self._tool_server is None:
+            return self.client.execute(code, allow_stdin=False, **options)
+        content = {
+            "code": code,
+            "silent": False,
+            "store_history": True,
+            "user_expressions": {},
+            "allow_stdin": False,
+            "stop_on_error": True,
+            **options,
+        }
+        message = self.client.session.msg(
+            "execute_request", content, metadata=self._tool_server.metadata()
+        )
+        msg_id: str = message["header"]["msg_id"]
+        self._tool_server.begin(msg_id)
+        self.client.shell_channel.send(message)
+        return msg_id
+
+    def _executed(self, msg_id: str) -> None:
+        if self._tool_server is not None:
+            self._tool_server.end(msg_id)
+
     async def _close(self) -> None:
         """Shut the kernel down."""
+        if self._tool_server is not None:
+            self._tool_server.close()
+            self._tool_server = None
         client = getattr(self, "client", None)
         if client is not None:
             client.stop_channels()
@@ -275,7 +327,20 @@ class _Session:
         """Run ``code`` as a notebook cell. After ``timeout`` seconds the cell is interrupted
         (KeyboardInterrupt inside it; stopped hard and rolled back if it ignores that) and
         the Execution says ``timed_out``; the session stays usable."""
-        msg_id = self.client.execute(code, allow_stdin=False)
+        msg_id = self._execute(code)
+        try:
+            return await self._collect(msg_id, timeout, on_stdout, on_stderr, on_result)
+        finally:
+            self._executed(msg_id)
+
+    async def _collect(
+        self,
+        msg_id: str,
+        timeout: float | None,
+        on_stdout: Callback | None,
+        on_stderr: Callback | None,
+        on_result: Callback | None,
+    ) -> Execution:
         collector = Collector(msg_id, on_stdout, on_stderr, on_result)
         deadline = None if timeout is None else collector.started + timeout
         while True:
@@ -326,18 +391,17 @@ class _Session:
         timeout: float = FILE_OP_TIMEOUT,
     ) -> dict:
         """A silent request (no history, no execution count, no output); its shell reply."""
-        msg_id = self.client.execute(
-            code,
-            silent=True,
-            store_history=False,
-            user_expressions=user_expressions or {},
-            allow_stdin=False,
+        msg_id = self._execute(
+            code, silent=True, store_history=False, user_expressions=user_expressions or {}
         )
-        collector = Collector(msg_id, None, None, None)
-        end = time.monotonic() + timeout
-        while not collector.feed(await _within(self.client.get_iopub_msg, end)):
-            pass
-        return await self._reply(msg_id, _left(end))
+        try:
+            collector = Collector(msg_id, None, None, None)
+            end = time.monotonic() + timeout
+            while not collector.feed(await _within(self.client.get_iopub_msg, end)):
+                pass
+            return await self._reply(msg_id, _left(end))
+        finally:
+            self._executed(msg_id)
 
     async def _upload(self, guest_path: str, data: bytes) -> None:
         """Write ``data`` to ``guest_path`` in the guest (in /tmp or a writable mount)."""

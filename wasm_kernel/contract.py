@@ -139,14 +139,41 @@ def _words(field: Field, value: Any) -> list[str]:
     return value
 
 
-def _addresses(field: Field, value: Any) -> bytes:
+def _base64(field: Field, value: Any) -> bytes:
     _check(isinstance(value, str), f"{field.name} must be a base64 string")
     try:
-        raw = base64.b64decode(value, validate=True)
+        return base64.b64decode(value, validate=True)
     except ValueError:
         raise ProtocolError(f"{field.name} must be a base64 string") from None
+
+
+def _addresses(field: Field, value: Any) -> bytes:
+    raw = _base64(field, value)
     _check(len(raw) % 4 == 0, f"{field.name} must be 32-bit")
     return raw
+
+
+def _bytes(field: Field, value: Any) -> bytes:
+    _check(
+        isinstance(value, str) and len(value) <= (field.limit + 2) // 3 * 4,
+        f"{field.name} must be base64 of at most {field.limit:,} bytes",
+    )
+    return _base64(field, value)
+
+
+def _headers(field: Field, value: Any) -> list[tuple[str, str]]:
+    _check(
+        isinstance(value, list)
+        and len(value) <= field.limit
+        and all(
+            isinstance(pair, list)
+            and len(pair) == 2
+            and all(isinstance(part, str) and len(part) <= declared.HEADER_LIMIT for part in pair)
+            for pair in value
+        ),
+        f"{field.name} must be a list of [name, value] string pairs",
+    )
+    return [(name, text) for name, text in value]
 
 
 def _items(field: Field, value: Any) -> list[dict]:
@@ -162,6 +189,10 @@ def _items(field: Field, value: Any) -> list[dict]:
     return checked
 
 
+def _json(_field: Field, value: Any) -> Any:
+    return value  # parsed JSON already, bounded by the message's size
+
+
 _KINDS: dict[str, Callable[[Field, Any], Any]] = {
     declared.TEXT: _text,
     declared.CLIPPED: _clipped,
@@ -175,6 +206,9 @@ _KINDS: dict[str, Callable[[Field, Any], Any]] = {
     declared.WORDS: _words,
     declared.ADDRESSES: _addresses,
     declared.ITEMS: _items,
+    declared.JSON: _json,
+    declared.HEADERS: _headers,
+    declared.BYTES: _bytes,
 }
 
 

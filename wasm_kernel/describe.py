@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
+from . import __version__, notebook_writes
 from .checkpoints import checkpoint_method
 from .grants import Grants
 from .limits import Limits
+from .metrics import CellMetrics
 from .mounts import SCRATCH
+from .network import describe as describe_network
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox
@@ -22,10 +24,12 @@ def describe(
     started_from: str | None,
     sandbox: Sandbox | None,
     hibernation: str,
+    audit: str,
+    last_cell: CellMetrics | None = None,
 ) -> str:
     """The running configuration (``sandbox``: the running one, once started; ``hibernation``:
-    what becomes of the session when the notebook is closed); or, with invalid settings
-    (``problem``), why there is none."""
+    what becomes of the session when the notebook is closed; ``audit``: the audit log), and
+    what ``last_cell`` cost; or, with invalid settings (``problem``), why there is none."""
     runtime = grants.runtime
     if problem is not None:
         return (
@@ -35,13 +39,21 @@ def describe(
     scratch_size = (
         f"up to {limits.scratch_limit >> 20} MiB" if limits.scratch_limit else "no size limit"
     )
+    scratch = sandbox.scratch_folder if sandbox is not None else None
     time_limit = f"time {limits.time_limit:.10g} s" if limits.time_limit else "no time limit"
+    tools = getattr(settings, "host_tools", None)
+    operator_tools = (
+        f"Host tools (WasmKernel.tools, run outside the sandbox): {', '.join(tools.operator)}\n"
+        if tools is not None and tools.operator
+        else ""
+    )
     return (
         f"Python {runtime.python_version} in a WebAssembly sandbox"
         f" (wasm-kernel {__version__}, runtime {runtime.name})\n"
         f"Profile: {settings.profile}\n"
         f"Host folders:\n{grants.describe_folders()}\n"
         f"  {SCRATCH}: private scratch, deleted when the kernel stops, {scratch_size}\n"
+        f"{notebook_writes.describe(settings.notebook_writes, grants.layered, scratch)}\n"
         f"Starting folder: {grants.start_dir}\n"
         f"Interpreter: {f'from {started_from}' if started_from else 'still starting'}\n"
         f"Per cell: fuel {limits.fuel:,}, {time_limit},"
@@ -49,7 +61,11 @@ def describe(
         f"Packages: {grants.packages.describe() if grants.packages else 'off'}\n"
         f"Rollback: {_rollback(settings, runtime.restorable, sandbox)}\n"
         f"Hibernation: {hibernation}\n"
-        "No host environment, network or processes."
+        f"Audit log: {audit}\n"
+        f"Network: {describe_network(settings)}\n"
+        f"{operator_tools}"
+        "No host environment or processes."
+        + (f"\nLast cell: {last_cell.describe()}" if last_cell is not None else "")
     )
 
 

@@ -16,7 +16,9 @@ calls that create, close or renumber descriptors, or that change the private /tm
   never heard of them;
 - every call that may grow the private /tmp is reported through ``touched`` (the scratch
   watch only measures the folder after one), and while /tmp has no room (it is over its size
-  limit) such calls fail with ``EDQUOT`` (``OSError: [Errno 19] Disk quota exceeded``).
+  limit) such calls fail with ``EDQUOT`` (``OSError: [Errno 19] Disk quota exceeded``);
+  every call that may shrink it (a file or folder removed, or renamed out) through
+  ``removed``, so that a cell's ``scratch_bytes`` is not the size before it.
 
 The shadows must reach wasmtime's own WASI functions, which read the *calling instance's*
 ``memory`` export. A host function has no such instance, so the real calls go through a
@@ -52,6 +54,8 @@ SIGNATURES = {
     "path_create_directory": (I32, I32, I32),
     "path_rename": (I32, I32, I32, I32, I32, I32),
     "path_link": (I32, I32, I32, I32, I32, I32, I32),
+    "path_unlink_file": (I32, I32, I32),
+    "path_remove_directory": (I32, I32, I32),
 }
 
 
@@ -102,12 +106,14 @@ class GuestFiles:
         touched: Callable[[], None],
         room: Callable[[], bool],
         limit: int | None = None,
+        removed: Callable[[], None] | None = None,
     ):
         self.protected = FIRST_PREOPEN + preopens  # descriptors below this are the kernel's
         self.scratch = FIRST_PREOPEN + scratch_index
         self.limit = default_limit() if limit is None else limit
         self._touched = touched
         self._room = room  # whether /tmp may grow now
+        self._removed = removed or (lambda: None)  # /tmp may have shrunk
         self._real: dict[str, wasmtime.Func] = {}
         self._memory: wasmtime.Memory | None = None
         self.open: dict[int, tuple[bool, bool]] = {}  # fd -> (in the scratch folder, writable)
@@ -225,6 +231,8 @@ class GuestFiles:
     ) -> int:
         if not (self._may_grow(new_fd) or self._in_scratch(fd)):  # within /tmp: no growth
             return ERRNO_DQUOT
+        if self._in_scratch(fd):
+            self._removed()
         return self._real["path_rename"](caller, fd, old, old_len, new_fd, new, new_len)
 
     def _path_link(
@@ -241,6 +249,18 @@ class GuestFiles:
         if not self._may_grow(new_fd):
             return ERRNO_DQUOT
         return self._real["path_link"](caller, fd, flags, old, old_len, new_fd, new, new_len)
+
+    def _path_unlink_file(self, caller: wasmtime.Caller, fd: int, path: int, path_len: int) -> int:
+        if self._in_scratch(fd):
+            self._removed()
+        return self._real["path_unlink_file"](caller, fd, path, path_len)
+
+    def _path_remove_directory(
+        self, caller: wasmtime.Caller, fd: int, path: int, path_len: int
+    ) -> int:
+        if self._in_scratch(fd):
+            self._removed()
+        return self._real["path_remove_directory"](caller, fd, path, path_len)
 
     def _may_grow(self, fd: int) -> bool:
         """For a call that adds to folder ``fd``: report it if that is in /tmp, and refuse it

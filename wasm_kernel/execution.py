@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .metrics import CellMetrics
+
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
 Callback = Callable[[Any], None]
@@ -39,6 +41,7 @@ class Execution:
     execution_count: int | None = None
     duration: float = 0.0  # seconds from the request to the reply
     timed_out: bool = False  # the client's timeout interrupted the cell
+    metrics: CellMetrics | None = None  # what the cell cost, as the kernel measured it
 
     @property
     def text(self) -> str | None:
@@ -107,6 +110,7 @@ class Collector:
         execution = self.execution
         execution.duration = time.monotonic() - self.started
         content = (reply or {}).get("content") or {}
+        execution.metrics = CellMetrics.from_metadata((reply or {}).get("metadata"))
         count = content.get("execution_count")
         execution.execution_count = count if isinstance(count, int) else None
         if content.get("status") == "error" and execution.error is None:

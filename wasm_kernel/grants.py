@@ -17,6 +17,7 @@ import platformdirs
 from .guest.modules import _wasm_kernel_contract as declared
 from .interrupts import Interrupts
 from .mounts import SCRATCH, Mount, MountError, guest_cwd, holds_home, parse_mounts
+from .notebook_writes import layered_folders
 from .packages import GUEST_FOLDER, INDEX, OFF, Packages
 from .pip_driver import Cancelled, Source
 from .runtime import DEFAULT_RUNTIME, Runtime, RuntimeUnavailable, load_runtime
@@ -50,6 +51,7 @@ class Grants:
         self.granted: list[Mount] = []
         self.start_dir = SCRATCH
         self.mount_error: MountError | None = None
+        self.layered: tuple[str, ...] = ()  # read-only folders whose writes go to a layer
         here = Path.cwd()
         self.withheld = self._withheld_folder(settings, here, configured)
         try:
@@ -57,6 +59,7 @@ class Grants:
             reserved = (runtime.lib_guest_dir, GUEST_FOLDER)
             self.granted = parse_mounts(specs, here, reserved=reserved)
             self.start_dir = guest_cwd(self.granted, here, settings.working_dir)
+            self.layered = layered_folders(settings.notebook_writes, self.granted, here)
         except MountError as exc:
             self.mount_error = exc  # reported by every cell; the kernel itself stays up
         self.packages = self._package_set(settings) if valid else None

@@ -145,6 +145,9 @@ class HostCall:
                 reply = self._dispatch(contract.parse(memory.read(caller, ptr, size)), size, caller)
             data = json.dumps(reply).encode()
             pointer = self._alloc(caller, len(data))
+            if not pointer & 0xFFFFFFFF:  # never write at address 0: the guest's own data
+                log.warning("the guest had no room for a %d-byte reply", len(data))
+                return -2
             memory.write(caller, pointer, data)
             memory.write(caller, out_ptr, struct.pack("<I", pointer & 0xFFFFFFFF))
             memory.write(caller, out_len_ptr, struct.pack("<I", len(data)))

@@ -14,6 +14,7 @@ from typing import Any
 
 import wasmtime
 
+from . import runtime as runtime_module
 from .cache import CompiledRuntime, exported
 from .checkpoints import GuestState, memory_address
 from .descriptors import GuestFiles
@@ -35,10 +36,12 @@ def wasi_config(
     mounts: Sequence[Mount],
     cwd: str,
     output: Callable[[str, bytes], int],
+    sources: bool,
 ) -> wasmtime.WasiConfig:
     """What the guest sees of the host: the runtime's folders and its packages read-only, a
-    private /tmp, the operator's mounts, a handful of its own variables, and stdout/stderr
-    streamed to ``output``. Order matters: GuestFiles counts the preopens in this order."""
+    private /tmp, the libraries' sources where installed, the operator's mounts, a handful of
+    its own variables, and stdout/stderr streamed to ``output``. Order matters: GuestFiles
+    counts the preopens in this order."""
     wasi = wasmtime.WasiConfig()
     wasi.argv = GUEST_ARGV
     wasi.env = [
@@ -55,11 +58,19 @@ def wasi_config(
     )
     wasi.preopen_dir(str(scratch), SCRATCH, True)
     wasi.preopen_dir(str(packages.host), packages.guest, False)
+    if sources:  # the libraries' sources, for tracebacks (see runtime_sources)
+        wasi.preopen_dir(str(runtime.sources_dir), runtime.sources_guest_dir, False)
     for mount in mounts:  # wasmtime keeps every path the guest opens inside these
         wasi.preopen_dir(str(mount.host), mount.guest, mount.writable)
     wasi.stdout_custom = lambda data: output("stdout", data)
     wasi.stderr_custom = lambda data: output("stderr", data)
     return wasi
+
+
+def has_sources(runtime: runtime_module.Runtime) -> bool:
+    """Whether install fetched the sources of the runtime's packages (tracebacks show no
+    library lines without them; nothing else changes)."""
+    return runtime.sources_dir.is_dir()
 
 
 class Interpreter:
@@ -131,6 +142,15 @@ class Interpreter:
     @property
     def size(self) -> int:
         return self.memory.data_len(self.store)
+
+    @property
+    def heap_end(self) -> int:
+        """Bytes of linear memory the guest uses: its program break, which only grows within
+        a turn (sbrk never shrinks it), so at a turn's end it is the turn's peak; the memory's
+        size where the break is not exported (a runtime that cannot roll back) or not set yet."""
+        brk = self.named.get(BRK_EXPORT)
+        end = brk.value(self.store) if isinstance(brk, wasmtime.Global) else 0
+        return end if isinstance(end, int) and end > 0 else self.size
 
     def view(self) -> memoryview:
         """The guest's memory in place, as bytes: no copy of the whole guest on the host."""

@@ -28,6 +28,7 @@ from ipykernel._version import kernel_protocol_version
 from traitlets import Float
 
 from . import __version__, debug_requests, images, iopub, kernel_folders
+from .accounting import CellAccounting
 from .boot import SandboxStart
 from .cell_messages import CellMessages, KernelDoors, Request
 from .describe import describe
@@ -38,7 +39,9 @@ from .hibernation import Hibernation
 from .history import History
 from .image_folder import ImageFolder
 from .kernel_settings import KernelSettings, screened
+from .kernel_tools import for_kernel as kernel_tools
 from .limits import Limits
+from .network import Network, NetworkLimits
 from .request_checks import CheckedRequests
 from .sandbox import Sandbox
 from .session_images import SessionImages
@@ -75,7 +78,7 @@ def _log_to_process_stderr() -> None:
         package.propagate = False
 
 
-class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedRequests):
+class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedRequests, CellAccounting):
     implementation = "wasm-kernel"
     implementation_version = __version__
     language = "python"
@@ -106,11 +109,14 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
             kernel_folders.remove_on_sigterm()  # SIGTERM would leave the guest's files
         configured = self.read_settings()
         runtime = configured_runtime(self)
+        self.host_tools = kernel_tools(self)  # the operator's, imported now
         self._settings_error = InvalidSettings(self.refused) if self.refused else None
         self.runtime = runtime
         self.limits = Limits.of(self)
         self.history = History(self.history_file)
         self.grants = Grants(self, runtime, configured, valid=self._settings_error is None)
+        self.open_audit_log([mount.host for mount in self.grants.granted], configured)
+        self._settings_error = InvalidSettings(self.refused) if self.refused else None
         self._withheld_told = False  # said once, on the first cell's stderr
         folder = ImageFolder(Path(self.snapshot_dir).expanduser(), self.snapshot_quota)
         self.session_images = SessionImages(
@@ -125,6 +131,7 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
                 folder, self.hibernate, self.hibernation_quota, self.hibernation_days
             ),
         )
+        self.network = Network(self.network_allow, NetworkLimits.of(self))
         self._doors = KernelDoors(
             publish=self._publish_guest_output,
             stdin=lambda: (self.live_session, self.stdin_socket),
@@ -136,6 +143,9 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
             memory_limit=self.limits.memory_limit,
             host_folders=self.grants.host_folders_in_guest(),
             own_folders=self.grants.own_folders(),
+            tools=self.host_tools,
+            network=self.network.cell,
+            audit=lambda: self.audit,
         )
         self._start = SandboxStart(self, self.limits, self.grants, self.session_images)
         self._interrupt_relay = InterruptRelay(self._interrupt_sandbox)
@@ -186,10 +196,11 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
 
     @property
     def banner(self) -> str:  # type: ignore[override]
-        return self.describe_sandbox()
+        return self.describe_sandbox(last_cell=False)
 
-    def describe_sandbox(self) -> str:
-        """The running configuration, for the banner and ``%sandbox``; or why there is none."""
+    def describe_sandbox(self, last_cell: bool = True) -> str:
+        """The running configuration, for the banner and ``%sandbox`` (which also says what
+        the last cell cost); or why there is none."""
         sandbox = self._boot.result() if self._boot.done() and not self._boot.exception() else None
         return describe(
             self,
@@ -199,6 +210,8 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
             self._start.started_from,
             sandbox,
             self.session_images.hibernation.describe(),
+            self.audit.describe() if self.audit is not None else "off",
+            sandbox.last_cell if sandbox is not None and last_cell else None,
         )
 
     # -- execution --------------------------------------------------------------------------------
@@ -242,7 +255,7 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
             self.history.store(self.execution_count, code)
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(
+            measured = await loop.run_in_executor(
                 self._worker,
                 partial(sandbox.run_cell, store_history=store_history, silent=silent),
                 code,
@@ -250,9 +263,11 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
                 cell,
             )
         except CellStopped as stop:
+            self.cell_measured(request.parent, stop.metrics)
             if stop.recovered:  # the cell's changes stand: keep them
                 self._worker.defer(sandbox.checkpoint)
             return cell.fail(stop.ename, stop.evalue)
+        self.cell_measured(request.parent, measured)
         if cell.asks_exit():
             self._end_after_reply()
         if cell.snapshot is not None:  # %snapshot save/restore: now that the turn is over
@@ -380,5 +395,6 @@ class WasmKernel(KernelSettings, GuestServices, RelayedInterrupts, CheckedReques
             sandbox.compiled.close()
         self._worker.shutdown(wait=False, cancel_futures=True)
         self.history.close()
+        self.close_audit_log()
         if self.grants.packages is not None:
             self.grants.packages.close()

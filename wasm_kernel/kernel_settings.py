@@ -21,6 +21,7 @@ from traitlets.config import Config, Configurable
 from traitlets.config.loader import DeferredConfig, LazyConfigValue
 
 from .limits import DEFAULT_GRACE
+from .notebook_writes import NOTEBOOK_WRITES
 from .profiles import DEFAULT_PROFILE, PROFILES, Profile
 from .runtime import DEFAULT_RUNTIME
 from .settings import (
@@ -29,14 +30,20 @@ from .settings import (
     INT64_MAX,
     MAX_GRACE,
     MAX_MEMORY,
+    MAX_NETWORK_BYTES,
+    MAX_NETWORK_REQUESTS,
+    MAX_NETWORK_SECONDS,
     MAX_SECONDS,
     MIN_FUEL,
     MIN_MEMORY,
+    MIN_NETWORK_BYTES,
     MIN_OUTPUT,
     MIN_PACKAGES_QUOTA,
     MIN_SCRATCH,
     MIN_SECONDS,
+    AbsoluteFileOrOff,
     AbsoluteFolder,
+    AllowList,
     CheckedBool,
     CheckedEnum,
     Limit,
@@ -48,8 +55,6 @@ from .settings import (
     describe_refusal,
 )
 
-DEFAULT_HISTORY_FILE = str(Path(platformdirs.user_data_dir("wasm-kernel")) / "history.sqlite")
-DEFAULT_SNAPSHOT_DIR = str(Path(platformdirs.user_data_dir("wasm-kernel")) / "snapshots")
 MIN_SNAPSHOT_QUOTA = 16 << 20  # smaller holds no image at all: a unit slip
 MIN_HIBERNATION_DAYS = 0.01  # about a quarter of an hour: shorter is a unit slip (hours meant?)
 MAX_HIBERNATION_DAYS = 3650.0
@@ -58,9 +63,20 @@ SESSION_ENV = "JPY_SESSION_NAME"  # the notebook's path, set by Jupyter Server
 SECTIONS = ("WasmKernel", "KernelSettings")
 
 
+def user_data(name: str) -> str:
+    """A file or folder in the per-user data folder, worked out when a kernel reads its
+    settings (never at import: the kernel server imports this for kernels of other
+    environments)."""
+    return str(Path(platformdirs.user_data_dir("wasm-kernel")) / name)
+
+
 def history_file(profile: Profile) -> str:
     """Where a profile keeps input history by default: the per-user file, or only memory."""
-    return DEFAULT_HISTORY_FILE if profile.keeps_history else ":memory:"
+    return user_data("history.sqlite") if profile.keeps_history else ":memory:"
+
+
+def default_snapshot_dir(_profile: Profile | None = None) -> str:
+    return user_data("snapshots")
 
 
 def _starting_folder(profile: Profile) -> str:
@@ -178,6 +194,14 @@ class KernelSettings(Configurable):
         " it, with a notice; 'allow' passes it on, so a cell can act in the user's browser with"
         " the server's credentials.",
     ).tag(config=True)
+    notebook_writes = CheckedEnum(
+        list(NOTEBOOK_WRITES),
+        default=FROM_PROFILE,
+        help="Files cells write in the notebook's folder (its read-only mount): 'overlay'"
+        " keeps them in a private copy-on-write layer in /tmp (the host's files never change;"
+        " later cells read them; they count against scratch_limit, go with snapshots and"
+        " hibernation, and %sandbox lists them); 'refuse' raises PermissionError.",
+    ).tag(config=True)
     packages = PackageSource(
         default=FROM_PROFILE,
         help="Where %pip install takes packages from: 'index' (the package index the host's pip"
@@ -203,10 +227,54 @@ class KernelSettings(Configurable):
         " all their running kernels together, plus the per-user cache of downloaded wheels"
         " (trimmed, least recently used first, to what the kernels leave).",
     ).tag(config=True)
+    network_allow = AllowList(
+        Unicode(),
+        default=[],
+        help="Hosts a cell may reach over HTTP, each 'http://HOST' or 'https://HOST' with an"
+        " optional ':PORT' (else the scheme's own), HOST a name, '*.example.com' (the names"
+        " below it) or an address ('127.0.0.1', '[::1]'). The host makes each request, never"
+        " the guest; names resolving to loopback, private, link-local or metadata addresses are"
+        " refused unless the address itself is listed. Empty (the default): no network.",
+    ).tag(config=True)
+    network_requests = Limit(
+        integer=True,
+        low=1,
+        high=MAX_NETWORK_REQUESTS,
+        unit="requests",
+        default=100,
+        help="HTTP requests a cell may make (each redirect is one).",
+    ).tag(config=True)
+    network_bytes = Limit(
+        integer=True,
+        low=MIN_NETWORK_BYTES,
+        high=MAX_NETWORK_BYTES,
+        unit="bytes",
+        default=64 << 20,
+        help="Bytes a cell may send and receive over HTTP (request and response bodies, as"
+        " sent); a response that would go past it is refused.",
+    ).tag(config=True)
+    network_timeout = Limit(
+        integer=False,
+        low=MIN_SECONDS,
+        high=MAX_NETWORK_SECONDS,
+        unit="seconds",
+        default=30.0,
+        help="Seconds an HTTP request may take, from its start to its last byte. Waiting on"
+        " the network counts against the cell's time_limit too.",
+    ).tag(config=True)
     plain_tracebacks = CheckedBool(
         default=False,
         help="Tracebacks without colours (ANSI escapes), for programmatic clients that read"
         " them as text.",
+    ).tag(config=True)
+    tools = TextList(
+        Unicode(),
+        default=[],
+        help="Host functions every cell may call, as functions of the guest's module"
+        " sandbox_tools: each '[NAME=]module:function', imported by the kernel's Python at"
+        " start. They run in the kernel process, outside the sandbox, with its rights: list"
+        " only functions you would let the author of any cell call. Clients add tools of their"
+        " own to the cells they run (wasm_kernel.client's Session(tools=...)).",
     ).tag(config=True)
     runtime_name = Text(
         default=DEFAULT_RUNTIME,
@@ -226,7 +294,7 @@ class KernelSettings(Configurable):
         " per-user file, or ':memory:' for the strict profile.",
     ).tag(config=True)
     snapshot_dir = AbsoluteFolder(
-        default=DEFAULT_SNAPSHOT_DIR,
+        default=PerProfile(default_snapshot_dir),
         help="Folder of saved interpreter images (%snapshot, hibernation); an absolute path"
         " (or ~/...).",
     ).tag(config=True)
@@ -280,6 +348,14 @@ class KernelSettings(Configurable):
         default=14.0,
         help="Days a hibernated session is kept for its notebook to be reopened; older ones are"
         " removed when a kernel starts.",
+    ).tag(config=True)
+    audit_log = AbsoluteFileOrOff(
+        default="",
+        help="A file (absolute path, or ~/...) where the host appends one JSON line per cell,"
+        " tool call and network request: time, session, sha256 of the code, verdict and"
+        " metrics, never the code's output. Empty: no audit log. Opened for appending without"
+        " following a link; refused (no cell runs) if it cannot be, or if it lies in a folder"
+        " mounted into the sandbox.",
     ).tag(config=True)
 
     def __init__(self, **kwargs: Any):

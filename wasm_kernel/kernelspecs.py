@@ -15,6 +15,7 @@ from pathlib import Path
 from .profiles import Profile
 
 KERNEL_NAME = "wasm-python"
+PROVISIONER = "wasm-kernel"  # our entry point in jupyter_client.kernel_provisioners
 
 
 def kernelspec_name(profile: Profile, base: str = KERNEL_NAME) -> str:
@@ -32,11 +33,16 @@ def display_name(profile: Profile, base: str) -> str:
     return f"{base} ({profile.name})"
 
 
-def kernelspec(profile: Profile, args: argparse.Namespace, single: bool) -> dict:
+def kernelspec(
+    profile: Profile, args: argparse.Namespace, single: bool, provisioned: bool = False
+) -> dict:
     """The kernel.json for one profile: this Python, its profile pinned in argv.
 
     With a single profile --name and --display-name are taken as written; with several they
-    are bases that each profile's name is derived from, as the default names are."""
+    are bases that each profile's name is derived from, as the default names are.
+    ``provisioned``: kernels come from the kernel server through our provisioner; only for
+    kernelspecs in this Python's own environment, whose Jupyter has the provisioner (a
+    Jupyter elsewhere would hide a kernelspec naming a provisioner it lacks)."""
     spec = json.loads((resources.files("wasm_kernel") / "kernelspec" / "kernel.json").read_text())
     spec["argv"][0] = sys.executable
     spec["argv"].append(f"--WasmKernel.profile={profile.name}")
@@ -51,6 +57,8 @@ def kernelspec(profile: Profile, args: argparse.Namespace, single: bool) -> dict
         spec["display_name"] = display_name(profile, given or spec["display_name"])
     if getattr(args, "env", None):
         spec["env"] = dict(args.env)
+    if provisioned:
+        spec["metadata"]["kernel_provisioner"] = {"provisioner_name": PROVISIONER}
     return spec
 
 

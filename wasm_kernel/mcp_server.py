@@ -9,7 +9,9 @@ all of them when the server stops; every HTTP request must carry the operator's 
 the server listens on loopback only.
 The profile, limits and mounts come from the server's command line: no tool
 takes a setting, so the model cannot raise a limit. The ``snapshot``, ``restore`` and
-``install_packages`` tools exist only where those settings allow what they do.
+``install_packages`` tools exist only where those settings allow what they do. With
+``--upstream FILE`` the tools of other MCP servers become functions inside the sandbox
+(``sandbox_tools``, see mcp_upstream.py) and ``list_sandbox_tools`` shows them to the model.
 """
 
 import argparse
@@ -28,6 +30,8 @@ from typing import Any, Literal
 from . import __version__
 from .client import AsyncSession, Execution, SessionError, kernel_arguments
 from .mcp_http import PATH, TOKEN_ENV, bearer_token, closing_kernels, requiring_token, url
+from .mcp_upstream import UpstreamError, describe, read_config, upstream_tools
+from .metrics import METADATA_KEY
 from .profiles import PROFILES
 from .settings import TRUE_WORDS
 
@@ -59,6 +63,8 @@ class Kernels:
     settings: dict[str, Any]
     cwd: str | None = None
     max_sessions: int = MAX_SESSIONS
+    upstream: str | None = None  # the --upstream configuration file
+    tools: dict[str, Any] = field(default_factory=dict)  # its tools, once connected
     sessions: dict[str | None, AsyncSession] = field(default_factory=dict)
     used: dict[str | None, float] = field(default_factory=dict)
     calls: dict[str | None, int] = field(default_factory=dict)  # calls in progress
@@ -89,7 +95,11 @@ class Kernels:
 
     async def start(self) -> AsyncSession:
         session = AsyncSession(
-            self.profile, cwd=self.cwd, kernel_stdout=subprocess.DEVNULL, **self.settings
+            self.profile,
+            cwd=self.cwd,
+            kernel_stdout=subprocess.DEVNULL,
+            tools=self.tools,
+            **self.settings,
         )
         await session.start()
         return session
@@ -129,7 +139,9 @@ class Kernels:
 
 def content_of(execution: Execution) -> Any:
     """An Execution as an MCP tool result: text for streams, results and errors, images as
-    images; a cell that raised is an error result (``isError``) with its traceback."""
+    images; a cell that raised is an error result (``isError``) with its traceback. What the
+    cell cost goes in the result's ``_meta`` under ``wasm_kernel``, as in the execute_reply:
+    for the agent's host to read, not in the text the model reads."""
     from mcp_types import CallToolResult, ImageContent, TextContent
 
     texts: list[str] = []
@@ -154,7 +166,12 @@ def content_of(execution: Execution) -> Any:
     if not text and not images:
         text = "[no output]"
     blocks = [TextContent(type="text", text=text)] if text else []
-    return CallToolResult(content=[*blocks, *images], is_error=execution.error is not None)
+    meta = None
+    if execution.metrics is not None:
+        meta = {METADATA_KEY: execution.metrics.as_metadata()}
+    return CallToolResult(
+        content=[*blocks, *images], is_error=execution.error is not None, _meta=meta
+    )
 
 
 def _is_base64(data: str) -> bool:
@@ -176,12 +193,15 @@ def build_server(kernels: Kernels, idle_timeout: float | None = None) -> Any:
         sweeper = None
         if idle_timeout is not None:
             sweeper = asyncio.create_task(_sweep(kernels, idle_timeout))
-        try:
-            yield kernels
-        finally:
-            if sweeper is not None:
-                sweeper.cancel()
-            await kernels.close_all()
+        async with contextlib.AsyncExitStack() as upstream:
+            try:
+                if kernels.upstream is not None:
+                    kernels.tools = await upstream_tools(upstream, kernels.upstream)
+                yield kernels
+            finally:
+                if sweeper is not None:
+                    sweeper.cancel()
+                await kernels.close_all()
 
     server = MCPServer(
         "wasm-kernel", version=__version__, instructions=INSTRUCTIONS, lifespan=lifespan
@@ -242,6 +262,16 @@ def build_server(kernels: Kernels, idle_timeout: float | None = None) -> Any:
         async with kernel(ctx) as session:
             await session.reset()
         return "the sandbox was reset: no names, an empty /tmp"
+
+    if kernels.upstream is not None:
+
+        @server.tool()
+        async def list_sandbox_tools() -> list[dict[str, Any]]:
+            """The functions code in run_python can call (`from sandbox_tools import NAME`):
+            each one's Python signature, description and JSON input schema. They are other
+            MCP servers' tools: call them from code, in loops and branches, and print only
+            what you need to see."""
+            return describe(kernels.tools)
 
     if kernels.allows("snapshots"):
 
@@ -331,6 +361,13 @@ def add_arguments(command: argparse.ArgumentParser) -> None:
     )
     command.add_argument("--cwd", help="folder the kernels start in (default: this one)")
     command.add_argument(
+        "--upstream",
+        metavar="FILE",
+        help="MCP servers whose tools code in the sandbox may call, as functions of the module"
+        ' sandbox_tools: a JSON file in the format MCP clients use, {"mcpServers": {NAME:'
+        ' {"command": ..., "args": [...]} or {"url": ...}}}; they run here, outside the sandbox',
+    )
+    command.add_argument(
         "--transport", choices=["stdio", "streamable-http"], default="stdio", help="default: stdio"
     )
     command.add_argument(
@@ -367,10 +404,18 @@ def serve(args: argparse.Namespace) -> int:
     settings = settings_from(args.set)
     if args.mount:
         settings["mounts"] = args.mount
-    kernels = Kernels(args.sandbox_profile, settings, cwd=args.cwd, max_sessions=args.max_sessions)
+    kernels = Kernels(
+        args.sandbox_profile,
+        settings,
+        cwd=args.cwd,
+        max_sessions=args.max_sessions,
+        upstream=args.upstream,
+    )
     try:  # unknown names are refused now; values by each kernel as it starts
         kernel_arguments(args.sandbox_profile, settings)
-    except SessionError as exc:
+        if args.upstream is not None:
+            read_config(args.upstream)  # the file now; its servers once the server runs
+    except (SessionError, UpstreamError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:

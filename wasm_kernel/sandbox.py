@@ -34,10 +34,12 @@ from .guest.modules import _wasm_kernel_contract as declared
 from .guest_code import install_source
 from .host_functions import MAX_MESSAGE, Discard, GuestClock, HostCall, Receiver, SymlinkRefusal
 from .image_writer import ScratchArchive, staged
-from .interpreter import Interpreter, wasi_config
+from .interpreter import Interpreter, has_sources, wasi_config
 from .interrupts import Interrupts, Metering
 from .limits import Limits
+from .metrics import CellMeter, CellMetrics
 from .mounts import SCRATCH, Mount
+from .notebook_writes import GUEST_LAYER
 from .output import OutputPump
 from .scratch import ScratchWatch, Usage, usage
 from .stops import (
@@ -75,6 +77,7 @@ FRESH_AGAIN = (
 RESTARTED = (
     "The interpreter was restarted: variables, imports and objects from earlier cells are gone."
 )
+UNDONE = (ROLLED_BACK, ROLLED_BACK_REINSTALLED, FRESH_AGAIN)  # the state is as before the cell
 
 
 class Sandbox:
@@ -88,12 +91,15 @@ class Sandbox:
         rollback: bool = True,
         mounts: Sequence[Mount] = (),
         cwd: str = SCRATCH,
+        layered: Sequence[str] = (),
         import_paths: Sequence[str] = (),
         image: images.Image | None = None,
         checkpoint_mode: str = "auto",
         plain_tracebacks: bool = False,
+        network: bool = False,
     ):
         self.compiled = compiled
+        self.network = network  # the guest's HTTP goes through the kernel (see network.py)
         self.checkpoint_mode = checkpoint_mode
         self.packages = guest_packages.site_mount(compiled)  # raises if not installed
         self.plain_tracebacks = plain_tracebacks
@@ -101,6 +107,7 @@ class Sandbox:
         self.mounts = tuple(mounts)
         self.import_paths = tuple(import_paths)  # guest folders appended to sys.path at boot
         self.cwd = cwd
+        self.layered = tuple(layered)  # read-only mounts whose writes go to a private layer
         self.rollback = rollback and compiled.runtime.restorable
         self._metering = Metering(compiled.engine, compiled.interrupt_cells, limits.interrupt_grace)
         self.interrupts: Interrupts = self._metering.interrupts
@@ -126,6 +133,7 @@ class Sandbox:
         self._adapter: wasmtime.Module | None = None  # compiled once, reused by restarts
         self._changed = False  # turns ran since the last checkpoint
         self._closing = False
+        self.last_cell: CellMetrics | None = None  # what the last cell that ran cost
         # a boot image (memory mapped from the cache) also serves restarts: no second boot
         self._boot_image = image if image is not None and image.memory_file is not None else None
         try:
@@ -138,15 +146,24 @@ class Sandbox:
 
     def _start(self, image: images.Image | None = None) -> Interpreter:
         """A new interpreter, booted, or resumed from ``image``."""
+        sources = has_sources(self.compiled.runtime)
         wasi = wasi_config(
-            self.compiled, self._tmp, self.packages, self.mounts, self.cwd, self._guest_output
+            self.compiled,
+            self._tmp,
+            self.packages,
+            self.mounts,
+            self.cwd,
+            self._guest_output,
+            sources,
         )
-        # the runtime's two folders, then /tmp, the guest's packages, the mounts (see wasi_config)
+        # the runtime's two folders, /tmp, the guest's packages, the libraries' sources where
+        # installed, the mounts (see wasi_config)
         files = GuestFiles(
-            preopens=4 + len(self.mounts),
+            preopens=4 + sources + len(self.mounts),
             scratch_index=2,
             touched=self._scratch.touched,
             room=self._scratch.has_room,
+            removed=self._scratch.removed,
         )
         host_functions = (self._host_call, self._clock, SymlinkRefusal())
         interpreter = Interpreter(
@@ -165,12 +182,24 @@ class Sandbox:
                 interpreter.initialize()
                 if interpreter.call_turn(self._install_source()) != 0:
                     raise RuntimeError("the guest's kernel module failed to load")
+            layer = guest_call(declared.LAYER_WRITES, list(self.layered), GUEST_LAYER)
+            if self._repair_turn(interpreter, layer, "the guest could not set its layer") != 0:
+                raise RuntimeError("the guest could not set up writes beside the notebook")
+            if self.network:
+                allow = guest_call(declared.ALLOW_NETWORK)
+                if self._repair_turn(interpreter, allow, "the network adapter trapped") != 0:
+                    raise RuntimeError("the guest's network adapter failed to load")
         except BaseException:
             interpreter.close()
             raise
         if self.rollback:
             interpreter.keep_checkpoints(self.checkpoint_mode)
         return interpreter
+
+    @property
+    def scratch_folder(self) -> Path:
+        """The host folder that is the guest's /tmp (for %sandbox's list of written files)."""
+        return self._tmp
 
     def _guest_output(self, name: str, data: bytes) -> int:
         try:
@@ -296,6 +325,12 @@ class Sandbox:
         interpreter.files.checkpoint()
         self._changed = False
 
+    @staticmethod
+    def _checkpoint_held(interpreter: Interpreter) -> int:
+        """Bytes of guest memory in the checkpoint a trap would now roll back to (0: none)."""
+        state = interpreter.state
+        return state.last.bytes if state is not None and state.taken else 0
+
     @property
     def checkpoint_stats(self) -> CheckpointStats | None:
         state = self._interpreter.state
@@ -333,12 +368,15 @@ class Sandbox:
         receiver: Receiver,
         store_history: bool = True,
         silent: bool = False,
-    ) -> None:
-        """Run a notebook cell; output and messages go to ``receiver``. Raises CellStopped."""
+    ) -> CellMetrics:
+        """Run a notebook cell; output and messages go to ``receiver``; returns what it cost.
+        Raises CellStopped (with what it cost)."""
         call = guest_call(
             declared.RUN_CELL, source, int(execution_count), bool(store_history), bool(silent)
         )
-        self._turn(call, receiver, self.limits, cell=True)
+        measured = self._turn(call, receiver, self.limits, cell=True)
+        assert measured is not None
+        return measured
 
     def request(self, service: str, *args: object) -> dict:
         """Run a guest service (completion, inspection...) and return its answer; what it
@@ -348,9 +386,11 @@ class Sandbox:
         self._turn(call, Discard(), self.limits.for_service(MAX_MESSAGE))
         return self._host_call.reply or {}
 
-    def _turn(self, source: str, receiver: Receiver, limits: Limits, cell: bool = False) -> None:
+    def _turn(
+        self, source: str, receiver: Receiver, limits: Limits, cell: bool = False
+    ) -> CellMetrics | None:
         """One guest turn (a cell or a request: every one can write to /tmp, so every one is
-        measured), and the recovery from a trap."""
+        measured), and the recovery from a trap; a cell's costs (see ``metrics``)."""
         with self._turn_lock:
             interpreter = self._interpreter
             store = interpreter.store
@@ -366,19 +406,29 @@ class Sandbox:
                     self._scratch.stop_writers()  # through files kept open from earlier cells
                 notice = output_notice(limits.output_limit)
                 self._output.begin(receiver.stream, limits.output_limit, notice)
+                meter = CellMeter(limits.fuel, self._checkpoint_held(interpreter)) if cell else None
                 try:
                     stopped = self._outcome(interpreter, source, limits, memory_at_start)
                 finally:
+                    if meter is not None:
+                        meter.stop(store.get_fuel(), interpreter.heap_end)
                     grown = self._scratch.end()
                     self._output.end()
                     self._host_call.end()
             stopped = stopped or self._kept_stop(grown, limits)
             if cell and (stopped is None or stopped.recovered):
                 interpreter.fresh = False  # this cell's changes stand
+            rolled_back = False
+            if stopped is not None and not (self._closing or stopped.recovered):
+                recovery = self._recover(stopped.fresh)
+                stopped.evalue += " " + recovery
+                rolled_back = recovery in UNDONE
+            if meter is not None:
+                self.last_cell = meter.metrics(self._scratch.size(), rolled_back)
             if stopped is not None:
-                if not (self._closing or stopped.recovered):
-                    stopped.evalue += " " + self._recover(stopped.fresh)
+                stopped.metrics = self.last_cell if cell else None
                 raise stopped
+            return self.last_cell if cell else None
 
     def _outcome(
         self, interpreter: Interpreter, source: str, limits: Limits, memory_at_start: int

@@ -406,6 +406,21 @@ class ScratchWatch:
         size = self._last = self._measure()
         return size if self._over(size, baseline) else None
 
+    def removed(self) -> None:
+        """The guest may have shrunk the folder (removed or moved something out): measure it
+        again before its size is next reported. Cheap and thread-safe, like ``touched``."""
+        self._dirty = True
+
+    def size(self) -> Usage:
+        """The folder's size between turns (a cell's ``scratch_bytes``, with or without a
+        limit): the last measurement, walking again only if the guest touched the folder
+        since, or holds a file in it open for writing."""
+        last = self._last
+        if last is None or self._dirty or self._writing():
+            self._dirty = False
+            last = self._last = self._measure()
+        return last
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

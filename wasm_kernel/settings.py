@@ -36,6 +36,10 @@ MIN_PACKAGES_QUOTA = 1 << 20  # smaller holds no real package: a unit slip (MiB 
 MIN_SECONDS = 0.1  # shorter is a unit slip (milliseconds meant), not a cell budget
 MAX_SECONDS = 30 * 24 * 3600.0  # 30 days; deadlines beyond are a mistake, use 0 for none
 MAX_GRACE = 3600.0
+MIN_NETWORK_BYTES = 1024  # a response's headers' worth: smaller is a unit slip (KiB meant)
+MAX_NETWORK_BYTES = 1 << 30  # a response lives in guest memory, base64 in a message on its way
+MAX_NETWORK_REQUESTS = 1_000_000
+MAX_NETWORK_SECONDS = 3600.0
 
 CHECKPOINT_MODES = ("auto", "copy")  # see checkpoints.checkpoint_method
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -174,12 +178,45 @@ class AbsoluteFolder(Text):
         )
 
 
+class AbsoluteFileOrOff(Text):
+    """A file the kernel writes to, as an absolute path (``~`` is expanded), or empty for
+    none. A relative one would be taken from the kernel's working folder: the notebook's,
+    which cells may read (or, mounted writable, replace)."""
+
+    def validate(self, obj: Any, value: Any) -> str:
+        text = super().validate(obj, value).strip()
+        path = os.path.expanduser(text)
+        if not text or os.path.isabs(path):
+            return path
+        raise TraitError(
+            f"{self.name} must be an absolute file path (or start with ~), or empty for none:"
+            f" {text!r} is relative, and would be taken from the kernel's working folder,"
+            " which is the notebook's"
+        )
+
+
 class TextList(Setting, List):
     """A list of strings; in the environment, separated by ';'. On the command line a list
     is given as repeated options or one list literal, as traitlets' List reads them."""
 
     def from_string_list(self, strings: list[str]) -> Any:
         return List.from_string_list(self, strings)
+
+
+class AllowList(TextList):
+    """The network allowlist: each entry checked by ``network_rules`` (a refused entry names
+    what is wrong with it), kept as written."""
+
+    def validate(self, obj: Any, value: Any) -> Any:
+        from .network_rules import RuleError, parse_rule
+
+        entries = super().validate(obj, value)
+        for entry in entries or ():
+            try:
+                parse_rule(entry)
+            except RuleError as exc:
+                raise TraitError(f"{self.name}: {exc}") from None
+        return entries
 
 
 class Limit(Setting, TraitType[Any, Any]):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import wasmtime
 
 from .guest.modules import _wasm_kernel_contract as declared
+from .metrics import CellMetrics
 from .mounts import SCRATCH
 from .scratch import Usage
 
@@ -47,6 +48,7 @@ class CellStopped(Exception):
         self.evalue = evalue
         self.recovered = recovered
         self.fresh = fresh
+        self.metrics: CellMetrics | None = None  # what the cell cost, set by the sandbox
 
 
 def memory_limit_text(limit: int) -> str:

@@ -123,6 +123,7 @@ def run_cell(source, execution_count, store_history=True, silent=False):
     _reported = False
     try:
         shell.execution_count = execution_count
+        _refresh_tools()
         result = shell.run_cell(source, store_history=store_history, silent=silent)
         error = result.error_before_exec or result.error_in_exec
         if error is not None and not _reported:  # shown by IPython already (a UsageError)
@@ -154,6 +155,17 @@ def run_cell(source, execution_count, store_history=True, silent=False):
         keep_room()
     if not _still_intact():
         raise SystemExit(contract.DAMAGED)
+
+
+def _refresh_tools():
+    """sandbox_tools, once imported, holds the tools of the cell that runs (see the module
+    _wasm_kernel_tools); a cell that broke that module loses its tools, not its cells."""
+    tools = sys.modules.get("_wasm_kernel_tools")
+    try:
+        if tools is not None:
+            tools.refresh()
+    except Exception:
+        pass
 
 
 def _still_intact():
@@ -414,9 +426,19 @@ def _immortalize():
     send(addresses)
 
 
+def allow_network():
+    """The operator allows some hosts: the guest's HTTP libraries send through the kernel."""
+    import _wasm_kernel_network
+
+    _wasm_kernel_network.install()
+
+
 def close_stale_files():
     """After a rollback (see _wasm_kernel_sandbox): files whose descriptor leads elsewhere."""
     sys.modules["_wasm_kernel_sandbox"].close_stale_files()
+    layer = sys.modules.get("_wasm_kernel_layer")
+    if layer is not None:
+        layer.reload()
 
 
 def settle(cwd, start, paths):
@@ -439,6 +461,13 @@ def settle(cwd, start, paths):
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
     close_stale_files()
+
+
+def layer_writes(folders, layer):
+    """Where writes beside the notebook go: see _wasm_kernel_layer."""
+    import _wasm_kernel_layer
+
+    _wasm_kernel_layer.activate(folders, layer)
 
 
 # -- guest-only modules ---------------------------------------------------------------------
@@ -546,6 +575,8 @@ def boot(packages, import_paths, plain_tracebacks):
 
     if first:
         _wasm_kernel_sandbox.install()
+        __import__("_wasm_kernel_sources").install()
+        __import__("_wasm_kernel_tools").install()
         sys.path.insert(0, packages)
     # Line-buffered, write-through streams: output reaches the kernel as it is printed.
     for stream in (sys.__stdout__, sys.__stderr__):

@@ -30,15 +30,22 @@ CHOICE = "choice"  # one of ``choices``
 WORDS = "words"  # a list of at most ``limit`` strings, each at most WORD_LIMIT characters
 ADDRESSES = "addresses"  # base64 of little-endian 32-bit guest addresses, read as bytes
 ITEMS = "items"  # a list of at most ``limit`` objects, each one of the ``shapes`` by its tag
+JSON = "json"  # any JSON value (the host's replies: a tool's result)
+HEADERS = "headers"  # a list of at most ``limit`` [name, value] string pairs (HTTP headers)
+BYTES = "bytes"  # base64 of at most ``limit`` bytes, read as bytes
 
 REQUIRED = ...  # a field without a default must be present
 WORD_LIMIT = 1000
+HEADER_LIMIT = 64 * 1024  # characters of one header's name or value
 ERROR_TEXT_LIMIT = 256 * 1024  # characters of an error's value, traceback or prompt
 
 GUEST_MODULE = "_wasm_kernel"  # the kernel's module inside the guest
 KERNEL_FILES = "<wasm-kernel"  # how the file names of the kernel's guest code start
 GUEST_FILE = KERNEL_FILES + ">"  # the kernel module's; shipped modules' add ":NAME>"
 # tracebacks leave out frames of the kernel's guest code
+# The folder beside the stdlib zip where a zip of the same name holds the sources of the
+# modules it ships as bytecode only: the guest reads them for tracebacks and ``??``
+SOURCES_FOLDER = "sources"
 
 # exit statuses of a turn, besides the cell's own (0 ok, 1 an uncaught exception)
 TURN_REFUSED = -1  # the interpreter refuses turns: an earlier one trapped
@@ -109,6 +116,10 @@ class EntryPoint(namedtuple("EntryPoint", "name parameters")):
 # -- replies' codes ---------------------------------------------------------------------------
 NO_STDIN, EOF, INTERRUPTED = "no-stdin", "eof", "interrupted"  # why ``input`` got no value
 PIP_COMMANDS = ("install", "uninstall", "list", "show")
+# why an ``http`` request got no response: the host refused it (not listed, a non-public
+# address, over the cell's budget), it failed (DNS, connection, TLS, bad HTTP), it took longer
+# than the guest's own timeout, or the cell was interrupted (INTERRUPTED)
+HTTP_REFUSED, HTTP_FAILED, HTTP_TIMEOUT = "refused", "failed", "timeout"
 
 # -- messages from the guest --------------------------------------------------------------------
 _DISPLAY_ID_FOR_UPDATE = (
@@ -189,6 +200,35 @@ INTERRUPTION = Message(  # why the cell is interrupted: its time limit, or not
     "interruption",
     reply=(Field("time_limit", TEXT),),
 )
+TOOLS = Message(  # sandbox_tools: the running cell's tools, unless the guest has them (digest)
+    "tools",
+    Field("digest", TEXT, limit=64, default=""),
+    reply=(Field("digest", TEXT), Field("tools", OBJECT)),  # name -> declaration
+)
+TOOL = Message(  # a call of one of them, its arguments by parameter name (see sandbox_tools);
+    # the wait costs no fuel and counts against the cell's time limit (so not ``waits``)
+    "tool",
+    Field("name", TEXT, limit=256),
+    Field("arguments", OBJECT),
+    reply=(Field("value", JSON), Field("error", OBJECT), Field("interrupted", FLAG)),
+)
+HTTP = Message(  # a request the host makes for the cell, if WasmKernel.network_allow lets it
+    "http",
+    Field("method", TEXT, limit=32),
+    Field("url", TEXT, limit=8192),
+    Field("headers", HEADERS, limit=256, default=()),
+    Field("body", BYTES, limit=32 << 20, default=b""),
+    Field("timeout", SECONDS, default=0.0),  # the guest's own, for the whole request; 0: none
+    reply=(
+        Field("status", INTEGER),
+        Field("reason", TEXT),
+        Field("headers", HEADERS),
+        Field("body", BYTES),  # as sent: never decompressed, no transfer coding
+        Field("url", TEXT),
+        Field("error", CHOICE, choices=(HTTP_REFUSED, HTTP_FAILED, HTTP_TIMEOUT, INTERRUPTED)),
+        Field("detail", TEXT),  # with error: why, for the exception
+    ),
+)
 IMMORTALIZE = Message(  # boot image only: objects to make immortal
     "immortalize",
     Field("addresses", ADDRESSES),
@@ -210,7 +250,10 @@ MESSAGES = {
         PIP,
         SNAPSHOT,
         INTERRUPTION,
+        TOOLS,
+        TOOL,
         IMMORTALIZE,
+        HTTP,
     )
 }
 
@@ -221,6 +264,10 @@ SETTLE = EntryPoint("settle", "cwd", "start", "paths")  # after an image is resu
 CLOSE_STALE_FILES = EntryPoint("close_stale_files")
 INSTALL_MODULES = EntryPoint("install_modules", "sources")
 BOOT = EntryPoint("boot", "packages", "import_paths", "plain_tracebacks")
+ALLOW_NETWORK = EntryPoint("allow_network")  # the guest's HTTP libraries use HTTP messages
+# after a boot or a resume: the read-only folders whose writes go to a private layer, and
+# the guest folder (in /tmp) that holds it; no folders: writes there are refused
+LAYER_WRITES = EntryPoint("layer_writes", "folders", "layer")
 
 # services ``serve`` runs (the guest's SERVICES table holds exactly these)
 COMPLETE = "complete"

@@ -1,0 +1,192 @@
+"""The kernel provisioner that obtains ready kernels from the kernel server.
+
+Registered under ``jupyter_client.kernel_provisioners`` as ``wasm-kernel`` and named in the
+kernelspecs ``install`` writes, so JupyterLab, nbclient, papermill and nbgrader get kernels
+forked by the per-user server (``kernel_server``) with no change on their side. Everything but
+the launch is jupyter_client's local provisioner: ports, connection file, CurveZMQ keys,
+signals to the kernel's process group, restart, shutdown and kill.
+
+The server is started on first use, in the background: that first kernel is launched the
+ordinary way while the server loads, and later ones are forked by it. Any failure to reach the
+server (none yet, a refusal, a dead one, ``WASM_KERNEL_SERVER=off``) falls back to the
+ordinary launch with one log line, never to a failed start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from jupyter_client.provisioning import LocalProvisioner
+
+from . import kernel_server
+
+SERVER_SWITCH = "WASM_KERNEL_SERVER"  # "off": every kernel is launched the ordinary way
+CONNECT_SECONDS = 2.0
+ANSWER_LIMIT = 4096
+TOLD_SECONDS = 1.0  # how long a gone kernel's status may take to arrive from the server
+UNKNOWN_STATUS = -1  # a kernel gone while no server was left to say how it ended
+
+
+class ServedKernel:
+    """A forked kernel as jupyter_client's local provisioner handles its Popen: the server
+    tells its exit status on ``connection``; ``lifeline`` ends it if this process dies."""
+
+    def __init__(self, pid: int, connection: socket.socket, lifeline: socket.socket):
+        self.pid = pid
+        self.returncode: int | None = None
+        self.stdin = self.stdout = self.stderr = None
+        self._connection = connection
+        self._lifeline = lifeline
+        self._process = psutil.Process(pid)  # its start time guards against pid reuse
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._told_exit(0)
+            if self.returncode is None and not self._running():
+                # gone: the server tells the status once it has reaped it; a dead server
+                # (the connection at its end) cannot, and then the status is unknown
+                self.returncode = self._told_exit(TOLD_SECONDS)
+                if self.returncode is None:
+                    self.returncode = UNKNOWN_STATUS
+            if self.returncode is not None:
+                self._close()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (status := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(["wasm-kernel"], timeout or 0)
+            select.select([self._connection], [], [], 0.05)
+        return status
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def _told_exit(self, seconds: float) -> int | None:
+        """The exit status the server sent, waiting up to ``seconds`` for it."""
+        if not select.select([self._connection], [], [], seconds)[0]:
+            return None
+        try:
+            answer = self._connection.recv(ANSWER_LIMIT)
+        except OSError:
+            return None
+        for line in answer.splitlines():
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                told = json.loads(line).get("exit")
+                if isinstance(told, int):
+                    return told
+        return None
+
+    def _running(self) -> bool:
+        try:
+            return self._process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def _close(self) -> None:
+        self._connection.close()
+        self._lifeline.close()
+
+
+class WasmKernelProvisioner(LocalProvisioner):
+    """jupyter_client's local provisioner, launching through the kernel server."""
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        served = None
+        if os.environ.get(SERVER_SWITCH, "").lower() != "off":
+            try:
+                served = self._from_server(cmd, kwargs)
+            except (OSError, kernel_server.Refused, ValueError, psutil.Error) as exc:
+                self.log.info("wasm-kernel: launching without the kernel server (%s)", exc)
+        if served is None:
+            return await super().launch_kernel(cmd, **kwargs)
+        self.process = served  # type: ignore[assignment]  # Popen's interface, see ServedKernel
+        self.pid = self.pgid = served.pid  # the kernel leads its own session and group
+        self.cwd = kwargs.get("cwd") or os.getcwd()
+        return self.connection_info
+
+    def _from_server(self, cmd: list[str], kwargs: dict[str, Any]) -> ServedKernel | None:
+        folder = kernel_server.runtime_folder(kernel_server.code_fingerprint(cmd[0]))
+        connection = _connect(folder / kernel_server.SOCKET_NAME)
+        if connection is None:
+            _start_server(cmd[0], folder)
+            raise kernel_server.Refused("the kernel server is starting")
+        ours, theirs = socket.socketpair()
+        with connection, theirs, open(os.devnull, "rb") as nothing:
+            # Popen's defaults: no stdin (ours: nothing), this process's stdout and stderr
+            defaults = {"stdin": nothing.fileno(), "stdout": 1, "stderr": 2}
+            streams = [_descriptor(kwargs.get(name), fd) for name, fd in defaults.items()]
+            request = {
+                "argv": list(cmd),
+                "env": dict(kwargs.get("env") or os.environ),
+                "cwd": str(kwargs.get("cwd") or os.getcwd()),
+            }
+            socket.send_fds(connection, [json.dumps(request).encode()], [*streams, theirs.fileno()])
+            connection.settimeout(30)
+            answer = json.loads(connection.makefile("rb").readline(ANSWER_LIMIT) or b"{}")
+            if "pid" not in answer:
+                ours.close()
+                raise kernel_server.Refused(answer.get("refused", "no answer"))
+            return ServedKernel(int(answer["pid"]), connection.dup(), ours)
+
+
+def _descriptor(stream: Any, default: int) -> int:
+    """The descriptor to give the kernel for one of Popen's stream arguments; a pipe the
+    caller wants to read cannot cross, so that launch goes the ordinary way."""
+    if stream is None:
+        return default
+    if isinstance(stream, int) and stream >= 0:
+        return stream
+    if hasattr(stream, "fileno"):
+        return int(stream.fileno())
+    raise kernel_server.Refused("the caller reads the kernel's streams through a pipe")
+
+
+def _connect(path: Path) -> socket.socket | None:
+    """A connection to a live server at ``path``, or None when none answers there."""
+    kernel_server.private_folder(path.parent)
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.settimeout(CONNECT_SECONDS)
+    try:
+        connection.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        connection.close()
+        return None
+    if kernel_server.peer_uid(connection) != os.getuid():
+        connection.close()
+        raise kernel_server.Refused("the kernel server's socket belongs to another user")
+    return connection
+
+
+def _start_server(python: str, folder: Path) -> None:
+    """Start the server in the background, in its own session, logging to its folder."""
+    log = os.open(folder / "server.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        subprocess.Popen(
+            [python, "-P", "-m", "wasm_kernel.kernel_server", str(folder)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        os.close(log)

@@ -364,12 +364,11 @@ def test_pip_list_shows_shipped_versions(kernel: Kernel) -> None:
         ("%%script python3\nprint(1)", "cannot start processes"),
         ("x = !ls", "cannot start processes"),
         ("%gui qt", "no GUI"),
-        ("%debug", "the debugger reads a terminal's standard input"),
     ],
 )
 def test_process_syntax_is_usage_error(kernel: Kernel, code: str, phrase: str) -> None:
-    """Shell escapes, process magics, GUIs and the debugger end in a UsageError that says
-    why, on one line."""
+    """Shell escapes, process magics and GUIs end in a UsageError that says why, on one
+    line."""
     err = error_of(kernel.execute(code))
     assert err["ename"] == "UsageError"
     assert phrase in err["evalue"]

@@ -62,6 +62,7 @@ class KernelDoors:
     # (msg_type, content, parent) on IOPub; False: left out, too much waits for slow clients
     publish: Callable[[str, dict, dict], bool]
     stdin: Callable[[], tuple[Any, Any]]  # the stdin channel's (session, socket)
+    output_sent: Callable[[], None]  # waits until earlier output is on its way to IOPub
     describe: Callable[[], str]  # %sandbox
     pip: Callable[[dict, Interrupts], dict]  # %pip: (message, interrupts) -> reply
     snapshot: Callable[[CellMessages, str, str], dict]  # %snapshot: (cell, action, name)
@@ -274,6 +275,7 @@ class CellMessages:
         """input_request over stdin; the wait ends early on interrupt."""
         if not self.request.allow_stdin:
             return {"error": declared.NO_STDIN}
+        self.doors.output_sent()  # the prompt comes after what was printed before it
         session, socket = self.doors.stdin()
         while session.recv(socket)[1] is not None:  # drop stale replies
             pass

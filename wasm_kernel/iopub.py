@@ -19,6 +19,8 @@ from typing import Any
 import zmq
 from jupyter_client.jsonutil import json_clean, json_default
 
+SENT_WAIT = 10.0  # seconds an input_request waits for earlier output (ipykernel's flush_timeout)
+
 
 def _dumps(obj: Any) -> str:
     return json.dumps(obj, default=json_default, ensure_ascii=False, allow_nan=False)
@@ -77,6 +79,14 @@ class GuestPublisher:
             self._bytes += size
         self._thread.schedule(partial(self._send, frames, entry))
         return True
+
+    def handed_over(self, timeout: float = SENT_WAIT) -> None:
+        """Wait (up to ``timeout``) until everything published so far is handed to ZMQ, as
+        ipykernel flushes its streams before an input_request: a prompt then follows the
+        output printed before it (the debugger's listing before its ``ipdb>``)."""
+        done = threading.Event()
+        self._thread.schedule(done.set)  # the IOPub thread runs what it is given in order
+        done.wait(timeout)
 
     def _send(self, frames: list[bytes], entry: list[Any]) -> None:
         """On the IOPub thread, which owns the socket."""

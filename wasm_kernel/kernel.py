@@ -27,7 +27,7 @@ import psutil
 from ipykernel._version import kernel_protocol_version
 from traitlets import Float
 
-from . import __version__, images, iopub, kernel_folders
+from . import __version__, debug_requests, images, iopub, kernel_folders
 from .accounting import CellAccounting
 from .boot import SandboxStart
 from .cell_messages import CellMessages, KernelDoors, Request
@@ -143,6 +143,7 @@ class WasmKernel(
         self._doors = KernelDoors(
             publish=self._publish_guest_output,
             stdin=lambda: (self.live_session, self.stdin_socket),
+            output_sent=self.guest_output.handed_over,
             describe=self.describe_sandbox,
             pip=self.grants.pip,
             snapshot=self.session_images.snapshot_message,
@@ -179,6 +180,9 @@ class WasmKernel(
             "help_links": self.help_links,
             "supported_features": ["kernel subshells"] if self._supports_kernel_subshells else [],
         }
+
+    async def do_debug_request(self, msg: Any) -> dict:
+        return debug_requests.refusal(msg)
 
     @property
     def language_info(self) -> dict[str, Any]:  # type: ignore[override]

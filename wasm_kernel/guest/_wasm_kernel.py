@@ -170,10 +170,12 @@ def _end_turn():
     for name in ("stdout", "stderr"):
         if not hasattr(sys, name):  # deleted: the interpreter's end of turn cannot do without
             setattr(sys, name, getattr(sys, f"__{name}__"))
+    if not callable(sys.displayhook):  # the turn's end calls it; IPython's display traps can
+        sys.displayhook = sys.__displayhook__  # leave None (a debugger failing under %pdb on)
     try:
-        hold_reserve()
+        keep_room()
     except KeyboardInterrupt:  # see _still_intact
-        hold_reserve()
+        keep_room()
     if not _still_intact():
         raise SystemExit(contract.DAMAGED)
 
@@ -204,6 +206,19 @@ def release_reserve():
     full): give the reserve back, for the error and the next cell."""
     global _reserve
     _reserve = None
+
+
+def keep_room():
+    """At the end of a cell: the reserve (see hold_reserve); if memory is still nearly full,
+    the last failure's frames, kept for %debug, are let go and the reserve taken again."""
+    hold_reserve()
+    if _reserve is None:
+        try:
+            released = sys.modules["_wasm_kernel_debugging"].release_frames_for_memory(shell)
+        except Exception:  # a cell broke that module: only this memory rule is lost
+            return
+        if released:
+            hold_reserve()
 
 
 def hold_reserve():
@@ -239,11 +254,16 @@ def _room_for(size):
 
 
 def _read_line(prompt, password):
-    reply = call_host(contract.INPUT, prompt=str(prompt), password=password)
+    try:
+        reply = call_host(contract.INPUT, prompt=str(prompt), password=password)
+    except KeyboardInterrupt as exc:  # the interrupt's signal flags, as the wait ended
+        if type(exc) is not KeyboardInterrupt:  # TimeLimitExceeded says why itself
+            raise
+        reply = {"error": contract.INTERRUPTED}
     failure = reply.get("error")
     if failure == contract.NO_STDIN:
-        raise StdinNotImplementedError(
-            "input() was called, but this frontend does not support input requests."
+        raise StdinNotImplementedError(  # ipykernel's words
+            "raw_input was called, but this frontend does not support input requests."
         )
     if failure == contract.EOF:
         raise EOFError("EOF when reading a line")
@@ -397,11 +417,7 @@ def warm_up():
     shell.run_cell("1 / 0", store_history=False)
     # As if no cell had failed (as a fresh native kernel): no traceback kept for %tb, the
     # debugger or the shell, nor its frames in the image.
-    kept = [(sys, name) for name in ("last_exc", "last_type", "last_value", "last_traceback")]
-    for owner, name in [*kept, (shell.InteractiveTB, "tb")]:
-        if hasattr(owner, name):
-            delattr(owner, name)
-    shell._last_traceback = None
+    sys.modules["_wasm_kernel_debugging"].forget_failure(shell)
     shell.run_cell("None", store_history=False)
     gc.collect()
     _immortalize()

@@ -21,6 +21,7 @@ import os
 import sys
 
 import _wasm_kernel_contract as contract
+import _wasm_kernel_debugging
 import _wasm_kernel_sandbox
 from IPython.core import formatters
 from IPython.core.autocall import ZMQExitAutocall
@@ -36,10 +37,6 @@ from traitlets.config import Config
 NO_PROCESSES = (
     "this kernel runs Python in a WebAssembly sandbox, which cannot start processes or shell"
     " commands. Use Python instead (os, pathlib, shutil work on the sandbox's own files)."
-)
-NO_DEBUGGER = (
-    "the debugger reads a terminal's standard input, which this sandbox does not connect;"
-    " print values, or use %xmode Verbose to see each frame's variables in tracebacks"
 )
 NO_GUI = "there is no GUI in this sandbox: figures are shown inline, as images"
 INLINE = "module://matplotlib_inline.backend_inline"
@@ -522,16 +519,6 @@ class SandboxMagics(Magics):
         if name not in ("", "inline"):
             raise UsageError(f"%gui {name}: {NO_GUI}.")
 
-    @line_magic
-    def debug(self, line):
-        """The debugger reads a terminal's standard input, which the sandbox does not have."""
-        raise UsageError(f"%debug: {NO_DEBUGGER}")
-
-    @line_magic
-    def pdb(self, line):
-        """The debugger reads a terminal's standard input, which the sandbox does not have."""
-        raise UsageError(f"%pdb: {NO_DEBUGGER}")
-
     @line_cell_magic
     def script(self, line, cell=None):
         """Scripts run in processes, which the sandbox has none of."""
@@ -615,6 +602,7 @@ def create_shell(user_module, plain_tracebacks=False):
     import IPython.utils._process_emscripten  # noqa: F401 (true here too; see the module's doc)
 
     shell.magics_manager.register(SandboxMagics)
+    _wasm_kernel_debugging.install(shell)
     for name in PROCESS_MAGICS:
         shell.register_magic_function(_no_process_magic(name), "line_cell", name)
     return shell

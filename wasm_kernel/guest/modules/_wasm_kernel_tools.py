@@ -82,7 +82,7 @@ DOC = (
 )
 _module = None  # sandbox_tools, once a cell imported it
 _digest = ""  # which catalogue it holds, as the host names it
-_failures = {}  # ename -> the exception class a tool's failure of that name raises
+_failures: dict[str, type] = {}  # ename -> the exception class a tool's failure of that name raises
 
 
 class _Shown:

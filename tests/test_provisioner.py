@@ -73,6 +73,8 @@ def test_a_served_kernel_runs_cells_and_is_the_servers_child(kernels) -> None:
     kernel = kernels[0]
     assert plain(kernel.execute("6 * 7")) == 42
     assert psutil.Process(pid_of(kernel)).ppid() == server_pid()
+    shown = " ".join(psutil.Process(pid_of(kernel)).cmdline())  # ps shows the kernel it is
+    assert "-m wasm_kernel -f " in shown and "kernel_server" not in shown, shown
     assert "Interpreter: from the boot image" in kernel.execute("%sandbox").stream_text()
 
 

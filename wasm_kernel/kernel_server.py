@@ -295,6 +295,9 @@ def main(folder: str) -> int:
         if exc.errno in (errno.EAGAIN, errno.EACCES):
             return 0  # another server serves this folder
         raise
+    # setproctitle finds the memory it may rewrite on its first call, which must come before
+    # a forked kernel clears the environment; the server's own title stays what it was
+    setproctitle.setproctitle(" ".join(sys.orig_argv))
     _preload()
     if threading.active_count() != 1:  # forking a process with threads would copy locks held
         print("wasm-kernel server: threads running after preload; not serving", file=sys.stderr)

@@ -236,6 +236,7 @@ class KernelSettings(Configurable):
         " below it) or an address ('127.0.0.1', '[::1]'). The host makes each request, never"
         " the guest; names resolving to loopback, private, link-local or metadata addresses are"
         " refused unless the address itself is listed. Empty (the default): no network.",
+        shown=lambda: "none: no network (every profile)",
     ).tag(config=True)
     network_requests = Limit(
         integer=True,
@@ -276,6 +277,7 @@ class KernelSettings(Configurable):
         " start. They run in the kernel process, outside the sandbox, with its rights: list"
         " only functions you would let the author of any cell call. Clients add tools of their"
         " own to the cells they run (wasm_kernel.client's Session(tools=...)).",
+        shown=lambda: "none (every profile)",
     ).tag(config=True)
     runtime_name = Text(
         default=DEFAULT_RUNTIME,
@@ -357,6 +359,7 @@ class KernelSettings(Configurable):
         " metrics, never the code's output. Empty: no audit log. Opened for appending without"
         " following a link; refused (no cell runs) if it cannot be, or if it lies in a folder"
         " mounted into the sandbox.",
+        shown=lambda: "none: no audit log (every profile)",
     ).tag(config=True)
 
     def __init__(self, **kwargs: Any):

@@ -84,9 +84,12 @@ def remove_chain(folder: Path, name: str, depth: int) -> None:
 def descriptor_limit(spare: int) -> Iterator[None]:
     """Let this process open at most ``spare`` more descriptors."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    lowest_free = os.dup(0)  # every number below it is in use
-    os.close(lowest_free)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free + spare, hard))
+    # The limit bounds descriptor numbers, not their count: with numbers in use above free
+    # ones (other tests' sockets), count ``spare`` free numbers up from the lowest.
+    in_use = {int(name) for name in os.listdir("/proc/self/fd")}
+    free = (number for number in range(soft) if number not in in_use)
+    limit = [next(free) for _ in range(spare + 1)][-1]  # ``spare`` free numbers lie below it
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
     try:
         yield
     finally:

@@ -123,6 +123,10 @@ def _run_allowed(page: Page, lab: JupyterLab) -> None:
     )
 
 
+# Known intermittent failure (1 of 3 clean runs, never locally): the last cell's prompt stays
+# [*] although its widget is drawn; under investigation, so one rerun is allowed and two
+# failures in a row still fail.
+@pytest.mark.flaky(reruns=1)
 @pytest.mark.timeout(300)
 def test_widgets_work_in_jupyterlab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert Path(CHROMIUM).is_file(), f"Chromium not found at {CHROMIUM}"

@@ -21,8 +21,7 @@ import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from jupyter_client.manager import KernelManager
-from startup_roundtrip import KERNELS
+from startup_roundtrip import KERNELS, started
 
 BODY = b"x" * 1024
 LOOP = """
@@ -91,12 +90,8 @@ def main() -> None:
     code = LOOP.format(n=args.requests, url=url)
     try:
         for label, (name, arguments) in kernels.items():
-            manager = KernelManager(kernel_name=name)
-            manager.start_kernel(extra_arguments=arguments)
+            manager, clients[label] = started(name, arguments)
             managers.append(manager)
-            clients[label] = manager.client()
-            clients[label].start_channels()
-            clients[label].wait_for_ready(timeout=300)
             kernel_loop(clients[label], LOOP.format(n=2, url=url))  # imports, first connection
         host_loop(url, 2)
         for rep in range(args.reps):

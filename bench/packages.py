@@ -18,8 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from jupyter_client.manager import KernelManager
-from startup_roundtrip import KERNELS
+from startup_roundtrip import KERNELS, started
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from wheelmaker import make_wheel  # the tests' wheel builder, found through sys.path
@@ -60,12 +59,8 @@ def main() -> None:
     }
     clients, managers, samples = {}, [], {label: [] for label in kernels}
     for label, (name, arguments) in kernels.items():
-        manager = KernelManager(kernel_name=name)
-        manager.start_kernel(extra_arguments=arguments)
+        manager, clients[label] = started(name, arguments)
         managers.append(manager)
-        clients[label] = manager.client()
-        clients[label].start_channels()
-        clients[label].wait_for_ready(timeout=300)
         timed(clients[label], "1")
     try:
         for rep in range(args.reps):

@@ -14,6 +14,7 @@ import argparse
 import json
 import statistics
 import time
+from typing import Any
 
 from jupyter_client.manager import KernelManager
 
@@ -24,6 +25,16 @@ def await_reply(client, msg_id: str, timeout: float = 120) -> None:
     """Wait for the shell reply to ``msg_id`` (ZMQ queues the request until the kernel binds)."""
     while client.get_shell_msg(timeout=timeout)["parent_header"].get("msg_id") != msg_id:
         pass
+
+
+def started(kernel_name: str, arguments: list[str]) -> tuple[KernelManager, Any]:
+    """A running kernel and its ready client, for benches that time cells in it."""
+    manager = KernelManager(kernel_name=kernel_name)
+    manager.start_kernel(extra_arguments=arguments)
+    client = manager.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=300)
+    return manager, client
 
 
 def time_start(

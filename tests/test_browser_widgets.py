@@ -123,10 +123,6 @@ def _run_allowed(page: Page, lab: JupyterLab) -> None:
     )
 
 
-# Known bug, open (issue 26): in about half the runs a cell's execute_reply never reaches
-# JupyterLab (its prompt stays [*]) although its outputs do. Until it is found, the test may
-# run again up to three times; four failures in a row still fail.
-@pytest.mark.flaky(reruns=3)
 @pytest.mark.timeout(300)
 def test_widgets_work_in_jupyterlab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert Path(CHROMIUM).is_file(), f"Chromium not found at {CHROMIUM}"

@@ -1,8 +1,8 @@
 """Comms between the front end and the guest, handled as ipykernel's comm manager handles them.
 
-ipykernel answers ``comm_open``, ``comm_msg`` and ``comm_close`` on the shell channel, one
-after another with the other requests (a message sent while a cell runs waits for it), with
-no reply: what the handlers publish goes out on IOPub under the comm message. Here each one
+ipykernel answers ``comm_open``, ``comm_msg`` and ``comm_close`` on the shell channel with no
+reply: what the handlers publish goes out on IOPub under the comm message. Here they wait
+their turn behind the running request, as under ipykernel 6 (``shell_main``). Each one
 is a guest turn (``COMM_RECEIVED``), bounded and rolled back as a cell is; the guest's comms
 (``_wasm_kernel_comms``) send theirs through the contract's ``comm`` message, which counts
 against the turn's output budget and passes the active-output policy (``active_widgets``).
@@ -139,6 +139,21 @@ class HostComms(Kernel):
         self._backlog = Backlog()
         for msg_type in declared.COMM_MESSAGE_TYPES:
             self.shell_handlers[msg_type] = self.comm_received
+
+    async def shell_main(self, subshell_id: str | None, msg: Any) -> None:
+        """Every shell message, comm messages too, waits for the one before it on its shell.
+
+        ipykernel 7 dispatches a comm message at once while a cell runs (an async cell may
+        await a widget) and afterwards puts back the shell parent it saw before. Here the
+        handler's guest turn can only follow the cell's, so the put-back came once the next
+        cell had begun, and that cell's idle status went out under the previous cell:
+        JupyterLab, waiting for it, kept the prompt at ``[*]``."""
+        if subshell_id is None:
+            lock = self._main_asyncio_lock
+        else:
+            lock = self.shell_channel_thread.manager.get_subshell_asyncio_lock(subshell_id)
+        async with lock:
+            await self.dispatch_shell(msg, subshell_id=subshell_id)
 
     async def comm_received(self, stream: Any, ident: Any, parent: dict) -> None:
         """One comm message from the front end: a guest turn, as a cell's, with no reply."""

@@ -6,6 +6,7 @@ that tools starting their own kernels (nbgrader, papermill) get served ones.
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
@@ -42,6 +43,17 @@ def served(**options: object) -> Kernel:
         kernel.shutdown()
         assert time.monotonic() < deadline, "no kernel came from the kernel server"
         time.sleep(0.5)
+
+
+def server_answering() -> None:
+    """Make sure the server answers, so that the kernels a tool starts next come from it:
+    at once if it does (a connection without a request is refused and closed), else
+    through a served kernel, which starts it."""
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(str(kernel_server.socket_path(server_folder())))
+        except OSError:
+            served().shutdown()
 
 
 def handed_out() -> list[int]:

@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("nbgrader", reason="nbgrader is not installed (pip install nbgrader)")
 from nbgrader.api import Gradebook
-from served_kernels import handed_out, served
+from served_kernels import handed_out, server_answering
 
 pytestmark = pytest.mark.slow
 
@@ -198,7 +198,7 @@ def test_a_course_graded_by_the_strict_kernel(tmp_path: Path) -> None:
     finishing = sorted(set(students) - NATIVE_CANNOT_FINISH)
     ours = tmp_path / "strict"
     make_course(ours, STRICT)
-    served().shutdown()  # the kernel server runs, so nbgrader's kernels can all come from it
+    server_answering()  # so that nbgrader's kernels can all come from the server
     before = handed_out()
     ours_seconds = autograde(ours, finishing)
     loops_seconds = autograde(ours, sorted(NATIVE_CANNOT_FINISH))

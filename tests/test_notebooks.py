@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from served_kernels import handed_out, served
+from served_kernels import handed_out, server_answering
 
 KERNEL_NAME = os.environ.get("WASM_KERNEL_TEST_KERNEL", "wasm-python")
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
@@ -53,7 +53,7 @@ def test_papermill_runs_the_tour_on_this_kernel(tmp_path: Path) -> None:
     """papermill picks the kernel by name (its -k / --kernel option) and records the outputs;
     its kernel comes from the kernel server, through the provisioner."""
     output = tmp_path / "tour-out.ipynb"
-    served().shutdown()  # the kernel server runs
+    server_answering()
     before = handed_out()
     subprocess.run(
         [

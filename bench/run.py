@@ -28,6 +28,9 @@ minimums and of the medians; a ratio above 1 means wasm-kernel is slower or larg
    size on disk, for an idle session and one with numpy and pandas loaded and a 64 MiB
    array and DataFrame; and a kernel's start from such an image (``resume_from``) to the first
    execute_reply, against the native kernel's plain start.
+8. starts: kernels from the kernel server against launched ones and native ones
+   (``bench/starts.py``): many started and stopped one after another, idle memory per kernel
+   with five running, and where a served start's time goes.
 """
 
 from __future__ import annotations
@@ -48,9 +51,12 @@ from pathlib import Path
 import cell_phases
 import checkpoint as checkpoint_bench
 import nbformat
+import starts
 import startup_roundtrip
 from jupyter_client.manager import KernelManager
+from memory_use import memory_kib
 from nbclient import NotebookClient
+from rows import row
 
 from wasm_kernel.cache import default_cache_dir
 from wasm_kernel.runtime import load_runtime
@@ -58,7 +64,7 @@ from wasm_kernel.runtime import load_runtime
 BENCH = Path(__file__).resolve().parent
 PROGRAMS = BENCH / "programs"
 NATIVE, WASM = startup_roundtrip.KERNELS["native"], startup_roundtrip.KERNELS["wasm"]
-SECTIONS = ("start", "roundtrip", "cpu", "numeric", "memory", "checkpoint", "images")
+SECTIONS = ("start", "roundtrip", "cpu", "numeric", "memory", "checkpoint", "images", "starts")
 MARKER = "BENCH-RESULT "
 
 # Repetitions: (full run, --quick).
@@ -77,6 +83,10 @@ SETTINGS = {
     "checkpoint_reps": (7, 3),
     "checkpoint_trips": (40, 12),
     "image_reps": (5, 2),
+    "serial_kernels": (50, 50),
+    "serial_rounds": (3, 1),
+    "starts_idle_reps": (3, 1),
+    "phase_starts": (15, 5),
 }
 IMAGE_STATES = {
     "idle": "_bench_x = 1",
@@ -117,42 +127,6 @@ print({MARKER!r} + _bench_json.dumps(_bench_versions))
 
 def log(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
-
-
-# -- statistics and rows -------------------------------------------------------------------
-
-
-def stats(samples: list[float] | None) -> dict | None:
-    if not samples:
-        return None
-    return {
-        "min": min(samples),
-        "median": statistics.median(samples),
-        "n": len(samples),
-        "samples": samples,
-    }
-
-
-def row(
-    section: str,
-    measure: str,
-    unit: str,
-    native: list[float] | None,
-    wasm: list[float] | None,
-    note: str = "",
-) -> dict:
-    result = {
-        "section": section,
-        "measure": measure,
-        "unit": unit,
-        "native": stats(native),
-        "wasm": stats(wasm),
-        "note": note,
-    }
-    if result["native"] and result["wasm"]:
-        result["ratio_min"] = result["wasm"]["min"] / result["native"]["min"]
-        result["ratio_median"] = result["wasm"]["median"] / result["native"]["median"]
-    return result
 
 
 def geomean(values: list[float]) -> float:
@@ -215,56 +189,6 @@ class CellFailed(RuntimeError):
     def __init__(self, ename: str, evalue: str, trace: str):
         super().__init__(f"{ename}: {evalue}\n{trace}")
         self.ename = ename
-
-
-def process_tree(pid: int) -> list[int]:
-    pids, queue = [], [pid]
-    while queue:
-        current = queue.pop()
-        pids.append(current)
-        for task in Path(f"/proc/{current}/task").glob("*"):
-            try:
-                queue.extend(int(child) for child in (task / "children").read_text().split())
-            except OSError:
-                pass
-    return pids
-
-
-CHECKPOINT_FILE = "/memfd:wasm-kernel-checkpoint"
-
-
-def unmapped_checkpoint_kib(pid: int) -> int:
-    """KiB of a wasm kernel's copy-on-write checkpoint file that no mapping shows: it holds
-    them in memory all the same, but Rss and Pss count only the pages mapped."""
-    allocated = 0
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            if os.readlink(fd).startswith(CHECKPOINT_FILE):
-                allocated += fd.stat().st_blocks // 2
-        except OSError:
-            pass
-    mapped, in_file = 0, False
-    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
-        if "-" in line.split(" ", 1)[0]:  # a mapping's header line
-            in_file = CHECKPOINT_FILE in line
-        elif in_file and line.startswith("Rss:"):
-            mapped += int(line.split()[1])
-    return max(allocated - mapped, 0)
-
-
-def memory_kib(pid: int) -> dict[str, int]:
-    """Rss and Pss in KiB of a process and its descendants, from smaps_rollup, plus the
-    checkpoint file's pages that are not mapped."""
-    totals = {"Rss": 0, "Pss": 0}
-    for member in process_tree(pid):
-        for line in Path(f"/proc/{member}/smaps_rollup").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in totals:
-                totals[key] += int(value.split()[0])
-        hidden = unmapped_checkpoint_kib(member)
-        totals["Rss"] += hidden
-        totals["Pss"] += hidden
-    return totals
 
 
 # -- 1. start ----------------------------------------------------------------------------------
@@ -788,6 +712,7 @@ def main() -> None:
         "memory": lambda: bench_memory(cfg, args.quick),
         "checkpoint": lambda: bench_checkpoint(cfg, args.quick),
         "images": lambda: bench_images(cfg, args.quick),
+        "starts": lambda: starts.bench_starts(cfg),
     }
     rows: list[dict] = []
     began = time.perf_counter()

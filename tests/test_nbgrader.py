@@ -5,6 +5,7 @@ generate_assignment`` and autograded with ``nbgrader autograde`` (its own comman
 a subprocess, as a teacher runs it) for students whose answers are right, wrong, or hostile.
 The same submissions are graded by the native ``python3`` kernel where it can finish, and the
 scores compared through nbgrader's Gradebook. docs/teachers.md quotes what this test shows.
+Every kernel nbgrader starts comes from the kernel server, through the provisioner.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 
 pytest.importorskip("nbgrader", reason="nbgrader is not installed (pip install nbgrader)")
 from nbgrader.api import Gradebook
+from served_kernels import handed_out, server_answering
 
 pytestmark = pytest.mark.slow
 
@@ -196,8 +198,12 @@ def test_a_course_graded_by_the_strict_kernel(tmp_path: Path) -> None:
     finishing = sorted(set(students) - NATIVE_CANNOT_FINISH)
     ours = tmp_path / "strict"
     make_course(ours, STRICT)
+    server_answering()  # so that nbgrader's kernels can all come from the server
+    before = handed_out()
     ours_seconds = autograde(ours, finishing)
     loops_seconds = autograde(ours, sorted(NATIVE_CANNOT_FINISH))
+    graded_by = handed_out()[len(before) :]
+    assert len(graded_by) == len(students), f"served kernels {graded_by} for {students}"
     ours_scores = scores(ours)
     assert sorted(ours_scores) == students, "a submission was lost"
 

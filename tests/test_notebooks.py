@@ -10,6 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from served_kernels import handed_out, server_answering
 
 KERNEL_NAME = os.environ.get("WASM_KERNEL_TEST_KERNEL", "wasm-python")
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
@@ -49,8 +50,11 @@ def test_notebook_runs_without_errors(path: Path) -> None:
 
 @pytest.mark.slow
 def test_papermill_runs_the_tour_on_this_kernel(tmp_path: Path) -> None:
-    """papermill picks the kernel by name (its -k / --kernel option) and records the outputs."""
+    """papermill picks the kernel by name (its -k / --kernel option) and records the outputs;
+    its kernel comes from the kernel server, through the provisioner."""
     output = tmp_path / "tour-out.ipynb"
+    server_answering()
+    before = handed_out()
     subprocess.run(
         [
             sys.executable,
@@ -67,6 +71,7 @@ def test_papermill_runs_the_tour_on_this_kernel(tmp_path: Path) -> None:
         capture_output=True,
         timeout=600,
     )
+    assert len(handed_out()) == len(before) + 1, "papermill's kernel was not served"
     executed = nbformat.read(output, as_version=4)
     texts = [
         out.get("text", "") + str(out.get("data", {}).get("text/plain", ""))

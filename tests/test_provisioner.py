@@ -23,37 +23,12 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import Kernel, ok, plain
-from jupyter_client.kernelspec import KernelSpecManager
+from served_kernels import served, server_folder, server_pid
 
 from wasm_kernel import kernel_server
 from wasm_kernel.provisioner import ServedKernel
 
 STRICT = "wasm-python-strict"
-
-
-def server_folder() -> Path:
-    python = KernelSpecManager().get_kernel_spec("wasm-python").argv[0]
-    return kernel_server.runtime_folder(kernel_server.code_fingerprint(python))
-
-
-def server_pid() -> int | None:
-    for process in psutil.process_iter(["cmdline"]):
-        cmdline = process.info["cmdline"] or []
-        if "wasm_kernel.kernel_server" in cmdline and str(server_folder()) in cmdline:
-            return process.pid
-    return None
-
-
-def served(**options: object) -> Kernel:
-    """A kernel forked by the server: starts kernels (and so the server) until one is."""
-    deadline = time.monotonic() + 60
-    while True:
-        kernel = Kernel(**options)  # type: ignore[arg-type]
-        if isinstance(kernel.manager.provisioner.process, ServedKernel):
-            return kernel
-        kernel.shutdown()
-        assert time.monotonic() < deadline, "no kernel came from the kernel server"
-        time.sleep(0.5)
 
 
 @pytest.fixture
@@ -186,8 +161,8 @@ def test_the_server_answers_only_its_own_user() -> None:
     """Another user is kept out by the folder's mode; with the folder opened up for the
     test, by the server's check of the peer's credentials."""
     served().shutdown()
-    folder = server_folder()
-    socket_path = folder / kernel_server.SOCKET_NAME
+    socket_path = kernel_server.socket_path(server_folder())
+    folder = socket_path.parent
     # The folder is opened while still root: with the folder opened up for the test, the
     # probe reaches the socket through that descriptor without searching root's home.
     probe = textwrap.dedent(
@@ -197,7 +172,7 @@ def test_the_server_answers_only_its_own_user() -> None:
         os.setgid(65534); os.setuid(65534)
         connection = socket.socket(socket.AF_UNIX)
         try:
-            connection.connect(f"/proc/self/fd/{{folder}}/{kernel_server.SOCKET_NAME}")
+            connection.connect(f"/proc/self/fd/{{folder}}/{socket_path.name}")
         except PermissionError:
             print("kept out by the folder")
         else:
@@ -220,6 +195,77 @@ def test_the_server_answers_only_its_own_user() -> None:
         folder.chmod(mode)
         socket_path.chmod(0o755)
     assert "answers its own user only" in answer
+
+
+def test_a_long_runtime_folder_still_gets_served_kernels(
+    kernels, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's socket is not in the Jupyter runtime folder, whose path may be longer
+    than a Unix socket's 107 bytes: a kernel is served all the same."""
+    runtime = tmp_path / "runtime-folder-with-a-long-name".ljust(150 - len(str(tmp_path)), "x")
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("WASM_KERNEL_SERVER_IDLE", "5")  # this test's own server ends soon
+    assert len(str(runtime)) >= 150
+    kernels.append(served())
+    assert plain(kernels[0].execute("6 * 7")) == 42
+    assert psutil.Process(pid_of(kernels[0])).ppid() == server_pid()
+    assert str(server_folder()).startswith(str(runtime))
+
+
+def a_socket_folder_that_is(kind: str, place: Path) -> None:
+    """Make the per-user socket folder ``place`` as another user's, or one others can
+    enter, or a link to a private folder of ours (which a follower would accept)."""
+    if kind == "open to others":
+        place.mkdir()
+        place.chmod(0o755)
+    elif kind == "another user's":
+        place.mkdir(mode=0o700)
+        os.chown(place, 65534, 65534)
+    else:
+        target = place.with_name("elsewhere")
+        target.mkdir(mode=0o700)
+        place.symlink_to(target)
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("open to others", "is not private to this user"),
+        ("another user's", "is not private to this user"),
+        ("a link", "is a link or not a folder"),
+    ],
+)
+def test_a_socket_folder_not_private_to_this_user_is_refused(
+    kernels, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog, kind: str, reason: str
+) -> None:
+    """Nothing is bound or followed there: the kernel is launched, and the log says why."""
+    if kind == "another user's" and os.getuid() != 0:
+        pytest.skip("making a folder of another user needs root")
+    place = tmp_path / f"wasm-kernel-{os.getuid()}"
+    a_socket_folder_that_is(kind, place)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    caplog.set_level("INFO")
+    kernels.append(Kernel())
+    assert not isinstance(kernels[0].manager.provisioner.process, ServedKernel)
+    assert plain(kernels[0].execute("1 + 1")) == 2
+    said = [r.getMessage() for r in caplog.records if "without the kernel server" in r.getMessage()]
+    assert said and f"{place} {reason}" in said[0], said
+    if kind == "a link":
+        assert list(place.resolve().iterdir()) == []  # no socket was made through the link
+
+
+def test_a_socket_path_still_too_long_is_refused_with_the_reason(
+    kernels, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """Where even the per-user socket folder's path is too long, the log line says so."""
+    base = tmp_path / ("x" * (110 - len(str(tmp_path))))
+    base.mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(base))
+    caplog.set_level("INFO")
+    kernels.append(Kernel())
+    assert not isinstance(kernels[0].manager.provisioner.process, ServedKernel)
+    said = [r.getMessage() for r in caplog.records if "without the kernel server" in r.getMessage()]
+    assert said and "more than the 107 a Unix socket's path may have" in said[0], said
 
 
 def test_a_shutdown_request_meant_for_the_kernel_it_replaces_is_ignored(kernels) -> None:

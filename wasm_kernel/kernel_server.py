@@ -9,9 +9,13 @@ with the same validation. The server itself never creates a wasmtime store, so i
 guest code, and no request's state exists in it before it forks: a kernel carries nothing of
 another request. Kernels are their own session leaders, outliving the server.
 
-The socket lives in a 0700 folder (``runtime_folder``) and answers only its own user (peer
-credentials). One request per connection: a JSON object ``{"argv", "env", "cwd"}`` sent with
-four descriptors (stdin, stdout, stderr for the kernel, and a lifeline whose other end the
+The server's lock and log live in a 0700 folder of the Jupyter runtime folder
+(``runtime_folder``); its socket in a 0700 folder per user under ``$XDG_RUNTIME_DIR`` or the
+system temp folder (``socket_path``), since an AF_UNIX path holds 107 bytes at most and a
+runtime folder's path may be longer. It answers only its own user (peer credentials).
+
+One request per connection: a JSON object ``{"argv", "env", "cwd"}`` sent with four
+descriptors (stdin, stdout, stderr for the kernel, and a lifeline whose other end the
 requester keeps: the kernel ends when it closes, as ipykernel's parent poller ends a kernel
 whose launcher died). The server answers ``{"pid": N}`` and, when that kernel exits,
 ``{"exit": status}`` on the same connection.
@@ -42,7 +46,8 @@ import setproctitle
 REQUEST_LIMIT = 1 << 20  # bytes of one request: argv, env and cwd
 DESCRIPTORS = 4  # stdin, stdout, stderr, lifeline
 IDLE_SECONDS = float(os.environ.get("WASM_KERNEL_SERVER_IDLE", "600"))  # then the server exits
-SOCKET_NAME = "server.sock"
+LOG_NAME = "server.log"  # in the runtime folder: the server's output, a line per kernel
+SOCKET_PATH_LIMIT = 107  # bytes of an AF_UNIX address, its closing NUL excluded
 KERNEL_COMMAND = ("-m", "wasm_kernel")  # what a kernelspec's argv runs after the interpreter
 
 
@@ -68,14 +73,34 @@ def runtime_folder(fingerprint: str) -> Path:
     return Path(jupyter_runtime_dir()) / f"wasm-kernel-server-{fingerprint}"
 
 
+def socket_path(folder: Path) -> Path:
+    """Where the server of runtime folder ``folder`` listens: short whatever that folder's
+    path (a name derived from it, in this user's private folder of ``$XDG_RUNTIME_DIR``, else
+    of the system temp folder); Refused when even that is too long for a Unix socket."""
+    base = os.environ.get("XDG_RUNTIME_DIR", "")
+    if not (os.path.isabs(base) and os.path.isdir(base)):
+        base = tempfile.gettempdir()
+    name = hashlib.sha256(os.fsencode(folder)).hexdigest()[:16]
+    path = Path(base) / f"wasm-kernel-{os.getuid()}" / f"{name}.sock"
+    size = len(os.fsencode(path))
+    if size > SOCKET_PATH_LIMIT:
+        raise Refused(
+            f"the kernel server's socket path {path} would be {size} bytes, more than the"
+            f" {SOCKET_PATH_LIMIT} a Unix socket's path may have; set XDG_RUNTIME_DIR or TMPDIR"
+            " to a shorter folder"
+        )
+    private_folder(path.parent)
+    return path
+
+
 def private_folder(folder: Path) -> Path:
     """``folder``, made if absent, refused unless it is this user's and no one else's."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
         folder.mkdir(mode=0o700)
     status = os.lstat(folder)
-    if not os.path.isdir(folder) or os.path.islink(folder):
-        raise Refused(f"{folder} is not a folder")
+    if os.path.islink(folder) or not os.path.isdir(folder):
+        raise Refused(f"{folder} is a link or not a folder")
     if status.st_uid != os.getuid() or status.st_mode & 0o077:
         raise Refused(f"{folder} is not private to this user")
     return folder
@@ -208,9 +233,10 @@ def _watch_lifeline(lifeline: int) -> None:
 class Server:
     """The accept loop: one fork per request, each child's exit told to its requester."""
 
-    def __init__(self, folder: Path, lock: int):
+    def __init__(self, folder: Path, lock: int, path: Path):
         self.folder = private_folder(folder)
-        self.path = folder / SOCKET_NAME
+        private_folder(path.parent)
+        self.path = path
         self.children: dict[int, socket.socket] = {}  # pid -> its requester's connection
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         # descriptors of the server's own that a forked kernel must not keep: the lock would
@@ -268,6 +294,7 @@ class Server:
             connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
         except OSError:
             pass  # the requester is gone; its lifeline ends the kernel
+        print(f"wasm-kernel server: kernel {pid} handed out", file=sys.stderr, flush=True)
         self.children[pid] = connection
 
     def _reap(self) -> None:
@@ -286,9 +313,12 @@ class Server:
                 connection.close()
 
 
-def main(folder: str) -> int:
-    """Run the server for ``folder`` unless another already does (its lock is held)."""
-    lock = os.open(private_folder(Path(folder)) / "server.lock", os.O_RDWR | os.O_CREAT, 0o600)
+def main(folder: str, path: str) -> int:
+    """Run the server for ``folder``, listening at ``path``, unless another already does
+    (the folder's lock is held)."""
+    lock = os.open(
+        private_folder(Path(folder)) / "server.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600
+    )
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -302,7 +332,7 @@ def main(folder: str) -> int:
     if threading.active_count() != 1:  # forking a process with threads would copy locks held
         print("wasm-kernel server: threads running after preload; not serving", file=sys.stderr)
         return 1
-    server = Server(Path(folder), lock)
+    server = Server(Path(folder), lock, Path(path))
     server.bind()
     try:
         server.serve()
@@ -313,4 +343,4 @@ def main(folder: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], sys.argv[2]))

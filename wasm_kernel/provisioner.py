@@ -125,10 +125,12 @@ class WasmKernelProvisioner(LocalProvisioner):
 
     def _from_server(self, cmd: list[str], kwargs: dict[str, Any]) -> ServedKernel | None:
         kernel_server.kernel_arguments(cmd)  # another command (a wrapper): launched as it is
-        folder = kernel_server.runtime_folder(kernel_server.code_fingerprint(cmd[0]))
-        connection = _connect(folder / kernel_server.SOCKET_NAME)
+        fingerprint = kernel_server.code_fingerprint(cmd[0])
+        folder = kernel_server.private_folder(kernel_server.runtime_folder(fingerprint))
+        path = kernel_server.socket_path(folder)
+        connection = _connect(path)
         if connection is None:
-            _start_server(cmd[0], folder)
+            _start_server(cmd[0], folder, path)
             raise kernel_server.Refused("the kernel server is starting")
         ours, theirs = socket.socketpair()
         with connection, theirs, open(os.devnull, "rb") as nothing:
@@ -163,7 +165,6 @@ def _descriptor(stream: Any, default: int) -> int:
 
 def _connect(path: Path) -> socket.socket | None:
     """A connection to a live server at ``path``, or None when none answers there."""
-    kernel_server.private_folder(path.parent)
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.settimeout(CONNECT_SECONDS)
     try:
@@ -177,12 +178,13 @@ def _connect(path: Path) -> socket.socket | None:
     return connection
 
 
-def _start_server(python: str, folder: Path) -> None:
+def _start_server(python: str, folder: Path, path: Path) -> None:
     """Start the server in the background, in its own session, logging to its folder."""
-    log = os.open(folder / "server.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+    log = os.open(folder / kernel_server.LOG_NAME, flags, 0o600)
     try:
         subprocess.Popen(
-            [python, "-P", "-m", "wasm_kernel.kernel_server", str(folder)],
+            [python, "-P", "-m", "wasm_kernel.kernel_server", str(folder), str(path)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,

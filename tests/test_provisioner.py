@@ -51,6 +51,9 @@ def test_a_served_kernel_runs_cells_and_is_the_servers_child(kernels) -> None:
     shown = " ".join(psutil.Process(pid_of(kernel)).cmdline())  # ps shows the kernel it is
     assert "-m wasm_kernel -f " in shown and "kernel_server" not in shown, shown
     assert "Interpreter: from the boot image" in kernel.execute("%sandbox").stream_text()
+    # the provisioner returned once the kernel said its ports were bound (else the client's
+    # first connection fails and waits out ZMQ's reconnect interval)
+    assert kernel.manager.provisioner.process.bound
 
 
 @pytest.mark.parametrize("mode", ["signal", "message"])

@@ -18,7 +18,9 @@ One request per connection: a JSON object ``{"argv", "env", "cwd"}`` sent with f
 descriptors (stdin, stdout, stderr for the kernel, and a lifeline whose other end the
 requester keeps: the kernel ends when it closes, as ipykernel's parent poller ends a kernel
 whose launcher died). The server answers ``{"pid": N}`` and, when that kernel exits,
-``{"exit": status}`` on the same connection.
+``{"exit": status}`` on the same connection. The kernel writes one byte on the lifeline once
+its ports are bound (``tell_ports_bound``): a client that connects before that waits out
+ZMQ's reconnect interval (100-200 ms, most of a served start), so the launcher waits for it.
 """
 
 from __future__ import annotations
@@ -217,6 +219,19 @@ def _become_kernel(request: dict, descriptors: list[int]) -> None:
         os._exit(status)
 
 
+_lifeline: int | None = None  # in a served kernel: its end of the lifeline
+
+
+def tell_ports_bound() -> None:
+    """In a served kernel: tell the launcher that its clients may connect now (one byte on
+    the lifeline, which the launcher otherwise only watches for its end)."""
+    global _lifeline
+    if _lifeline is not None:
+        with contextlib.suppress(OSError):
+            os.write(_lifeline, b"\n")
+        _lifeline = None
+
+
 def _watch_lifeline(lifeline: int) -> None:
     """End this kernel when its launcher's end of the lifeline closes (the launcher died),
     through SIGTERM, so that the kernel's folders are removed as on any termination."""
@@ -227,6 +242,8 @@ def _watch_lifeline(lifeline: int) -> None:
                 pass
         os.kill(os.getpid(), signal.SIGTERM)
 
+    global _lifeline
+    _lifeline = lifeline
     threading.Thread(target=watch, name="lifeline", daemon=True).start()
 
 
@@ -343,4 +360,6 @@ def main(folder: str, path: str) -> int:
 
 
 if __name__ == "__main__":
+    # the kernels it forks import this module by its name: let them find this one
+    sys.modules.setdefault("wasm_kernel.kernel_server", sys.modules[__name__])
     sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -14,6 +14,7 @@ ordinary launch with one log line, never to a failed start.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -33,6 +34,8 @@ from . import kernel_server
 SERVER_SWITCH = "WASM_KERNEL_SERVER"  # "off": every kernel is launched the ordinary way
 CONNECT_SECONDS = 2.0
 ANSWER_LIMIT = 4096
+BOUND_SECONDS = 10.0  # at most this long for a served kernel to say its ports are bound
+ENDING_WATCH = 0.1  # seconds a poll during a requested shutdown waits for the kernel's end
 TOLD_SECONDS = 1.0  # how long a gone kernel's status may take to arrive from the server
 UNKNOWN_STATUS = -1  # a kernel gone while no server was left to say how it ended
 
@@ -48,6 +51,7 @@ class ServedKernel:
         self._connection = connection
         self._lifeline = lifeline
         self._process = psutil.Process(pid)  # its start time guards against pid reuse
+        self.bound = False  # whether the kernel said its ports are bound
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -80,6 +84,33 @@ class ServedKernel:
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
 
+    async def ports_bound(self) -> None:
+        """Return once the kernel says its ports are bound (or has ended, or after
+        BOUND_SECONDS): its clients' first connection then succeeds, instead of waiting out
+        ZMQ's reconnect interval."""
+        self._lifeline.setblocking(False)
+        with contextlib.suppress(OSError, TimeoutError):
+            told = asyncio.get_running_loop().sock_recv(self._lifeline, 1)
+            self.bound = await asyncio.wait_for(told, BOUND_SECONDS) == b"\n"
+
+    async def ended(self, seconds: float) -> None:
+        """Return once the server has said something of this kernel (its exit is all it
+        says), or after ``seconds``."""
+        loop = asyncio.get_running_loop()
+        told = loop.create_future()
+
+        def readable() -> None:
+            if not told.done():
+                told.set_result(None)
+
+        loop.add_reader(self._connection, readable)
+        try:
+            await asyncio.wait_for(told, seconds)
+        except TimeoutError:
+            pass
+        finally:
+            loop.remove_reader(self._connection)
+
     def _told_exit(self, seconds: float) -> int | None:
         """The exit status the server sent, waiting up to ``seconds`` for it."""
         if not select.select([self._connection], [], [], seconds)[0]:
@@ -109,7 +140,10 @@ class ServedKernel:
 class WasmKernelProvisioner(LocalProvisioner):
     """jupyter_client's local provisioner, launching through the kernel server."""
 
+    _ending = False  # a shutdown was requested of the present kernel
+
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        self._ending = False
         served = None
         if os.environ.get(SERVER_SWITCH, "").lower() != "off":
             try:
@@ -121,7 +155,22 @@ class WasmKernelProvisioner(LocalProvisioner):
         self.process = served  # type: ignore[assignment]  # Popen's interface, see ServedKernel
         self.pid = self.pgid = served.pid  # the kernel leads its own session and group
         self.cwd = kwargs.get("cwd") or os.getcwd()
+        await served.ports_bound()
         return self.connection_info
+
+    async def shutdown_requested(self, restart: bool = False) -> None:
+        await super().shutdown_requested(restart)
+        self._ending = True
+
+    async def poll(self) -> int | None:
+        """Also waits a moment for a served kernel that was asked to shut down: jupyter_client
+        polls such a kernel every 100 ms, so one that ends 30 ms after the request was seen
+        ended 100 ms after it; the server tells a served kernel's end as it happens."""
+        status = await super().poll()
+        if status is None and self._ending and isinstance(self.process, ServedKernel):
+            await self.process.ended(ENDING_WATCH)
+            status = await super().poll()
+        return status
 
     def _from_server(self, cmd: list[str], kwargs: dict[str, Any]) -> ServedKernel | None:
         kernel_server.kernel_arguments(cmd)  # another command (a wrapper): launched as it is

@@ -26,8 +26,9 @@ minimums and of the medians; a ratio above 1 means wasm-kernel is slower or larg
    against rollback off and on.
 7. images: ``%snapshot save`` and ``%snapshot restore`` (cell round trips) and the image's
    size on disk, for an idle session and one with numpy and pandas loaded and a 64 MiB
-   array and DataFrame; and a kernel's start from such an image (``resume_from``) to the first
-   execute_reply, against the native kernel's plain start.
+   array and DataFrame; a kernel's start from such an image (``resume_from``) to the first
+   execute_reply, against the native kernel's plain start; and ``Session.fork()`` of a
+   session with 100 MiB of data to the fork's first reply (``bench/forks.py``).
 8. starts: kernels from the kernel server against launched ones and native ones
    (``bench/starts.py``): many started and stopped one after another, idle memory per kernel
    with five running, and where a served start's time goes.
@@ -50,6 +51,7 @@ from pathlib import Path
 
 import cell_phases
 import checkpoint as checkpoint_bench
+import forks
 import nbformat
 import starts
 import startup_roundtrip
@@ -588,7 +590,7 @@ def bench_images(cfg: dict, quick: bool) -> list[dict]:
             ),
         ]
         log(f"images: {label} done ({note})")
-    return rows
+    return rows + forks.fork_rows(cfg)
 
 
 # -- table and main ----------------------------------------------------------------------------

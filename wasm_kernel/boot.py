@@ -97,6 +97,9 @@ class SandboxStart:
         expired = self.images.hibernation.sweep()
         if expired:
             self.resume_note = f"wasm-kernel: {expired}.\n"
+        boot_image = images.boot_image_path(cache.entry_dir(self.runtime))
+        if boot_image.exists():
+            self.images.boot_file = images.boot_memory_path(boot_image)
         source = self.images.to_resume(settings.resume_from)
         if source is None:
             return self._from_boot_image(cache.entry_dir(self.runtime), start)

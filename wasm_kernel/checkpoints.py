@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import wasmtime
 
+from . import live_memory
 from .cow import CopyOnWriteMemory, copy_on_write_missing, dirty_page_finder
+from .live_memory import LiveMemory
 from .rewrite import BRK_EXPORT, GLOBAL_EXPORT_PREFIX, GROW_FAILED_EXPORT, InterruptCells
 
 Store = wasmtime.Store | wasmtime.Caller
@@ -77,6 +81,9 @@ class GuestState:
         self._size = 0
         self.last = CheckpointStats()
         self.last_restore_seconds = 0.0
+        # files handed to forks that guest memory still maps, by (device, inode): a later
+        # fork names them rather than copying their pages
+        self._frozen: dict[live_memory.FileKey, int] = {}
 
     def take(self, store: wasmtime.Store) -> None:
         began = time.perf_counter()
@@ -113,6 +120,24 @@ class GuestState:
             except OSError as exc:
                 self.method = f"{COPY} (copy-on-write unavailable: {exc})"
 
+    def hand_over(self, store: wasmtime.Store, boot_file: Path | None) -> LiveMemory:
+        """Freeze the checkpoint just taken for a forked kernel to map (``live_memory``) and
+        go on with a new one, which starts out mapping the frozen one's pages. The returned
+        descriptors are the caller's to close."""
+        if self._cow is None:
+            raise OSError(f"checkpoints here are {self.method}, which a fork cannot share")
+        base = memory_address(self._memory, store)
+        still_mapped = live_memory.mapped_keys(base, self._cow.foreign)
+        for key in [key for key in self._frozen if key not in still_mapped]:
+            os.close(self._frozen.pop(key))  # no page maps it any more
+        newest = dict(list(self._frozen.items())[1 - live_memory.MAX_FILES :])
+        live, key = live_memory.freeze(self._cow, base, boot_file, newest)
+        self._frozen[key] = live.fds[0]
+        self._cow = None
+        self._start_file()
+        self.take(store)
+        return LiveMemory(live.pid, [os.dup(fd) for fd in live.fds], live.parts, live.boot)
+
     def forget(self) -> None:
         """Drop the checkpoint, after guest memory was mapped anew (a boot image, a saved
         session): the next checkpoint starts from what is mapped then. Until it is taken, a
@@ -122,6 +147,9 @@ class GuestState:
 
     def close(self) -> None:
         """Free the checkpoint; the guest memory must be gone already or never used again."""
+        for fd in self._frozen.values():
+            os.close(fd)
+        self._frozen.clear()
         if self._cow is not None:
             self._cow.close()
             self._cow = None

@@ -47,6 +47,7 @@ DOWNLOAD_LIMIT = 256 << 20  # default largest file ``download`` accepts
 START_TIMEOUT = 120.0  # seconds for a kernel to start (a first compile is reported, not awaited)
 STOP_MARGIN = 10.0  # seconds past interrupt_grace that an interrupted cell may take to end
 POLL = 1.0  # seconds between liveness checks while waiting for a cell
+READY_POLL = 0.02  # seconds to wait for IOPub after each kernel_info_reply while connecting
 FILE_OP_TIMEOUT = 60.0  # seconds for one chunk of a file transfer
 PIP_TIMEOUT = 600.0  # seconds for an install (downloads, and the kernel's own pip limits)
 
@@ -153,7 +154,7 @@ class _Session:
         self.client.start_channels(stdin=not self.tools)  # with tools, the server's
         self._serve_tools()
         try:
-            await ensure_async(self.client.wait_for_ready(timeout=self.startup_timeout))
+            await self._until_connected()
             reply = await self._request("", timeout=self.startup_timeout)
             content = reply.get("content") or {}
             if content.get("status") != "ok":
@@ -161,6 +162,26 @@ class _Session:
         except BaseException:
             await self._close()
             raise
+
+    async def _until_connected(self) -> None:
+        """Wait until the kernel answers and its IOPub reaches this client, as jupyter_client's
+        ``wait_for_ready`` does, asking again after READY_POLL seconds rather than its 0.2 s
+        (a subscription not yet in place misses the first status messages)."""
+        end = time.monotonic() + self.startup_timeout
+        while True:
+            msg_id = self.client.kernel_info()
+            reply = await _within(self.client.get_shell_msg, end)
+            while reply["parent_header"].get("msg_id") != msg_id:
+                reply = await _within(self.client.get_shell_msg, end)
+            try:
+                await ensure_async(self.client.get_iopub_msg(timeout=READY_POLL))
+            except queue.Empty:
+                if not await ensure_async(self.manager.is_alive()):
+                    raise SessionError("the kernel ended while starting") from None
+                _left(end)
+                continue
+            self.client._handle_kernel_info_reply(reply)
+            return
 
     def _serve_tools(self) -> None:
         """A tool server for this connection (its own stdin socket: the client's is off)."""
@@ -352,9 +373,14 @@ class _Session:
 
     async def _fork(self, name: str | None = None) -> Self:
         """A new, started session that resumes from an image of this one, saved as ``name``
-        (kept), or under a name of its own that is deleted once the fork has started."""
+        (kept), or under a name of its own that is deleted once the fork has started: a
+        fork image, whose memory the new kernel maps from this one's, copy-on-write."""
         image, own = (name, False) if name is not None else (f"fork-{uuid.uuid4().hex[:16]}", True)
-        await self._snapshot(image)
+        if own:
+            code = client_code.snapshot_code("fork", image)
+            _raise_for(await self._request(code), "fork failed")
+        else:
+            await self._snapshot(image)
         try:
             forked = self._forked(image)
             await forked._start()

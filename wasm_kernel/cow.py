@@ -26,6 +26,7 @@ Where the OS lacks any of this, ``copy_on_write_missing`` says what, and the cal
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import mmap
 import os
 import platform
@@ -39,6 +40,7 @@ import wasmtime
 
 PAGE = mmap.PAGESIZE
 Ranges = list[tuple[int, int]]  # [start, end) pairs
+SEALS_BESIDE_WRITE = fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
 MAP_FIXED = 0x10  # same value on every Linux architecture this runs on
 MAP_FAILED = ctypes.c_void_p(-1).value
 # fs/proc PAGEMAP_SCAN (include/uapi/linux/fs.h): page categories and the ioctl number
@@ -448,8 +450,10 @@ class CopyOnWriteMemory:
     guest has not written since: those pages stay that file's, shared with whoever else maps
     it, and move into the memfd when a checkpoint finds them written."""
 
+    FILE_NAME = "wasm-kernel-checkpoint"  # the memfd's name (a forked kernel checks it)
+
     def __init__(self, track_writes: bool = True) -> None:
-        self._file = os.memfd_create("wasm-kernel-checkpoint", os.MFD_CLOEXEC)
+        self._file = os.memfd_create(self.FILE_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             self._dirty = DirtyPages()
         except OSError:
@@ -490,6 +494,31 @@ class CopyOnWriteMemory:
         if self._file >= 0:
             os.close(self._file)
             self._file = -1
+
+    @property
+    def foreign(self) -> Ranges:
+        """Parts of the checkpointed memory that are still another file's view."""
+        return list(self._foreign)
+
+    def freeze(self, base: int, copy: Ranges) -> int:
+        """End this checkpoint for a fork (``live_memory``): the guest pages of ``copy`` go
+        into the file, which is then sealed and returned open; this object is closed, and
+        guest memory keeps mapping the file."""
+        guest = memoryview((ctypes.c_char * self.mapped).from_address(base)).cast("B")
+        for low, high in copy:
+            self._save(guest, low, high)
+        # pages left in place (equal to the file's) are dropped: they read the file again,
+        # and the next checkpoint, in a new file, need not copy them
+        for start, stop in list(self._dirty.ranges(base, base + self.mapped, present_only=True)):
+            drop_pages(start, stop - start)
+        file, self._file = self._file, -1
+        self.close()
+        try:
+            fcntl.fcntl(file, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | SEALS_BESIDE_WRITE)
+        except BaseException:
+            os.close(file)
+            raise
+        return file
 
     def _save(self, guest: memoryview, start: int, end: int) -> int:
         self._view[start:end] = guest[start:end]

@@ -9,17 +9,19 @@ runs afterwards (``settle``); this module touches only memory and globals.
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 from pathlib import Path
 from typing import BinaryIO
 
 import wasmtime
 
-from . import image_writer, images
+from . import image_writer, images, live_memory
 from .cache import CompiledRuntime, exported
 from .checkpoints import memory_address
 from .cow import map_copy_on_write
 from .interpreter import Interpreter
+from .live_memory import LiveMemory
 from .rewrite import BRK_EXPORT, RESET_PREOPENS_EXPORT
 from .stops import memory_limit_text
 
@@ -44,6 +46,8 @@ def load(interpreter: Interpreter, image: images.Image, memory_limit: int) -> No
     if image.memory_file is not None:
         _map_memory_file(interpreter, image.memory_file, image.memory_size)
     base = memory_address(memory, store)
+    if image.live is not None:
+        _map_live_memory(base, image.live, image.boot_file)
     for first, data in image.extents:
         ctypes.memmove(base + first * images.PAGE, data, len(data))
     try:
@@ -67,6 +71,20 @@ def _map_memory_file(interpreter: Interpreter, path: Path, size: int) -> None:
         raise images.ImageError(f"cannot map {path.name}: {exc}") from None
 
 
+def _map_live_memory(base: int, live: LiveMemory, boot_file: Path | None) -> None:
+    """Guest memory as a copy-on-write view of the forking kernel's frozen checkpoint and
+    the boot memory file (see ``live_memory``)."""
+    try:
+        files = live_memory.open_files(live)
+        try:
+            live_memory.map_parts(base, live, files, boot_file)
+        finally:
+            for fd in files:
+                os.close(fd)
+    except (OSError, ValueError) as exc:
+        raise images.ImageError(f"cannot map the forked session's memory: {exc}") from None
+
+
 def capture(
     interpreter: Interpreter,
     out: BinaryIO,
@@ -74,9 +92,11 @@ def capture(
     mounts: list[str],
     scratch: image_writer.ScratchArchive,
     memory_file: Path | None = None,
+    live: LiveMemory | None = None,
 ) -> None:
     """The interpreter as an image file written into ``out``, between turns (its memory as a
-    raw file at ``memory_file`` instead, for a boot image)."""
+    raw file at ``memory_file`` instead, for a boot image; or only where ``live`` says it is,
+    for a fork)."""
     store = interpreter.store
     globals_ = interpreter.mutable_globals()
     if globals_[BRK_EXPORT].value(store) == 0:
@@ -87,12 +107,13 @@ def capture(
         needs=images.identity(compiled.runtime.module.sha256),
         mounts=mounts,
         memory=interpreter.view(),
-        base=fresh_memory(compiled),
+        base=fresh_memory(compiled) if memory_file is None and live is None else b"",
         globals_={name: value.value(store) for name, value in globals_.items()},
         host=host,
         scratch=scratch,
         taken=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         memory_file=memory_file,
+        live=live,
     )
 
 

@@ -29,6 +29,7 @@ from typing import Any, BinaryIO, cast
 import zstandard
 
 from .images import FORMAT, MAGIC, PAGE, HostState, ImageError
+from .live_memory import LiveMemory
 
 COMPRESSION = 1  # zstd level: saving fast matters more than the last few per cent
 CHUNK = 1 << 20  # most stand-in bytes handed to the tar writer at a time while measuring
@@ -214,15 +215,17 @@ def write_image(
     scratch: ScratchArchive,
     taken: str,
     memory_file: Path | None = None,
+    live: LiveMemory | None = None,
 ) -> None:
     """The image file, written into ``out`` (an empty file open for reading and writing).
     With ``memory_file`` (a boot image), the memory goes there as raw pages instead, for
-    kernels to map, and the image only says that it lives elsewhere."""
+    kernels to map, and the image only says that it lives elsewhere; with ``live`` (a fork),
+    it stays where it is, and the image says where (``live_memory``)."""
     view = memoryview(memory)
     runs = []
     if memory_file is not None:
         write_memory_file(memory_file, view)
-    else:
+    elif live is None:
         runs = changed_extents(view, base)
     history = _compressor().compress(json.dumps(host.history).encode())
 
@@ -238,6 +241,7 @@ def write_image(
                     "size": len(view),
                     "extents": extents,
                     "separate": memory_file is not None,
+                    **({"live": live.header()} if live is not None else {}),
                 },
                 "globals": globals_,
                 "host": {

@@ -46,6 +46,7 @@ from . import guest_packages, host_files, image_archive, rewrite
 from .cache import wasmtime_version
 from .host_files import read_exactly
 from .image_archive import MAX_GUEST_PATH
+from .live_memory import LiveMemory
 from .runtime import manifest_dir
 
 MAGIC = b"WKIMAGE\n"
@@ -124,6 +125,8 @@ class Image:
     taken: str = ""
     memory_elsewhere: bool = False  # a boot image's: raw pages in a file beside it
     memory_file: Path | None = None  # that file, in this kernel's cache (see boot_memory_path)
+    live: LiveMemory | None = None  # a fork's: its memory is where this says (live_memory)
+    boot_file: Path | None = None  # where this kernel's boot memory file is, for ``live``
 
     @property
     def stored_pages(self) -> int:
@@ -140,10 +143,12 @@ def read_image(
     memory_limit: int,
     scratch_limit: int,
     memory_file: Path | None = None,
+    boot_file: Path | None = None,
 ) -> Image:
     """Read and check the image at ``path`` against this kernel; raises ImageError.
     ``memory_file`` is where a boot image's memory is (the kernel's own cache, never a name
-    an image gives): an image whose memory lives elsewhere is refused without one."""
+    an image gives): an image whose memory lives elsewhere is refused without one.
+    ``boot_file`` is this kernel's boot memory file, which a fork's image may map."""
     try:
         fd = host_files.open_regular(path)
     except OSError as exc:
@@ -155,6 +160,7 @@ def read_image(
     finally:
         os.close(fd)
     image = parse_image(data, needs=needs, memory_limit=memory_limit, scratch_limit=scratch_limit)
+    image.boot_file = boot_file
     if image.memory_elsewhere:
         if memory_file is None:
             raise ImageError(
@@ -372,6 +378,13 @@ def _checked(
     _check_memory_size(memory_size, memory_limit)
     separate = memory.get("separate", False)  # images from before boot images were mapped
     _require(isinstance(separate, bool) and not (separate and memory["extents"]), "bad memory")
+    live = None
+    if "live" in memory:  # a fork's, whose memory stays in the kernel that forked
+        _require(not separate and not memory["extents"], "bad memory")
+        try:
+            live = LiveMemory.from_header(memory["live"], memory_size)
+        except ValueError as exc:
+            raise ImageError(str(exc)) from None
     extents: list[tuple[int, bytes]] = []
     next_free = 0
     for entry in memory["extents"]:
@@ -450,6 +463,7 @@ def _checked(
         scratch=scratch,
         taken=str(header.get("taken", ""))[:64],
         memory_elsewhere=separate,
+        live=live,
     )
 
 

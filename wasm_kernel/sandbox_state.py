@@ -7,19 +7,21 @@ that the sandbox's class holds its life cycle and turns, this one what outlives 
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from . import image_transfer, images
-from .checkpoints import CheckpointStats
+from .checkpoints import COPY_ON_WRITE, CheckpointStats
 from .contract import guest_call
 from .guest.modules import _wasm_kernel_contract as declared
 from .host_functions import MAX_MESSAGE, GuestClock, HostCall
 from .image_writer import ScratchArchive
 from .interpreter import Interpreter
 from .limits import Limits
+from .live_memory import LiveMemory
 from .output import OutputPump
 
 if TYPE_CHECKING:
@@ -35,6 +37,7 @@ class SandboxState:
     _output: OutputPump
     _clock: GuestClock
     _tmp: Path
+    _boot_image: images.Image | None
     _changed: bool
     _closing: bool
     limits: Limits
@@ -62,9 +65,13 @@ class SandboxState:
         host: images.HostState,
         mounts: list[str],
         memory_file: Path | None = None,
-    ) -> None:
+        fork: bool = False,
+    ) -> LiveMemory | None:
         """This interpreter as an image file written into ``out``, taken between turns (its
-        memory as a raw file at ``memory_file`` instead, for a boot image)."""
+        memory as a raw file at ``memory_file`` instead, for a boot image). With ``fork``,
+        its memory stays where it is, frozen for the fork to map (``live_memory``), where
+        checkpoints are copy-on-write; the frozen memory is returned, for the caller to keep
+        open while the image exists."""
         with self._turn_lock:
             interpreter = self._interpreter
             self._host_call.reply = None
@@ -80,7 +87,18 @@ class SandboxState:
             host.cwd = cwd if isinstance(cwd, str) and cwd else self.cwd
             host.clocks = self._clock.readings()
             scratch = ScratchArchive.of(self._tmp, self.limits.scratch_limit)
-            image_transfer.capture(interpreter, out, host, mounts, scratch, memory_file)
+            live = None
+            if fork and interpreter.state is not None and self.checkpoint_method_shares:
+                self._take_checkpoint(interpreter)  # the frozen file must hold every page
+                boot_file = self._boot_image.memory_file if self._boot_image else None
+                live = interpreter.state.hand_over(interpreter.store, boot_file)
+            try:
+                image_transfer.capture(interpreter, out, host, mounts, scratch, memory_file, live)
+            except BaseException:
+                for fd in live.fds if live is not None else ():
+                    os.close(fd)
+                raise
+            return live
 
     def restore_image(self, image: images.Image) -> None:
         """Replace this interpreter by the image's, in place (like a rollback); on failure the
@@ -139,6 +157,12 @@ class SandboxState:
         """How long the last rollback took to put memory and globals back."""
         state = self._interpreter.state
         return state.last_restore_seconds if state is not None else None
+
+    @property
+    def checkpoint_method_shares(self) -> bool:
+        """Whether checkpoints are copy-on-write files, which a fork can map."""
+        method = self.checkpoint_method
+        return method is not None and method.startswith(COPY_ON_WRITE)
 
     @property
     def checkpoint_method(self) -> str | None:

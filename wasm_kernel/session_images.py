@@ -9,6 +9,7 @@ bounds ``hibernation`` keeps, to be resumed by the next kernel started for it (s
 from __future__ import annotations
 
 import logging
+import os
 import time
 from functools import partial
 from pathlib import Path
@@ -19,6 +20,7 @@ from .hibernation import Hibernation
 from .history import History
 from .image_folder import ImageFolder
 from .limits import Limits
+from .live_memory import LiveMemory
 from .mounts import SCRATCH, Mount
 from .packages import Packages
 from .pip_driver import Cancelled
@@ -30,7 +32,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 IMAGE_PACKAGES_SECONDS = 120  # longest a resume or restore spends installing its %pip packages
-SNAPSHOT_ACTIONS = ("save", "restore", "list", "delete", "forget")
+SNAPSHOT_ACTIONS = ("save", "restore", "fork", "list", "delete", "forget")
+LIVE_FORKS = 16  # fork images whose memory this kernel keeps (the oldest is let go past it)
 
 
 class SessionImages:
@@ -55,6 +58,8 @@ class SessionImages:
         self.granted = granted
         self.snapshots = snapshots
         self.hibernation = hibernation
+        self.boot_file: Path | None = None  # the boot memory file a fork's image may map
+        self._live: dict[str, list[int]] = {}  # fork image name -> its frozen memory, open
 
     def read(self, path: Path, memory_file: Path | None = None) -> images.Image:
         return images.read_image(
@@ -63,6 +68,7 @@ class SessionImages:
             memory_limit=self.limits.memory_limit,
             scratch_limit=self.limits.scratch_limit,
             memory_file=memory_file,
+            boot_file=self.boot_file,
         )
 
     def snapshot_message(self, cell: CellMessages, action: str, name: str) -> dict:
@@ -78,7 +84,8 @@ class SessionImages:
                 )
             if action not in SNAPSHOT_ACTIONS:
                 raise images.ImageError(
-                    "usage: %snapshot save NAME | restore NAME | list | delete NAME | forget"
+                    "usage: %snapshot save NAME | restore NAME | fork NAME | list | delete NAME"
+                    " | forget"
                 )
             if action == "list":
                 return {"text": self.folder.describe()}
@@ -89,6 +96,7 @@ class SessionImages:
                 )
             if action == "delete":
                 self.folder.delete(name)
+                self._let_go(name)
                 return {"text": f"Deleted snapshot {name!r}."}
             path = self.folder.path(name)
             if action == "restore" and not path.exists():
@@ -101,12 +109,27 @@ class SessionImages:
     def act(self, sandbox: Sandbox, action: str, name: str, execution_count: int) -> str:
         """Save or restore between turns (on the guest thread); returns what to tell the user."""
         began = time.perf_counter()
-        if action == "save":
-            path = self.folder.store(name, partial(self._write, sandbox, execution_count))
+        if action in ("save", "fork"):
+            fork = action == "fork"
+            kept: list[LiveMemory | None] = []
+            write = partial(self._write, sandbox, execution_count, fork=fork, kept=kept)
+            try:
+                path = self.folder.store(name, write)
+            except BaseException:
+                for fd in kept[0].fds if kept and kept[0] is not None else ():
+                    os.close(fd)
+                raise
+            self._let_go(name)
+            if kept and kept[0] is not None:
+                self._keep(name, kept[0].fds)
+                how = "sharing this session's memory: it lasts while this kernel runs"
+            else:
+                how = "a whole image" if fork else ""
             size = path.stat().st_size
             return (
-                f"Saved snapshot {name!r} ({size / (1 << 20):.1f} MiB,"
-                f" {time.perf_counter() - began:.2f} s)."
+                f"Saved {'fork image' if fork else 'snapshot'} {name!r}"
+                f" ({size / (1 << 20):.1f} MiB, {time.perf_counter() - began:.2f} s"
+                f"{'; ' + how if how else ''})."
             )
         image = self.read(self.folder.path(name))
         sandbox.restore_image(image)
@@ -137,14 +160,34 @@ class SessionImages:
                 f" {IMAGE_PACKAGES_SECONDS} s and was stopped; %pip install them again"
             ]
 
-    def _write(self, sandbox: Sandbox, execution_count: int, out: BinaryIO) -> None:
+    def _write(
+        self,
+        sandbox: Sandbox,
+        execution_count: int,
+        out: BinaryIO,
+        fork: bool = False,
+        kept: list[LiveMemory | None] | None = None,
+    ) -> None:
+        """The session's image into ``out``; a fork's frozen memory goes into ``kept``."""
         entries = self.history.range(0, 0, None)
         host = images.HostState(
             execution_count=execution_count,
             history=[(line, source) for _, line, source in entries],
             packages=self.packages.pins() if self.packages is not None else [],
         )
-        sandbox.save_image(out, host, [str(mount) for mount in self.granted])
+        live = sandbox.save_image(out, host, [str(mount) for mount in self.granted], fork=fork)
+        if kept is not None:
+            kept.append(live)
+
+    def _keep(self, name: str, fds: list[int]) -> None:
+        """Keep a fork image's memory open while the image exists, LIVE_FORKS at most."""
+        self._live[name] = fds
+        while len(self._live) > LIVE_FORKS:
+            self._let_go(next(iter(self._live)))
+
+    def _let_go(self, name: str) -> None:
+        for fd in self._live.pop(name, ()):
+            os.close(fd)
 
     def hibernate(self, sandbox: Sandbox, execution_count: int) -> None:
         """At shutdown: this notebook's session, for the next kernel started for it."""

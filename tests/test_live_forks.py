@@ -1,0 +1,160 @@
+"""Forks that map their parent's memory (``%snapshot fork``, ``Session.fork()``).
+
+A fork image names where the session's memory is, in the kernel that forked: the forked
+kernel maps those pages copy-on-write. Checked here through real kernels: the two sessions
+share the pages neither wrote (proportional set size), diverge where they write, the parent's
+rollback still returns to its own last cell; and what a forked kernel refuses: an image whose
+forking kernel has ended, and crafted images naming a file that is not a sealed checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import Kernel, ok, plain
+
+from wasm_kernel import images
+from wasm_kernel.client import Session
+
+pytestmark = pytest.mark.slow
+
+ARRAY = "import numpy as np\ndata = np.ones(64 * 2**20 // 8)\nfloat(data.sum())"
+
+
+def pss_and_rss(pid: int) -> tuple[int, int]:
+    """Proportional and resident set sizes of a process, in bytes."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+        name, value, *_ = line.split()
+        fields[name.rstrip(":")] = int(value) * 1024
+    return fields["Pss"], fields["Rss"]
+
+
+def test_a_fork_shares_its_parents_pages_and_the_two_diverge(tmp_path: Path) -> None:
+    with Session(snapshots=True, snapshot_dir=str(tmp_path)) as parent:
+        assert parent.run(ARRAY).text == str(float(8 * 2**20))
+        with parent.fork() as child:
+            assert child.run("float(data.sum())").text == str(float(8 * 2**20))
+            # both have read every page of the array: each holds about half of them
+            pss, rss = pss_and_rss(child.manager.provisioner.process.pid)
+            assert rss - pss > 24 << 20, (pss, rss)
+            child.run("data[:10] = 5")
+            parent.run("data[10:20] = 7")
+            shown = "print(data[:21].tolist())"
+            assert child.run(shown).stdout == f"{[5.0] * 10 + [1.0] * 11}\n"
+            assert parent.run(shown).stdout == f"{[1.0] * 10 + [7.0] * 10 + [1.0]}\n"
+        # the fork image went with the fork's start; the parent's checkpoints go on
+        assert [p.name for p in tmp_path.iterdir() if "fork" in p.name] == []
+        parent.run("after = data[:21].sum()")
+        crashed = parent.run("data[:] = 3\nimport os\nos.abort()")
+        assert crashed.error is not None and crashed.error.name == "GuestCrashed"
+        assert parent.run("float(after), float(data[:21].sum()), float(data.sum())").text == (
+            f"({1.0 * 11 + 70.0}, {1.0 * 11 + 70.0}, {float(8 * 2**20 + 60)})"
+        )
+
+
+@pytest.fixture
+def forked(tmp_path: Path) -> Iterator[tuple[Kernel, Path]]:
+    """A kernel that has written the fork image ``fx`` (in its own snapshot folder)."""
+    folder = tmp_path / "images"
+    kernel = Kernel(env={"WASM_KERNEL_SNAPSHOT_DIR": str(folder)})
+    run = ok(kernel.execute("secret = 'parent'\n%snapshot fork fx"))
+    assert "sharing this session's memory" in run.stream_text()
+    yield kernel, folder
+    kernel.shutdown()
+
+
+def resumed(folder: Path, name: str) -> tuple[str, str | None]:
+    """What a kernel started from image ``name`` says first, and what it then has."""
+    kernel = Kernel(
+        [f"--WasmKernel.resume_from={name}"], env={"WASM_KERNEL_SNAPSHOT_DIR": str(folder)}
+    )
+    try:
+        run = kernel.execute("globals().get('secret')")
+        return run.stream_text("stderr"), run.result_text()
+    finally:
+        kernel.shutdown()
+
+
+def test_a_fork_image_resumes_while_its_kernel_runs(forked) -> None:
+    kernel, folder = forked
+    told, seen = resumed(folder, "fx")
+    assert (told, seen) == ("", "'parent'")
+    kernel.execute("secret = 'changed later'")
+    assert resumed(folder, "fx")[1] == "'parent'"  # frozen: the parent's later cells are not in it
+
+
+def test_a_fork_image_whose_kernel_ended_starts_fresh_and_says_why(forked) -> None:
+    kernel, folder = forked
+    kernel.shutdown()
+    told, seen = resumed(folder, "fx")
+    assert "the kernel that forked it has ended" in told and "fresh interpreter" in told
+    assert seen is None
+
+
+def rewritten(path: Path, change) -> None:
+    """Change an image's header as a forger would, checksum and all."""
+    data = path.read_bytes()
+    room = struct.unpack("<II", data[len(images.MAGIC) : images.PREFIX])[1]
+    header = json.loads(data[images.PREFIX : images.PREFIX + room])
+    change(header["memory"]["live"])
+    encoded = json.dumps(header).encode()
+    assert len(encoded) <= room
+    body = data[: images.PREFIX] + encoded.ljust(room) + data[images.PREFIX + room : -32]
+    path.write_bytes(body + hashlib.sha256(body).digest())
+
+
+@pytest.mark.parametrize(
+    ("what", "refusal"),
+    [
+        ("a regular file", "not a wasm-kernel checkpoint"),
+        ("an unsealed memfd of our name", "not sealed against writes"),
+    ],
+)
+def test_a_crafted_fork_image_never_maps_a_foreign_file(forked, tmp_path, what, refusal) -> None:
+    """The image names a descriptor of this test's process instead: the kernel checks what it
+    opened and starts fresh; the file's bytes never reach its guest."""
+    _, folder = forked
+    if what == "a regular file":
+        planted = tmp_path / "planted"
+        planted.write_bytes(b"secret bytes " * 100_000)
+        fd = os.open(planted, os.O_RDONLY)
+    else:
+        fd = os.memfd_create("wasm-kernel-checkpoint")
+        os.write(fd, b"secret bytes " * 100_000)
+    try:
+        path = folder / "fx.wkimg"
+
+        def point_at_us(live: dict) -> None:
+            live["pid"], live["fds"] = os.getpid(), [fd]
+
+        rewritten(path, point_at_us)
+        told, seen = resumed(folder, "fx")
+        assert refusal in told and "fresh interpreter" in told, told
+        assert seen is None
+    finally:
+        os.close(fd)
+
+
+def test_the_parent_lets_go_of_a_fork_images_memory_when_it_is_deleted(forked) -> None:
+    kernel, _ = forked
+    pid = kernel.manager.provisioner.process.pid
+
+    def frozen() -> int:
+        return sum(
+            "wasm-kernel-checkpoint" in os.readlink(f"/proc/{pid}/fd/{fd}")
+            for fd in os.listdir(f"/proc/{pid}/fd")
+        )
+
+    before = frozen()
+    ok(kernel.execute("%snapshot delete fx"))
+    assert frozen() == before - 1
+    assert plain(kernel.execute("len(secret)")) == 6
+    assert psutil.pid_exists(pid)

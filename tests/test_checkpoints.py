@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from conftest import Kernel, ok
 
-from wasm_kernel import cow, images
+from wasm_kernel import cow, images, written_pages
 from wasm_kernel.cache import RuntimeCache
 from wasm_kernel.checkpoints import COPY, COPY_ON_WRITE, checkpoint_method, memory_address
 from wasm_kernel.cow import copy_on_write_missing, map_copy_on_write, page_up
@@ -284,7 +284,7 @@ def test_pages_of_another_file_are_kept_or_copied_exactly(
     are found with PAGEMAP_SCAN or by reading /proc/self/pagemap (kernels before 6.7)."""
     monkeypatch.setattr(cow, "MAX_FOREIGN_PARTS", foreign_parts)
     if finder != "PAGEMAP_SCAN":
-        monkeypatch.setattr(cow, "pagemap_scan_works", lambda: False)
+        monkeypatch.setattr(written_pages, "pagemap_scan_works", lambda: False)
     box = sandbox(compiled)
     try:
         box.run_cell("import numpy\nkept = numpy.arange(100_000)", 1, Quiet())
@@ -371,7 +371,7 @@ def test_pages_written_checkpoint_after_checkpoint_stay_writable_and_roll_back(
     """A page found written by two checkpoints in a row is left writable: every checkpoint
     saves it from then on, written or not, a rollback puts it back exactly, and every
     HOT_REVIEW checkpoints it is protected again until it is written twice more."""
-    monkeypatch.setattr(cow, "HOT_REVIEW", 5)
+    monkeypatch.setattr(written_pages, "HOT_REVIEW", 5)
     pages = 16
     area = mmap.mmap(-1, pages * cow.PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     base = ctypes.addressof(ctypes.c_char.from_buffer(area))
@@ -410,7 +410,7 @@ def test_pages_written_checkpoint_after_checkpoint_stay_writable_and_roll_back(
 @pytest.mark.skipif(not cow.write_protect_works(), reason="no userfaultfd write-protection here")
 def test_pages_left_writable_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past HOT_LIMIT, pages written checkpoint after checkpoint are protected again."""
-    monkeypatch.setattr(cow, "HOT_LIMIT", 4 * cow.PAGE)
+    monkeypatch.setattr(written_pages, "HOT_LIMIT", 4 * cow.PAGE)
     pages = 64
     area = mmap.mmap(-1, pages * cow.PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     base = ctypes.addressof(ctypes.c_char.from_buffer(area))

@@ -30,30 +30,27 @@ import fcntl
 import mmap
 import os
 import platform
-import re
 import sys
-from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from functools import cache
 
 import wasmtime
 
-PAGE = mmap.PAGESIZE
-Ranges = list[tuple[int, int]]  # [start, end) pairs
+from .page_ranges import PAGE, Ranges, cut_out, page_up, pieces, subtract, union
+from .written_pages import (
+    MAP_FAILED,
+    DirtyPages,
+    HotPages,
+    WrittenPages,
+    check,
+    dirty_page_finder,
+    drop_pages,
+    libc,
+    write_protect_works,
+)
+
 SEALS_BESIDE_WRITE = fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
 MAP_FIXED = 0x10  # same value on every Linux architecture this runs on
-MAP_FAILED = ctypes.c_void_p(-1).value
-# fs/proc PAGEMAP_SCAN (include/uapi/linux/fs.h): page categories and the ioctl number
-PAGE_IS_FILE = 1 << 2
-PAGE_IS_PRESENT = 1 << 3
-PAGE_IS_SWAPPED = 1 << 4
-PAGE_IS_PFNZERO = 1 << 5
-REGIONS_PER_CALL = 512
-# /proc/self/pagemap: the top byte of each page's entry has bit 7 "present", bit 6 "swapped",
-# bit 5 "file page or shared"; this table maps it to 1 for the process's own pages
-OWN_PAGE = bytes(int((top & 0xE0) in (0x80, 0x40)) for top in range(256))
-OWN_PRESENT_PAGE = bytes(int((top & 0xE0) == 0x80) for top in range(256))
-MERGE_GAP = 8 * PAGE
 GUEST_SPAN = 1 << 32  # all a 32-bit guest memory can ever be
 # Pieces of guest memory left mapped from another file: each costs the process a mapping or
 # two (Linux allows ~65,000), so past this many the rest is copied into the checkpoint.
@@ -62,100 +59,6 @@ MAX_FOREIGN_PARTS = 2048
 # held twice) rather than dropping: the pages cells keep rewriting (reference counts,
 # allocator state) stay, bulk data a cell wrote once is dropped as without write-protection.
 KEPT_LIMIT = 64 << 20
-# Pages found written by two checkpoints in a row are left writable (see HotPages), up to
-# this many bytes; every HOT_REVIEW checkpoints all are protected again and must requalify.
-HOT_LIMIT = 4 << 20
-HOT_REVIEW = 32
-# userfaultfd (linux/userfaultfd.h)
-SYS_USERFAULTFD = {"x86_64": 323, "aarch64": 282}
-UFFD_USER_MODE_ONLY = 1
-UFFD_API = 0xAA
-UFFD_FEATURE_WP_UNPOPULATED = 1 << 13
-UFFD_FEATURE_WP_ASYNC = 1 << 15
-UFFDIO_REGISTER_MODE_WP = 1 << 1
-UFFDIO_WRITEPROTECT_MODE_WP = 1 << 0
-PAGE_IS_WRITTEN = 1 << 1
-PM_SCAN_WP_MATCHING = 1 << 0
-PM_SCAN_CHECK_WPASYNC = 1 << 1
-
-
-class ScanArguments(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_uint64)
-        for name in (
-            "size",
-            "flags",
-            "start",
-            "end",
-            "walk_end",
-            "vec",
-            "vec_len",
-            "max_pages",
-            "category_inverted",
-            "category_mask",
-            "category_anyof_mask",
-            "return_mask",
-        )
-    ]
-
-
-class PageRegion(ctypes.Structure):
-    _fields_ = [
-        ("start", ctypes.c_uint64),
-        ("end", ctypes.c_uint64),
-        ("categories", ctypes.c_uint64),
-    ]
-
-
-class UffdApi(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64) for name in ("api", "features", "ioctls")]
-
-
-class UffdRegister(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64) for name in ("start", "len", "mode", "ioctls")]
-
-
-class UffdWriteProtect(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64) for name in ("start", "len", "mode")]
-
-
-def _iowr(kind: int, number: int, size: int) -> int:
-    return (3 << 30) | (size << 16) | (kind << 8) | number
-
-
-PAGEMAP_SCAN = _iowr(ord("f"), 16, ctypes.sizeof(ScanArguments))
-UFFDIO_API = _iowr(UFFD_API, 0x3F, ctypes.sizeof(UffdApi))
-UFFDIO_REGISTER = _iowr(UFFD_API, 0x00, ctypes.sizeof(UffdRegister))
-UFFDIO_WRITEPROTECT = _iowr(UFFD_API, 0x06, ctypes.sizeof(UffdWriteProtect))
-
-# Called holding the GIL (PyDLL): each of these system calls takes microseconds, and a
-# checkpoint makes dozens; letting go of the GIL at each let the kernel's other threads in
-# between, and the checkpoint, which the next cell waits for, took twice as long.
-_libc = ctypes.PyDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_long,
-]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-_libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
-_libc.syscall.restype = ctypes.c_long
-
-
-def _check(result: int | None, what: str) -> int:
-    if result == -1 or result is None or result == MAP_FAILED:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"{what}: {os.strerror(errno)}")
-    return result
-
-
-def page_up(size: int) -> int:
-    return -(-size // PAGE) * PAGE
 
 
 def map_file(address: int, length: int, fd: int, offset: int) -> None:
@@ -163,65 +66,9 @@ def map_file(address: int, length: int, fd: int, offset: int) -> None:
     exactly at ``address``, replacing whatever was mapped there."""
     flags = mmap.MAP_PRIVATE | MAP_FIXED
     prot = mmap.PROT_READ | mmap.PROT_WRITE
-    mapped = _check(_libc.mmap(address, length, prot, flags, fd, offset), "mmap")
+    mapped = check(libc.mmap(address, length, prot, flags, fd, offset), "mmap")
     if mapped != address:
         raise OSError(f"mmap placed the mapping at {mapped:#x}, not {address:#x}")
-
-
-def union(ranges: Ranges) -> Ranges:
-    """Overlapping or touching ranges merged, in order."""
-    merged: Ranges = []
-    for start, end in sorted(ranges):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def _pieces(a: Ranges, b: Ranges) -> Iterator[tuple[int, int, bool]]:
-    """``a`` cut at the bounds of ``b``: ``(low, high, inside b)``, in order. Both merged
-    (ordered, disjoint); each range of ``a`` finds its place in ``b`` by bisection, so a few
-    ranges against many cost little."""
-    starts = [low for low, _ in b]
-    for low, high in a:
-        index = max(bisect_right(starts, low) - 1, 0)
-        while low < high:
-            while index < len(b) and b[index][1] <= low:
-                index += 1
-            if index == len(b) or b[index][0] >= high:
-                yield low, high, False
-                break
-            other_low, other_high = b[index]
-            if other_low > low:
-                yield low, other_low, False
-                low = other_low
-            yield low, min(high, other_high), True
-            low = min(high, other_high)
-
-
-def _cut_out(ranges: Ranges, pieces: Ranges) -> Ranges:
-    """Merged ``ranges`` less ordered ``pieces``, each within one of them (found by bisection:
-    cheap for a few pieces)."""
-    result = list(ranges)
-    starts = [low for low, _ in ranges]
-    for low, high in reversed(pieces):  # from the end: the places found stay right
-        index = bisect_right(starts, low) - 1
-        outer_low, outer_high = result[index]
-        result[index : index + 1] = [
-            (start, stop) for start, stop in ((outer_low, low), (high, outer_high)) if start < stop
-        ]
-    return result
-
-
-def intersect(a: Ranges, b: Ranges) -> Ranges:
-    """The parts of ranges ``a`` within ranges ``b``."""
-    return union([(low, high) for low, high, inside in _pieces(union(a), union(b)) if inside])
-
-
-def subtract(a: Ranges, b: Ranges) -> Ranges:
-    """The parts of ranges ``a`` outside ranges ``b``."""
-    return union([(low, high) for low, high, inside in _pieces(union(a), union(b)) if not inside])
 
 
 def file_mapped(base: int, start: int, end: int) -> Ranges:
@@ -236,212 +83,6 @@ def file_mapped(base: int, start: int, end: int) -> Ranges:
                 if int(inode) and low < end and high > start:
                     parts.append((max(low, start), min(high, end)))
     return parts
-
-
-def merged_across_gaps(ranges: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int]]:
-    """Ordered ranges, merged across gaps of up to ``MERGE_GAP``: saving or dropping pages that
-    equal the checkpoint's too is harmless, and one system call per range is most of a
-    checkpoint's cost."""
-    pending: tuple[int, int] | None = None
-    for low, high in ranges:
-        if pending is not None and low - pending[1] <= MERGE_GAP:
-            pending = (pending[0], high)
-            continue
-        if pending is not None:
-            yield pending
-        pending = (low, high)
-    if pending is not None:
-        yield pending
-
-
-def _scan_pages(
-    pagemap: int, arguments: ScanArguments, regions: ctypes.Array, start: int, end: int
-) -> Iterator[tuple[int, int]]:
-    """The regions ``PAGEMAP_SCAN`` lists for ``arguments`` within ``[start, end)``, asked in
-    as many calls as ``regions`` needs."""
-    while start < end:
-        arguments.start, arguments.end = start, end
-        found = _check(_libc.ioctl(pagemap, PAGEMAP_SCAN, ctypes.byref(arguments)), "PAGEMAP_SCAN")
-        for region in regions[:found]:
-            yield region.start, region.end
-        if arguments.walk_end <= start:
-            raise OSError("PAGEMAP_SCAN made no progress")
-        start = arguments.walk_end
-
-
-def drop_pages(address: int, length: int) -> None:
-    """Forget private copies: a private file page reads the file again, anonymous memory zero."""
-    _check(_libc.madvise(address, length, mmap.MADV_DONTNEED), "madvise")
-
-
-class DirtyPages:
-    """Finds, with one ``PAGEMAP_SCAN`` call per few hundred regions, the pages of a range that
-    hold this process's own data: anonymous pages, present or swapped out (in a private file
-    mapping, the pages written since it was mapped or last dropped)."""
-
-    def __init__(self) -> None:
-        self._pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
-        self._regions = (PageRegion * REGIONS_PER_CALL)()
-        self._scan = self._ask_kernel if pagemap_scan_works() else self._read_pagemap
-
-    def close(self) -> None:
-        if self._pagemap >= 0:
-            os.close(self._pagemap)
-            self._pagemap = -1
-
-    def ranges(self, start: int, end: int, present_only: bool = False) -> Iterable[tuple[int, int]]:
-        """``(start, end)`` address ranges of the anonymous pages within ``[start, end)``,
-        merged across small gaps (``merged_across_gaps``). ``present_only``: not those
-        swapped out, nor (the same to the kernel) the marks userfaultfd write-protection
-        leaves on pages that are not present."""
-        return merged_across_gaps(self._scan(start, end, present_only))
-
-    def _read_pagemap(self, start: int, end: int, present_only: bool) -> Iterator[tuple[int, int]]:
-        entries = os.pread(self._pagemap, (end - start) // PAGE * 8, start // PAGE * 8)
-        own = entries[7::8].translate(OWN_PRESENT_PAGE if present_only else OWN_PAGE)
-        for run in re.finditer(b"\x01+", own):
-            yield start + run.start() * PAGE, start + run.end() * PAGE
-
-    def _ask_kernel(self, start: int, end: int, present_only: bool) -> Iterator[tuple[int, int]]:
-        wanted = PAGE_IS_PRESENT if present_only else PAGE_IS_PRESENT | PAGE_IS_SWAPPED
-        arguments = ScanArguments(
-            size=ctypes.sizeof(ScanArguments),
-            vec=ctypes.addressof(self._regions),
-            vec_len=REGIONS_PER_CALL,
-            # never the shared zero page (memory read but never written: it reads as zeros)
-            category_inverted=PAGE_IS_PFNZERO | PAGE_IS_FILE,
-            category_mask=PAGE_IS_PFNZERO | PAGE_IS_FILE,
-            category_anyof_mask=wanted,
-            return_mask=wanted,
-        )
-        yield from _scan_pages(self._pagemap, arguments, self._regions, start, end)
-
-
-class WrittenPages:
-    """Pages written since they were last protected, from userfaultfd's asynchronous
-    write-protection: a write to a protected page only clears its mark, in the kernel (no
-    thread waits on the userfaultfd), and ``PAGEMAP_SCAN`` lists and protects the marked
-    pages again in one call. Only ranges passed to ``watch`` are tracked."""
-
-    def __init__(self) -> None:
-        number = SYS_USERFAULTFD.get(platform.machine())
-        if number is None:
-            raise OSError(f"no userfaultfd system call known on {platform.machine()}")
-        self._fd = _check(
-            _libc.syscall(number, os.O_CLOEXEC | os.O_NONBLOCK | UFFD_USER_MODE_ONLY), "userfaultfd"
-        )
-        try:
-            wanted = UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_WP_UNPOPULATED
-            api = UffdApi(api=UFFD_API, features=wanted)
-            _check(_libc.ioctl(self._fd, UFFDIO_API, ctypes.byref(api)), "UFFDIO_API")
-            if api.features & wanted != wanted:
-                raise OSError("userfaultfd has no asynchronous write-protection here")
-            self._pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            os.close(self._fd)
-            raise
-        self._regions = (PageRegion * REGIONS_PER_CALL)()
-
-    def close(self) -> None:
-        """Stop tracking (closing the userfaultfd unregisters its ranges)."""
-        if self._fd >= 0:
-            os.close(self._pagemap)
-            os.close(self._fd)
-            self._fd = -1
-
-    def watch(self, start: int, end: int) -> None:
-        """Track ``[start, end)`` (all of it mapped; parts tracked already stay so)."""
-        register = UffdRegister(start=start, len=end - start, mode=UFFDIO_REGISTER_MODE_WP)
-        _check(_libc.ioctl(self._fd, UFFDIO_REGISTER, ctypes.byref(register)), "UFFDIO_REGISTER")
-
-    def protect(self, start: int, end: int) -> None:
-        """Mark ``[start, end)`` unwritten (pages not present too: their first write counts)."""
-        protect = UffdWriteProtect(start=start, len=end - start, mode=UFFDIO_WRITEPROTECT_MODE_WP)
-        _check(
-            _libc.ioctl(self._fd, UFFDIO_WRITEPROTECT, ctypes.byref(protect)),
-            "UFFDIO_WRITEPROTECT",
-        )
-
-    def collect(self, start: int, end: int) -> Iterable[tuple[int, int]]:
-        """``(start, end)`` ranges of the pages written within ``[start, end)``, each marked
-        unwritten again as it is listed, merged across small gaps (``merged_across_gaps``)."""
-        return merged_across_gaps(self._scan(start, end, PM_SCAN_WP_MATCHING))
-
-    def written(self, start: int, end: int) -> Iterable[tuple[int, int]]:
-        """As ``collect``, but the pages stay marked written (``protect`` marks them)."""
-        return merged_across_gaps(self._scan(start, end, 0))
-
-    def _scan(self, start: int, end: int, flags: int) -> Iterator[tuple[int, int]]:
-        arguments = ScanArguments(
-            size=ctypes.sizeof(ScanArguments),
-            flags=flags | PM_SCAN_CHECK_WPASYNC,
-            vec=ctypes.addressof(self._regions),
-            vec_len=REGIONS_PER_CALL,
-            category_mask=PAGE_IS_WRITTEN,
-            return_mask=PAGE_IS_WRITTEN,
-        )
-        yield from _scan_pages(self._pagemap, arguments, self._regions, start, end)
-
-
-class HotPages:
-    """Which written pages a checkpoint leaves writable instead of protecting them again.
-
-    Most pages a cell writes are written by every cell (reference counts, allocator state,
-    the interpreter's counters in the code that runs each cell): protected again at each
-    checkpoint, each costs the next cell a write fault. A page found written by two
-    checkpoints in a row is left writable, so it faults no more; userfaultfd then reports it
-    written at every checkpoint, which saves it whether it changed or not: a copy of a page
-    costs less than a fault. Bounded by ``HOT_LIMIT``; every ``HOT_REVIEW`` checkpoints all
-    are protected again, and only pages still written qualify anew.
-    """
-
-    def __init__(self) -> None:
-        self._hot = bytearray()  # a byte per page: 1 where left writable
-        self._hot_pages = 0
-        self._cold_before: Ranges = []  # what the previous checkpoint protected again
-        self._checkpoints = 0
-
-    def settle(self, found: Ranges, pages: int) -> Ranges:
-        """Of ``found`` (ordered, within ``pages`` pages), the written pages that stay in
-        place, the ranges to protect again; the rest stay writable."""
-        self._checkpoints += 1
-        if self._checkpoints % HOT_REVIEW == 0:
-            self.forget()
-            self._cold_before = found
-            return found
-        if len(self._hot) < pages:
-            self._hot.extend(bytes(pages - len(self._hot)))
-        cold = self._cold_parts(found)
-        rising = intersect(cold, self._cold_before)
-        count = sum(high - low for low, high in rising) // PAGE
-        if rising and (self._hot_pages + count) * PAGE <= HOT_LIMIT:
-            for low, high in rising:
-                self._hot[low // PAGE : high // PAGE] = b"\x01" * ((high - low) // PAGE)
-            self._hot_pages += count
-            cold = subtract(cold, rising)
-        self._cold_before = cold
-        return cold
-
-    def _cold_parts(self, ranges: Ranges) -> Ranges:
-        """The parts of ordered ``ranges`` not left writable (one search per range that has
-        none, as most have once the pages every cell writes are known)."""
-        hot = self._hot
-        cold = []
-        for low, high in ranges:
-            last = high // PAGE
-            page = hot.find(0, low // PAGE, last)
-            while page >= 0:
-                end = hot.find(1, page, last)
-                end = last if end < 0 else end
-                cold.append((page * PAGE, end * PAGE))
-                page = hot.find(0, end, last)
-        return cold
-
-    def forget(self) -> None:
-        """All pages were protected again (dropped, or rolled back)."""
-        self._hot = bytearray(len(self._hot))
-        self._hot_pages = 0
-        self._cold_before = []
 
 
 class CopyOnWriteMemory:
@@ -464,11 +105,11 @@ class CopyOnWriteMemory:
         # holding the GIL for a memory copy only.
         shared = mmap.MAP_SHARED | getattr(mmap, "MAP_NORESERVE", 0)
         prot = mmap.PROT_READ | mmap.PROT_WRITE
-        self._view_address = _libc.mmap(None, GUEST_SPAN, prot, shared, self._file, 0)
+        self._view_address = libc.mmap(None, GUEST_SPAN, prot, shared, self._file, 0)
         if self._view_address in (None, MAP_FAILED):
             self._dirty.close()
             os.close(self._file)
-            _check(-1, "mmap")
+            check(-1, "mmap")
         self._view = memoryview((ctypes.c_char * GUEST_SPAN).from_address(self._view_address))
         self._view = self._view.cast("B")
         self.mapped = 0  # bytes of guest memory that are a view of the checkpoint
@@ -489,7 +130,7 @@ class CopyOnWriteMemory:
             self._tracker.close()
         if self._view_address is not None:
             self._view.release()
-            _libc.munmap(self._view_address, GUEST_SPAN)
+            libc.munmap(self._view_address, GUEST_SPAN)
             self._view_address = None
         if self._file >= 0:
             os.close(self._file)
@@ -558,10 +199,10 @@ class CopyOnWriteMemory:
         # another file was. The grown part is mapped whole, less what stays foreign (its
         # absent anonymous pages map the file's holes).
         within = [(low, min(high, self.mapped)) for low, high in written if low < self.mapped]
-        pieces = list(_pieces(within, old_foreign))
-        remapped = [(low, high) for low, high, was_foreign in pieces if was_foreign]
-        staying = [(low, high) for low, high, was_foreign in pieces if not was_foreign]
-        self._foreign = _cut_out(old_foreign, remapped)
+        cut = list(pieces(within, old_foreign))
+        remapped = [(low, high) for low, high, was_foreign in cut if was_foreign]
+        staying = [(low, high) for low, high, was_foreign in cut if not was_foreign]
+        self._foreign = cut_out(old_foreign, remapped)
         if foreign:
             self._foreign = union(self._foreign + subtract(foreign, written))
         keep = tracker is not None and self._kept + self._not_kept(staying) <= KEPT_LIMIT
@@ -664,57 +305,6 @@ def map_copy_on_write(
 
 
 @cache
-def pagemap_scan_works() -> bool:
-    """Whether this kernel has ``PAGEMAP_SCAN`` (else pagemap is read: slower, same answer)."""
-    page = ctypes.create_string_buffer(2 * PAGE)
-    start = page_up(ctypes.addressof(page))
-    arguments = ScanArguments(size=ctypes.sizeof(ScanArguments), start=start, end=start + PAGE)
-    arguments.category_anyof_mask = arguments.return_mask = PAGE_IS_PRESENT
-    pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return _libc.ioctl(pagemap, PAGEMAP_SCAN, ctypes.byref(arguments)) >= 0
-    finally:
-        os.close(pagemap)
-
-
-@cache
-def write_protect_works() -> bool:
-    """Whether userfaultfd's asynchronous write-protection tracks writes here, tried for real
-    on a scratch file mapping: a written page must be listed, then no page."""
-    if not pagemap_scan_works():
-        return False
-    area = -1
-    fd = -1
-    tracker = None
-    try:
-        tracker = WrittenPages()
-        fd = os.memfd_create("wasm-kernel-probe", os.MFD_CLOEXEC)
-        os.ftruncate(fd, 4 * PAGE)
-        prot = mmap.PROT_READ | mmap.PROT_WRITE
-        area = _check(_libc.mmap(None, 4 * PAGE, prot, mmap.MAP_PRIVATE, fd, 0), "mmap")
-        tracker.watch(area, area + 4 * PAGE)
-        tracker.protect(area, area + 4 * PAGE)
-        ctypes.memset(area + 2 * PAGE, 1, 1)
-        first = list(tracker.collect(area, area + 4 * PAGE))
-        second = list(tracker.collect(area, area + 4 * PAGE))
-        return first == [(area + 2 * PAGE, area + 3 * PAGE)] and second == []
-    except OSError:  # no userfaultfd (a seccomp filter, an older kernel): pages are dropped
-        return False
-    finally:
-        if tracker is not None:
-            tracker.close()
-        if area not in (-1, None):
-            _libc.munmap(area, 4 * PAGE)
-        if fd >= 0:
-            os.close(fd)
-
-
-def dirty_page_finder() -> str:
-    finder = "PAGEMAP_SCAN" if pagemap_scan_works() else "/proc/self/pagemap"
-    return f"userfaultfd write-protection and {finder}" if write_protect_works() else finder
-
-
-@cache
 def copy_on_write_missing() -> str | None:
     """Why copy-on-write checkpoints cannot work in this process, or None if they can. Tried
     for real on a scratch mapping: a written page must be found, an unwritten one not, and a
@@ -727,8 +317,8 @@ def copy_on_write_missing() -> str | None:
         memory = CopyOnWriteMemory(track_writes=False)  # write_protect_works tries that part
         length = 4 * PAGE
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-        area = _check(
-            _libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0), "mmap"
+        area = check(
+            libc.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0), "mmap"
         )
         ctypes.memset(area, 7, 2 * PAGE)
         memory.take(area, 2 * PAGE)
@@ -747,5 +337,5 @@ def copy_on_write_missing() -> str | None:
         if memory is not None:
             memory.close()
         if area not in (-1, None):
-            _libc.munmap(area, 4 * PAGE)
+            libc.munmap(area, 4 * PAGE)
     return None

@@ -1,0 +1,88 @@
+"""Ranges of guest memory as ordered ``[start, end)`` pairs, and their algebra: what the
+checkpoints (``cow``) and the finders of written pages (``written_pages``) compute with."""
+
+from __future__ import annotations
+
+import mmap
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator
+
+PAGE = mmap.PAGESIZE
+Ranges = list[tuple[int, int]]  # [start, end) pairs
+MERGE_GAP = 8 * PAGE
+
+
+def page_up(size: int) -> int:
+    return -(-size // PAGE) * PAGE
+
+
+def union(ranges: Ranges) -> Ranges:
+    """Overlapping or touching ranges merged, in order."""
+    merged: Ranges = []
+    for start, end in sorted(ranges):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def pieces(a: Ranges, b: Ranges) -> Iterator[tuple[int, int, bool]]:
+    """``a`` cut at the bounds of ``b``: ``(low, high, inside b)``, in order. Both merged
+    (ordered, disjoint); each range of ``a`` finds its place in ``b`` by bisection, so a few
+    ranges against many cost little."""
+    starts = [low for low, _ in b]
+    for low, high in a:
+        index = max(bisect_right(starts, low) - 1, 0)
+        while low < high:
+            while index < len(b) and b[index][1] <= low:
+                index += 1
+            if index == len(b) or b[index][0] >= high:
+                yield low, high, False
+                break
+            other_low, other_high = b[index]
+            if other_low > low:
+                yield low, other_low, False
+                low = other_low
+            yield low, min(high, other_high), True
+            low = min(high, other_high)
+
+
+def cut_out(ranges: Ranges, pieces: Ranges) -> Ranges:
+    """Merged ``ranges`` less ordered ``pieces``, each within one of them (found by bisection:
+    cheap for a few pieces)."""
+    result = list(ranges)
+    starts = [low for low, _ in ranges]
+    for low, high in reversed(pieces):  # from the end: the places found stay right
+        index = bisect_right(starts, low) - 1
+        outer_low, outer_high = result[index]
+        result[index : index + 1] = [
+            (start, stop) for start, stop in ((outer_low, low), (high, outer_high)) if start < stop
+        ]
+    return result
+
+
+def intersect(a: Ranges, b: Ranges) -> Ranges:
+    """The parts of ranges ``a`` within ranges ``b``."""
+    return union([(low, high) for low, high, inside in pieces(union(a), union(b)) if inside])
+
+
+def subtract(a: Ranges, b: Ranges) -> Ranges:
+    """The parts of ranges ``a`` outside ranges ``b``."""
+    return union([(low, high) for low, high, inside in pieces(union(a), union(b)) if not inside])
+
+
+def merged_across_gaps(ranges: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+    """Ordered ranges, merged across gaps of up to ``MERGE_GAP``: saving or dropping pages that
+    equal the checkpoint's too is harmless, and one system call per range is most of a
+    checkpoint's cost."""
+    pending: tuple[int, int] | None = None
+    for low, high in ranges:
+        if pending is not None and low - pending[1] <= MERGE_GAP:
+            pending = (pending[0], high)
+            continue
+        if pending is not None:
+            yield pending
+        pending = (low, high)
+    if pending is not None:
+        yield pending

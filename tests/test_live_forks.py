@@ -99,6 +99,32 @@ def test_a_fork_image_whose_kernel_ended_starts_fresh_and_says_why(forked) -> No
     assert seen is None
 
 
+def live_header(path: Path) -> dict:
+    data = path.read_bytes()
+    room = struct.unpack("<II", data[len(images.MAGIC) : images.PREFIX])[1]
+    return json.loads(data[images.PREFIX : images.PREFIX + room])["memory"]["live"]
+
+
+def test_a_later_fork_maps_an_earlier_forks_pages_rather_than_copying_them(forked) -> None:
+    kernel, folder = forked
+    ok(kernel.execute(ARRAY))
+    ok(kernel.execute("%snapshot fork first"))
+    ok(kernel.execute("data[:5] = 9\n%snapshot fork second"))
+    # the array's untouched pages are still the first fork's file: named, not copied
+    assert len(live_header(folder / "first.wkimg")["fds"]) >= 1
+    assert len(live_header(folder / "second.wkimg")["fds"]) >= 2
+    kernel_b = Kernel(
+        ["--WasmKernel.resume_from=second"], env={"WASM_KERNEL_SNAPSHOT_DIR": str(folder)}
+    )
+    try:
+        assert plain(kernel_b.execute("float(data[:6].sum()), float(data.sum())")) == (
+            46.0,
+            float(8 * 2**20 + 40),
+        )
+    finally:
+        kernel_b.shutdown()
+
+
 def rewritten(path: Path, change) -> None:
     """Change an image's header as a forger would, checksum and all."""
     data = path.read_bytes()

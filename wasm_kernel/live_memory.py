@@ -168,8 +168,8 @@ def open_files(live: LiveMemory) -> list[int]:
     try:
         for index, number in enumerate(live.fds):
             opened.append(_open_frozen(live.pid, number))
-            parts = [end for _, end, source, _ in live.parts if source == index]
-            if os.fstat(opened[-1]).st_size < max(parts, default=0):
+            ends = [o + e - b for b, e, source, o in live.parts if source == index]
+            if os.fstat(opened[-1]).st_size < max(ends, default=0):
                 raise ValueError("its memory is smaller than its parts")
     except BaseException:
         for fd in opened:

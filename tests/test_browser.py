@@ -208,9 +208,12 @@ class JupyterLab:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=10)
         # Kernels run in sessions of their own; any still alive are found by the connection
-        # files under this server's private runtime folder.
-        self.leftover_kernels = _pids_mentioning(str(self.runtime_dir))
-        for pid in self.leftover_kernels:
+        # files under this server's private runtime folder. The kernel server this JupyterLab
+        # started there outlives it by design (until idle): not a leftover kernel, but stopped.
+        found = _pids_mentioning(str(self.runtime_dir))
+        servers = [pid for pid in found if pid in _pids_mentioning("wasm_kernel.kernel_server")]
+        self.leftover_kernels = [pid for pid in found if pid not in servers]
+        for pid in found:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -58,15 +59,28 @@ class Refused(Exception):
 
 
 def code_fingerprint(python: str) -> str:
-    """Identity of the kernel's interpreter and the installed kernel code: a server started
-    before an upgrade must never hand out kernels of the old code, so its folder is named
-    by this."""
+    """Identity of the kernel's interpreter and the kernel code: a server started before an
+    upgrade must never hand out kernels of the old code, so its folder is named by this.
+    The code counts by content, so that a launcher importing a source tree and one importing
+    the same release installed agree on the server."""
     package = Path(__file__).parent
+    files = tuple(
+        (str(path.relative_to(package)), status.st_size, status.st_mtime_ns)
+        for path in sorted(package.rglob("*.py"))
+        for status in (path.stat(),)
+    )
     digest = hashlib.sha256(os.path.realpath(python).encode())
-    for path in sorted(package.rglob("*.py")):
-        stat = path.stat()
-        digest.update(f"{path.relative_to(package)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    digest.update(_code_digest(package, files))
     return digest.hexdigest()[:16]
+
+
+@functools.cache
+def _code_digest(package: Path, files: tuple[tuple[str, int, int], ...]) -> bytes:
+    """sha256 over the package's sources, read again only when a file's size or time changed."""
+    digest = hashlib.sha256()
+    for name, _, _ in files:
+        digest.update(name.encode() + b"\0" + (package / name).read_bytes() + b"\0")
+    return digest.digest()
 
 
 def runtime_folder(fingerprint: str) -> Path:

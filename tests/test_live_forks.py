@@ -9,6 +9,7 @@ forking kernel has ended, and crafted images naming a file that is not a sealed 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -131,10 +132,31 @@ def rewritten(path: Path, change) -> None:
     room = struct.unpack("<II", data[len(images.MAGIC) : images.PREFIX])[1]
     header = json.loads(data[images.PREFIX : images.PREFIX + room])
     change(header["memory"]["live"])
-    encoded = json.dumps(header).encode()
+    encoded = json.dumps(header, separators=(",", ":")).encode()
     assert len(encoded) <= room
     body = data[: images.PREFIX] + encoded.ljust(room) + data[images.PREFIX + room : -32]
     path.write_bytes(body + hashlib.sha256(body).digest())
+
+
+def test_a_fork_image_names_the_very_files_it_froze(forked, tmp_path) -> None:
+    """A sealed checkpoint of ours at the named descriptor, but not the one the image was
+    written with (as if another kernel had taken the forking kernel's pid): refused."""
+    _, folder = forked
+    fd = os.memfd_create("wasm-kernel-checkpoint", os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, 256 << 20)
+        seals = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+
+        def another_checkpoint(live: dict) -> None:
+            live["pid"], live["fds"] = os.getpid(), [fd]
+
+        rewritten(folder / "fx.wkimg", another_checkpoint)
+        told, seen = resumed(folder, "fx")
+        assert "not the file the forking kernel froze" in told, told
+        assert seen is None
+    finally:
+        os.close(fd)
 
 
 @pytest.mark.parametrize(
@@ -159,7 +181,9 @@ def test_a_crafted_fork_image_never_maps_a_foreign_file(forked, tmp_path, what, 
         path = folder / "fx.wkimg"
 
         def point_at_us(live: dict) -> None:
+            status = os.fstat(fd)  # a forger knows the file it points at
             live["pid"], live["fds"] = os.getpid(), [fd]
+            live["files"] = [[status.st_dev, status.st_ino]]
 
         rewritten(path, point_at_us)
         told, seen = resumed(folder, "fx")

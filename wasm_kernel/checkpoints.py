@@ -136,7 +136,8 @@ class GuestState:
         self._cow = None
         self._start_file()
         self.take(store)
-        return LiveMemory(live.pid, [os.dup(fd) for fd in live.fds], live.parts, live.boot)
+        fds = [os.dup(fd) for fd in live.fds]
+        return LiveMemory(live.pid, fds, live.parts, live.boot, live.files)
 
     def forget(self) -> None:
         """Drop the checkpoint, after guest memory was mapped anew (a boot image, a saved

@@ -12,8 +12,9 @@ every page neither writes, as the boot image's pages are shared, and each one's 
 its own. Such an image lives as long as the kernel that forked; a kernel started from it
 after that starts fresh and says why.
 
-What the forked kernel opens is checked, since an image is hostile input: the memfd must be
-one of ours (by its name), sealed against writes, this user's, and as large as the parts need;
+What the forked kernel opens is checked, since an image is hostile input: each memfd must be
+one of ours (by its name), sealed against writes, this user's, as large as the parts need, and
+the very file the forking kernel froze (device and inode);
 the boot memory file is the kernel's own cache's, and must be the very file the forking
 kernel mapped (device, inode, size, modification time).
 """
@@ -48,21 +49,37 @@ class LiveMemory:
     fds: list[int]
     parts: list[Part]
     boot: list[int] = field(default_factory=list)  # st_dev, st_ino, st_size, st_mtime_ns
+    # each of ``fds``' (st_dev, st_ino): a process that took the forking kernel's pid later
+    # cannot pass off another session's memory at the same descriptor number
+    files: list[list[int]] = field(default_factory=list)
 
     def header(self) -> dict[str, Any]:
-        return {"pid": self.pid, "fds": self.fds, "parts": self.parts, "boot": self.boot}
+        return {
+            "pid": self.pid,
+            "fds": self.fds,
+            "files": self.files,
+            "parts": self.parts,
+            "boot": self.boot,
+        }
 
     @classmethod
     def from_header(cls, value: object, memory_size: int) -> LiveMemory:
         """The image's description, checked; ValueError says what is wrong."""
-        if not isinstance(value, dict) or set(value) != {"pid", "fds", "parts", "boot"}:
+        if not isinstance(value, dict) or set(value) != {"pid", "fds", "files", "parts", "boot"}:
             raise ValueError("bad live memory")
         pid, fds, parts, boot = value["pid"], value["fds"], value["parts"], value["boot"]
+        files = value["files"]
         if not (
             _is_int(pid, 1, 1 << 22)
             and isinstance(fds, list)
             and 0 < len(fds) <= MAX_FILES
             and all(_is_int(fd, 0, 1 << 20) for fd in fds)
+            and isinstance(files, list)
+            and len(files) == len(fds)
+            and all(
+                isinstance(key, list) and len(key) == 2 and all(_is_int(n, 0, 1 << 63) for n in key)
+                for key in files
+            )
         ):
             raise ValueError("bad live memory: its process or descriptors")
         if not (isinstance(boot, list) and len(boot) in (0, 4)):
@@ -88,7 +105,7 @@ class LiveMemory:
                 raise ValueError("live memory parts overlap, pass the memory's end or are bad")
             checked.append((start, end, source, offset))
             next_free = end
-        return cls(pid, fds, checked, boot)
+        return cls(pid, fds, checked, boot, files)
 
 
 def _is_int(value: object, low: int, high: int) -> bool:
@@ -128,7 +145,8 @@ def freeze(
     parts.sort(key=lambda part: part[0])
     fds = [fd] + [frozen[key] for key in keys[1:]]
     uses_boot = any(source == BOOT for _, _, source, _ in parts)
-    return LiveMemory(os.getpid(), fds, parts, boot_identity if uses_boot else []), keys[0]
+    files = [list(key) for key in keys]
+    return LiveMemory(os.getpid(), fds, parts, boot_identity if uses_boot else [], files), keys[0]
 
 
 def mapped_keys(base: int, ranges: Ranges) -> set[FileKey]:
@@ -168,8 +186,11 @@ def open_files(live: LiveMemory) -> list[int]:
     try:
         for index, number in enumerate(live.fds):
             opened.append(_open_frozen(live.pid, number))
+            status = os.fstat(opened[-1])
+            if [status.st_dev, status.st_ino] != live.files[index]:
+                raise ValueError("its memory is not the file the forking kernel froze")
             ends = [o + e - b for b, e, source, o in live.parts if source == index]
-            if os.fstat(opened[-1]).st_size < max(ends, default=0):
+            if status.st_size < max(ends, default=0):
                 raise ValueError("its memory is smaller than its parts")
     except BaseException:
         for fd in opened:

@@ -100,10 +100,14 @@ def test_a_fork_image_whose_kernel_ended_starts_fresh_and_says_why(forked) -> No
     assert seen is None
 
 
-def live_header(path: Path) -> dict:
-    data = path.read_bytes()
+def header_of(data: bytes) -> tuple[int, dict]:
+    """An image's header and the room kept for it."""
     room = struct.unpack("<II", data[len(images.MAGIC) : images.PREFIX])[1]
-    return json.loads(data[images.PREFIX : images.PREFIX + room])["memory"]["live"]
+    return room, json.loads(data[images.PREFIX : images.PREFIX + room])
+
+
+def live_header(path: Path) -> dict:
+    return header_of(path.read_bytes())[1]["memory"]["live"]
 
 
 def test_a_later_fork_maps_an_earlier_forks_pages_rather_than_copying_them(forked) -> None:
@@ -129,8 +133,7 @@ def test_a_later_fork_maps_an_earlier_forks_pages_rather_than_copying_them(forke
 def rewritten(path: Path, change) -> None:
     """Change an image's header as a forger would, checksum and all."""
     data = path.read_bytes()
-    room = struct.unpack("<II", data[len(images.MAGIC) : images.PREFIX])[1]
-    header = json.loads(data[images.PREFIX : images.PREFIX + room])
+    room, header = header_of(data)
     change(header["memory"]["live"])
     encoded = json.dumps(header, separators=(",", ":")).encode()
     assert len(encoded) <= room

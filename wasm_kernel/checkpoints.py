@@ -21,7 +21,7 @@ from pathlib import Path
 import wasmtime
 
 from . import live_memory
-from .cow import CopyOnWriteMemory, copy_on_write_missing, dirty_page_finder
+from .cow import CopyOnWriteMemory, FileKey, copy_on_write_missing, dirty_page_finder
 from .live_memory import LiveMemory
 from .rewrite import BRK_EXPORT, GLOBAL_EXPORT_PREFIX, GROW_FAILED_EXPORT, InterruptCells
 
@@ -83,7 +83,7 @@ class GuestState:
         self.last_restore_seconds = 0.0
         # files handed to forks that guest memory still maps, by (device, inode): a later
         # fork names them rather than copying their pages
-        self._frozen: dict[live_memory.FileKey, int] = {}
+        self._frozen: dict[FileKey, int] = {}
 
     def take(self, store: wasmtime.Store) -> None:
         began = time.perf_counter()
@@ -127,11 +127,9 @@ class GuestState:
         if self._cow is None:
             raise OSError(f"checkpoints here are {self.method}, which a fork cannot share")
         base = memory_address(self._memory, store)
-        still_mapped = live_memory.mapped_keys(base, self._cow.foreign)
-        for key in [key for key in self._frozen if key not in still_mapped]:
-            os.close(self._frozen.pop(key))  # no page maps it any more
-        newest = dict(list(self._frozen.items())[1 - live_memory.MAX_FILES :])
-        live, key = live_memory.freeze(self._cow, base, boot_file, newest)
+        live, key, still_mapped = live_memory.freeze(self._cow, base, boot_file, self._frozen)
+        for old in [old for old in self._frozen if old not in still_mapped]:
+            os.close(self._frozen.pop(old))  # no page maps it any more
         self._frozen[key] = live.fds[0]
         self._cow = None
         self._start_file()

@@ -71,18 +71,37 @@ def map_file(address: int, length: int, fd: int, offset: int) -> None:
         raise OSError(f"mmap placed the mapping at {mapped:#x}, not {address:#x}")
 
 
+FileKey = tuple[int, int]  # a file's st_dev, st_ino
+MappedPiece = tuple[int, int, FileKey, int]  # [low, high) from base, its file, the file offset
+
+
+def mapped_files(base: int, ranges: Ranges) -> list[MappedPiece]:
+    """The parts of ``ranges`` (offsets from ``base``) that map a file (their pages need not
+    be present to hold data), each with the file's (device, inode) and the offset in it, in
+    order, from ``/proc/self/maps``."""
+    found: list[MappedPiece] = []
+    wanted = union(ranges)
+    if not wanted:
+        return found
+    with open("/proc/self/maps", "rb") as maps:
+        for line in maps:
+            span, _, offset, device, inode, *_ = line.split(maxsplit=5)
+            if not int(inode):
+                continue
+            low, high = (int(bound, 16) - base for bound in span.split(b"-"))
+            major, minor = (int(number, 16) for number in device.split(b":"))
+            key = (os.makedev(major, minor), int(inode))
+            for start, end in wanted:
+                if start < high and end > low:
+                    first, last = max(start, low), min(end, high)
+                    found.append((first, last, key, int(offset, 16) + first - low))
+    return sorted(found)
+
+
 def file_mapped(base: int, start: int, end: int) -> Ranges:
-    """The parts of memory ``[start, end)`` from ``base`` that map a file (their pages need not
-    be present to hold data), from ``/proc/self/maps``; offsets from ``base``."""
-    parts = []
-    if start < end:
-        with open("/proc/self/maps", "rb") as maps:
-            for line in maps:
-                span, _, _, _, inode, *_ = line.split(maxsplit=5)
-                low, high = (int(bound, 16) - base for bound in span.split(b"-"))
-                if int(inode) and low < end and high > start:
-                    parts.append((max(low, start), min(high, end)))
-    return parts
+    """The parts of memory ``[start, end)`` from ``base`` that map a file; offsets from
+    ``base``."""
+    return [(low, high) for low, high, _, _ in mapped_files(base, [(start, end)])]
 
 
 class CopyOnWriteMemory:

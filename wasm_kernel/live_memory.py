@@ -28,14 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cow import PAGE, CopyOnWriteMemory, Ranges, map_file, subtract, union
+from .cow import PAGE, CopyOnWriteMemory, FileKey, map_file, mapped_files, subtract
 
 BOOT = "boot"
 MEMFD_NAME = "/memfd:" + CopyOnWriteMemory.FILE_NAME
 SEALED = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK
 MAX_PARTS = 65536  # parts an image may list (each one costs the forked kernel a mapping)
 MAX_FILES = 16  # frozen files one image may name (past that, pages are copied instead)
-FileKey = tuple[int, int]  # st_dev, st_ino
 Part = tuple[int, int, int | str, int]  # guest [start, end), its file (an index of ``fds``, or
 # BOOT), the offset in that file
 
@@ -117,18 +116,23 @@ def _is_int(value: object, low: int, high: int) -> bool:
 
 def freeze(
     cow: CopyOnWriteMemory, base: int, boot_file: Path | None, frozen: dict[FileKey, int]
-) -> tuple[LiveMemory, FileKey]:
+) -> tuple[LiveMemory, FileKey, set[FileKey]]:
     """Seal the checkpoint ``cow`` (just taken) for a fork and describe guest memory: parts
     of the boot file and of the ``frozen`` files of earlier forks stay theirs, parts of any
-    other file are copied in first. Returns the description (its ``fds`` this process's,
-    the sealed file first) and the sealed file's key."""
+    other file are copied in first (and those of frozen files past the newest MAX_FILES - 1
+    that guest memory maps). Returns the description (its ``fds`` this process's,
+    the sealed file first), the sealed file's key, and the keys of every file guest memory
+    mapped besides it."""
     boot_identity: list[int] = []
     boot_key = None
     if boot_file is not None:
         status = os.stat(boot_file)
         boot_key = (status.st_dev, status.st_ino)
         boot_identity = [status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns]
-    pieces = [p for p in _mapped_files(base, cow.foreign) if p[2] == boot_key or p[2] in frozen]
+    mapped = mapped_files(base, cow.foreign)
+    mapped_keys = {key for _, _, key, _ in mapped}
+    named = set([key for key in frozen if key in mapped_keys][1 - MAX_FILES :])  # the newest
+    pieces = [piece for piece in mapped if piece[2] == boot_key or piece[2] in named]
     kept = [(low, high) for low, high, _, _ in pieces]
     fd = cow.freeze(base, subtract(cow.foreign, kept))
     status = os.fstat(fd)
@@ -146,34 +150,8 @@ def freeze(
     fds = [fd] + [frozen[key] for key in keys[1:]]
     uses_boot = any(source == BOOT for _, _, source, _ in parts)
     files = [list(key) for key in keys]
-    return LiveMemory(os.getpid(), fds, parts, boot_identity if uses_boot else [], files), keys[0]
-
-
-def mapped_keys(base: int, ranges: Ranges) -> set[FileKey]:
-    """The files (device, inode) that ``ranges`` of guest memory map."""
-    return {key for _, _, key, _ in _mapped_files(base, ranges)}
-
-
-def _mapped_files(base: int, ranges: Ranges) -> list[tuple[int, int, FileKey, int]]:
-    """The parts of ``ranges`` (offsets from ``base``) that map a file: each with the file's
-    (device, inode) and the offset in it, from ``/proc/self/maps``."""
-    found: list[tuple[int, int, FileKey, int]] = []
-    wanted = union(ranges)
-    if not wanted:
-        return found
-    with open("/proc/self/maps", "rb") as maps:
-        for line in maps:
-            span, _, offset, device, inode, *_ = line.split(maxsplit=5)
-            low, high = (int(bound, 16) - base for bound in span.split(b"-"))
-            if not int(inode):
-                continue
-            major, minor = (int(number, 16) for number in device.split(b":"))
-            key = (os.makedev(major, minor), int(inode))
-            for start, end in wanted:
-                if start < high and end > low:
-                    first, last = max(start, low), min(end, high)
-                    found.append((first, last, key, int(offset, 16) + first - low))
-    return sorted(found)
+    live = LiveMemory(os.getpid(), fds, parts, boot_identity if uses_boot else [], files)
+    return live, keys[0], mapped_keys
 
 
 # -- the forked kernel ------------------------------------------------------------------------

@@ -100,9 +100,9 @@ def test_a_streamed_image_reads_back_whole(tmp_path):
     assert not list(tmp_path.glob(".*.partial"))
     image = images.read_image(path, needs=NEEDS, memory_limit=1 << 30, scratch_limit=1 << 30)
     restored = bytearray(len(memory))
-    for first, data in image.extents:
-        restored[first * page : first * page + len(data)] = data
-    assert restored == memory and len(image.extents) == 3
+    for start, end in image.pages.extents:
+        restored[start:end] = image.pages.read(start, end)
+    assert restored == memory and len(image.pages.extents) == 3
     assert image.globals == {"__stack_pointer": 1234}
     assert (image.host.execution_count, image.host.history) == (5, [(1, "x = 1")])
     unpacked = tmp_path / "unpacked"

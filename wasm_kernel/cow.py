@@ -31,6 +31,7 @@ import mmap
 import os
 import platform
 import sys
+from bisect import bisect_right
 from collections.abc import Iterable
 from functools import cache
 
@@ -78,24 +79,33 @@ MappedPiece = tuple[int, int, FileKey, int]  # [low, high) from base, its file, 
 def mapped_files(base: int, ranges: Ranges) -> list[MappedPiece]:
     """The parts of ``ranges`` (offsets from ``base``) that map a file (their pages need not
     be present to hold data), each with the file's (device, inode) and the offset in it, in
-    order, from ``/proc/self/maps``."""
+    order, from ``/proc/self/maps``. Each mapping finds its overlaps by bisection: a guest
+    memory of many pieces has hundreds of mappings and hundreds of ranges."""
     found: list[MappedPiece] = []
     wanted = union(ranges)
     if not wanted:
         return found
+    starts = [start for start, _ in wanted]
+    first_wanted, last_wanted = base + wanted[0][0], base + wanted[-1][1]
     with open("/proc/self/maps", "rb") as maps:
-        for line in maps:
-            span, _, offset, device, inode, *_ = line.split(maxsplit=5)
-            if not int(inode):
-                continue
-            low, high = (int(bound, 16) - base for bound in span.split(b"-"))
-            major, minor = (int(number, 16) for number in device.split(b":"))
-            key = (os.makedev(major, minor), int(inode))
-            for start, end in wanted:
-                if start < high and end > low:
-                    first, last = max(start, low), min(end, high)
-                    found.append((first, last, key, int(offset, 16) + first - low))
-    return sorted(found)
+        listing = maps.read()
+    for line in listing.splitlines():
+        span, _, offset, device, inode, *_ = line.split(maxsplit=5)
+        low_text, high_text = span.split(b"-")
+        low, high = int(low_text, 16), int(high_text, 16)
+        if high <= first_wanted or low >= last_wanted or inode == b"0":
+            continue
+        low, high = low - base, high - base
+        major, minor = (int(number, 16) for number in device.split(b":"))
+        key = (os.makedev(major, minor), int(inode))
+        index = max(bisect_right(starts, low) - 1, 0)
+        for start, end in wanted[index:]:
+            if start >= high:
+                break
+            if end > low:
+                first, last = max(start, low), min(end, high)
+                found.append((first, last, key, int(offset, 16) + first - low))
+    return found
 
 
 def file_mapped(base: int, start: int, end: int) -> Ranges:

@@ -28,6 +28,7 @@ tiny adapter module that imports the guest's memory, re-exports it, and forwards
 from __future__ import annotations
 
 import resource
+import weakref
 from collections.abc import Callable
 
 import wasmtime
@@ -57,6 +58,18 @@ SIGNATURES = {
     "path_unlink_file": (I32, I32, I32),
     "path_remove_directory": (I32, I32, I32),
 }
+
+
+_ADAPTERS: weakref.WeakKeyDictionary[wasmtime.Engine, wasmtime.Module] = weakref.WeakKeyDictionary()
+
+
+def wasi_adapter(engine: wasmtime.Engine) -> wasmtime.Module:
+    """The adapter, compiled once per engine (~4 ms), for every interpreter of a kernel:
+    its restarts and restores."""
+    adapter = _ADAPTERS.get(engine)
+    if adapter is None:
+        adapter = _ADAPTERS[engine] = wasmtime.Module(engine, _adapter_wat())
+    return adapter
 
 
 def _adapter_wat() -> str:
@@ -127,24 +140,16 @@ class GuestFiles:
             func_type = wasmtime.FuncType([_valtype(p) for p in params], [wasmtime.ValType.i32()])
             linker.define_func(WASI, name, func_type, getattr(self, f"_{name}"), access_caller=True)
 
-    def bind(
-        self,
-        engine: wasmtime.Engine,
-        store: wasmtime.Store,
-        memory: wasmtime.Memory,
-        adapter: wasmtime.Module | None = None,
-    ) -> wasmtime.Module:
-        """Connect to the real WASI functions through the adapter (returned, to be reused)."""
-        adapter = adapter or wasmtime.Module(engine, _adapter_wat())
+    def bind(self, engine: wasmtime.Engine, store: wasmtime.Store, memory: wasmtime.Memory) -> None:
+        """Connect to the real WASI functions through the adapter."""
         linker = wasmtime.Linker(engine)
         linker.define_wasi()
         linker.define(store, "guest", "memory", memory)
-        exports = linker.instantiate(store, adapter).exports(store)
+        exports = linker.instantiate(store, wasi_adapter(engine)).exports(store)
         self._real = {}
         for name in SIGNATURES:
             self._real[name] = exported(exports, name, wasmtime.Func)
         self._memory = memory
-        return adapter
 
     # -- checkpoints and rollback --------------------------------------------------------------
 

@@ -48,8 +48,12 @@ def load(interpreter: Interpreter, image: images.Image, memory_limit: int) -> No
     base = memory_address(memory, store)
     if image.live is not None:
         _map_live_memory(base, image.live, image.boot_file)
-    for first, data in image.extents:
-        ctypes.memmove(base + first * images.PAGE, data, len(data))
+    try:
+        image.pages.map_into(base)
+    except OSError as exc:
+        raise images.ImageError(f"cannot map the image's pages: {exc}") from None
+    finally:
+        image.pages.close()  # the mappings keep what they map
     try:
         for name, value in image.globals.items():
             targets[name].set_value(store, value)

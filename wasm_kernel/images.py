@@ -32,10 +32,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import mmap
 import os
 import platform
 import struct
 import tarfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -46,6 +48,7 @@ from . import guest_packages, host_files, image_archive, rewrite
 from .cache import wasmtime_version
 from .host_files import read_exactly
 from .image_archive import MAX_GUEST_PATH
+from .image_pages import ImagePages
 from .live_memory import LiveMemory
 from .runtime import manifest_dir
 
@@ -58,6 +61,17 @@ MAX_HEADER = 1 << 20
 MAX_HISTORY = 64 << 20  # bytes of input history carried (uncompressed)
 MAX_HISTORY_ENTRIES = 1_000_000
 MAX_PACKAGES = 1000  # %pip pins an image may name (the host parses each again)
+Buffer = bytes | bytearray | mmap.mmap  # an image file read whole
+POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux's
+# what a malformed image raises while it is checked
+MALFORMED = (
+    ValueError,
+    TypeError,
+    KeyError,
+    RecursionError,  # JSON nested deeper than Python recurses
+    zstandard.ZstdError,
+    tarfile.TarError,
+)
 SUFFIX = ".wkimg"
 MEMORY_SUFFIX = ".memory"
 
@@ -118,7 +132,7 @@ class Image:
     needs: dict[str, object]
     mounts: list[str]
     memory_size: int
-    extents: list[tuple[int, bytes]]  # (first page, page contents)
+    pages: ImagePages  # the stored pages, decompressed (image_pages)
     globals: dict[str, int]
     host: HostState
     scratch: bytes  # a tar archive of /tmp
@@ -130,7 +144,7 @@ class Image:
 
     @property
     def stored_pages(self) -> int:
-        return sum(len(data) for _, data in self.extents) // PAGE
+        return self.pages.size // PAGE
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -178,7 +192,7 @@ def read_image(
     return image
 
 
-def _read_checked_sizes(fd: int, path: Path, memory_limit: int, scratch_limit: int) -> bytearray:
+def _read_checked_sizes(fd: int, path: Path, memory_limit: int, scratch_limit: int) -> mmap.mmap:
     """The whole file, read only once its header has been read and the sizes it declares
     fit this kernel's limits and add up to the file's size. A refusal of the header is
     given only for a file whose checksum holds: a damaged file is called damaged."""
@@ -200,7 +214,8 @@ def _read_checked_sizes(fd: int, path: Path, memory_limit: int, scratch_limit: i
         if not _checksum_holds(fd, size):
             raise _damaged() from None
         raise
-    data = bytearray(size)
+    # populated at once: faster than a fault per page as the file is read into it
+    data = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | POPULATE)
     data[: PREFIX + header_size] = prefix + head
     read_exactly(fd, memoryview(data)[PREFIX + header_size :])
     return data
@@ -254,20 +269,31 @@ def _check_memory_size(memory_size: object, memory_limit: int) -> None:
 
 
 def parse_image(
-    data: bytes | bytearray, *, needs: dict[str, object], memory_limit: int, scratch_limit: int
+    data: Buffer, *, needs: dict[str, object], memory_limit: int, scratch_limit: int
 ) -> Image:
-    header, body, offset = verified_header(data)
-    try:
-        return _checked(header, body, offset, needs, memory_limit, scratch_limit)
-    except (
-        ValueError,
-        TypeError,
-        KeyError,
-        RecursionError,  # JSON nested deeper than Python recurses
-        zstandard.ZstdError,
-        tarfile.TarError,
-    ) as exc:
-        raise ImageError(f"the image is malformed: {exc}") from None
+    """The checked image in ``data``. Its checksum is summed while the rest is checked and
+    decompressed (hashlib lets go of the GIL): it tells a damaged file from a malformed one,
+    and nothing more, since a crafted image carries a correct checksum."""
+    header_size = _header_size(data[:PREFIX], len(data))
+    body = memoryview(data)[:-CHECKSUM]
+    offset = PREFIX + header_size
+    with ThreadPoolExecutor(1, thread_name_prefix="image-checksum") as pool:
+        sound = pool.submit(_checksum_matches, data)
+        try:
+            header = _decoded_header(body[PREFIX:offset])
+            image = _checked(header, body, offset, needs, memory_limit, scratch_limit)
+        except (ImageError, *MALFORMED) as exc:
+            if not sound.result():
+                raise _damaged() from None
+            if isinstance(exc, ImageError):
+                raise
+            raise ImageError(f"the image is malformed: {exc}") from None
+        except OSError as exc:  # no memory for its decompressed pages
+            raise ImageError(f"cannot hold the image's pages: {exc.strerror or exc}") from None
+        if not sound.result():
+            image.pages.close()
+            raise _damaged()
+    return image
 
 
 def _header_size(prefix: bytes | bytearray, size: int) -> int:
@@ -296,13 +322,19 @@ def _decoded_header(encoded: bytes | bytearray | memoryview) -> dict:
     return header
 
 
-def verified_header(data: bytes | bytearray) -> tuple[dict, memoryview, int]:
+def verified_header(data: Buffer) -> tuple[dict, memoryview, int]:
     """The header of a sound image file, its body and where the blobs start."""
     header_size = _header_size(data[:PREFIX], len(data))
-    body, checksum = memoryview(data)[:-CHECKSUM], data[-CHECKSUM:]
-    if hashlib.sha256(body).digest() != checksum:
+    if not _checksum_matches(data):
         raise _damaged()
+    body = memoryview(data)[:-CHECKSUM]
     return _decoded_header(body[PREFIX : PREFIX + header_size]), body, PREFIX + header_size
+
+
+def _checksum_matches(data: Buffer) -> bool:
+    """Whether the file's trailing sha256 matches the rest, in memory."""
+    with memoryview(data) as whole:
+        return hashlib.sha256(whole[:-CHECKSUM]).digest() == whole[-CHECKSUM:]
 
 
 def describe_file(path: Path, needs: dict[str, object]) -> str:
@@ -385,7 +417,7 @@ def _checked(
             live = LiveMemory.from_header(memory["live"], memory_size)
         except ValueError as exc:
             raise ImageError(str(exc)) from None
-    extents: list[tuple[int, bytes]] = []
+    frames: list[tuple[int, int, memoryview]] = []  # decompressed once all else is checked
     next_free = 0
     for entry in memory["extents"]:
         _require(isinstance(entry, list) and len(entry) == 3, "bad memory extent")
@@ -394,7 +426,7 @@ def _checked(
         _require(_is_int(first, next_free, pages - 1), "memory extents overlap or are unordered")
         _require(_is_int(count, 1, pages - first), "a memory extent passes the memory's end")
         _require(_is_int(length, 1, len(body) - offset), "a memory extent passes the file's end")
-        extents.append((first, _inflate(body[offset : offset + length], count * PAGE)))
+        frames.append((first * PAGE, (first + count) * PAGE, body[offset : offset + length]))
         offset += length
         next_free = first + count
     globals_ = header["globals"]
@@ -451,7 +483,7 @@ def _checked(
         needs=found,
         mounts=mounts,
         memory_size=memory_size,
-        extents=extents,
+        pages=ImagePages(memory_size, frames),
         globals=globals_,
         host=HostState(
             execution_count=count,

@@ -85,7 +85,6 @@ class Interpreter:
         memory_limit: int,
         files: GuestFiles,
         host_functions: Sequence[Any],
-        adapter: wasmtime.Module | None,
     ):
         engine = compiled.engine
         self.compiled = compiled
@@ -103,7 +102,7 @@ class Interpreter:
         exports = linker.instantiate(store, compiled.module).exports(store)
         self.store = store
         self.memory = exported(exports, "memory", wasmtime.Memory)
-        self.adapter = files.bind(engine, store, self.memory, adapter)  # reused by restarts
+        files.bind(engine, store, self.memory)
         self.files = files
         self.guest_memory = GuestMemory(self.memory)
         self.alloc = exported(exports, "host_alloc", wasmtime.Func)

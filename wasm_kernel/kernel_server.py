@@ -132,13 +132,18 @@ def peer_uid(connection: socket.socket) -> int:
 def _preload() -> None:
     """Everything a kernel start spends before its request matters: imports, the compiled
     runtime of the default cache (kept by ``cache``'s in-process memo) and the boot image's
-    file. Nothing here creates a store or a thread."""
+    file, and the probe of copy-on-write checkpoints (cached, so forks inherit its answer).
+    Nothing here creates a store or a thread, or compiles: wasmtime compiles on a thread pool
+    that a forked kernel would inherit without its threads, and wait on forever."""
     import ipykernel.kernelapp  # noqa: F401
+    import tornado.platform.asyncio  # noqa: F401  (imported by the kernel's first IOLoop)
 
-    from . import app  # noqa: F401
+    from . import __main__, app  # noqa: F401
     from .cache import RuntimeCache
+    from .cow import copy_on_write_missing
     from .runtime import load_runtime
 
+    copy_on_write_missing()
     cache = RuntimeCache()
     with contextlib.suppress(Exception):  # a kernel reports it properly, or builds it
         cache.preload(load_runtime(cache_dir=cache.directory))

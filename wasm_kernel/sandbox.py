@@ -128,7 +128,6 @@ class Sandbox(SandboxState):
             touches=True,  # GuestFiles reports every call that may grow /tmp
             writing=lambda: self._interpreter.files.writing_to_scratch(),  # noqa: PLW0108
         )
-        self._adapter: wasmtime.Module | None = None  # compiled once, reused by restarts
         self._changed = False  # turns ran since the last checkpoint
         self._closing = False
         self.last_cell: CellMetrics | None = None  # what the last cell that ran cost
@@ -165,9 +164,8 @@ class Sandbox(SandboxState):
         )
         host_functions = (self._host_call, self._clock, SymlinkRefusal())
         interpreter = Interpreter(
-            self.compiled, wasi, self.limits.memory_limit, files, host_functions, self._adapter
+            self.compiled, wasi, self.limits.memory_limit, files, host_functions
         )
-        self._adapter = interpreter.adapter
         self._host_call.bind(interpreter.guest_memory, interpreter.alloc)
         self._clock.memory = interpreter.guest_memory
         try:

@@ -22,7 +22,7 @@ import pytest
 from conftest import Kernel, ok, plain
 
 from wasm_kernel import images
-from wasm_kernel.client import Session
+from wasm_kernel.client import Session, SessionError
 
 pytestmark = pytest.mark.slow
 
@@ -98,6 +98,30 @@ def test_a_fork_image_whose_kernel_ended_starts_fresh_and_says_why(forked) -> No
     told, seen = resumed(folder, "fx")
     assert "the kernel that forked it has ended" in told and "fresh interpreter" in told
     assert seen is None
+
+
+def test_the_reason_a_fork_could_not_resume_waits_for_a_cell_that_shows_output(forked) -> None:
+    kernel, folder = forked
+    kernel.shutdown()
+    fresh = Kernel(["--WasmKernel.resume_from=fx"], env={"WASM_KERNEL_SNAPSHOT_DIR": str(folder)})
+    try:
+        ok(fresh.execute("", silent=True, store_history=False))  # a client's probe shows nothing
+        told = ok(fresh.execute("1")).stream_text("stderr")
+        assert "could not resume from" in told and "fresh interpreter" in told
+        described = ok(fresh.execute("%sandbox")).stream_text()  # as the banner says
+        assert "Interpreter: from a fresh boot (could not resume from" in described
+    finally:
+        fresh.shutdown()
+
+
+def test_a_session_asked_to_resume_what_it_cannot_fails_and_says_why(forked) -> None:
+    kernel, folder = forked
+    kernel.shutdown()
+    with (
+        pytest.raises(SessionError, match=r"could not resume from .*the kernel that forked it"),
+        Session(snapshots=True, snapshot_dir=str(folder), resume_from="fx"),
+    ):
+        pass
 
 
 def header_of(data: bytes) -> tuple[int, dict]:

@@ -107,10 +107,9 @@ class SandboxStart:
             image = self.images.read(source)
             sandbox = start(image=image)
         except images.ImageError as exc:
-            self.resume_note = (
-                f"wasm-kernel: could not resume from {source}: {exc}. Started a fresh"
-                " interpreter instead.\n"
-            )
+            why = f"{images.NOT_RESUMED} {source}: {exc}"
+            self.resume_note = f"wasm-kernel: {why}. Started a fresh interpreter instead.\n"
+            self.started_from = f"a fresh boot ({why})"
             return start()
         self.started_from = f"image {source.name}"
         if source.name.startswith(ImageFolder.HIBERNATED):

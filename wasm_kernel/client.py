@@ -35,6 +35,7 @@ from jupyter_core.utils import ensure_async, run_sync
 from . import client_code
 from .client_code import SessionError
 from .execution import Callback, Collector, Execution, ExecutionError
+from .images import NOT_RESUMED
 from .kernelspecs import KERNEL_NAME, kernelspec_name
 from .limits import DEFAULT_GRACE
 from .profiles import DEFAULT_PROFILE, PROFILES
@@ -143,10 +144,17 @@ class _Session:
         return 4 * length // 3 + 64
 
     async def _start(self) -> None:
-        """Start the kernel and wait for its sandbox."""
+        """Start the kernel and wait for its sandbox; a session asked to resume an image fails
+        if its kernel could not, and started afresh (a restart later starts as it can)."""
         self.manager = self.manager_class(kernel_name=self.kernel_name)
         await ensure_async(self.manager.start_kernel(**self._launch))
         await self._connect()
+        if self.settings.get("resume_from"):
+            try:
+                await self._check_resumed()
+            except BaseException:
+                await self._close()
+                raise
 
     async def _connect(self) -> None:
         """Open the channels and wait for a silent empty cell, which fails on refused settings."""
@@ -169,10 +177,7 @@ class _Session:
         (a subscription not yet in place misses the first status messages)."""
         end = time.monotonic() + self.startup_timeout
         while True:
-            msg_id = self.client.kernel_info()
-            reply = await _within(self.client.get_shell_msg, end)
-            while reply["parent_header"].get("msg_id") != msg_id:
-                reply = await _within(self.client.get_shell_msg, end)
+            reply = await self._kernel_info(end)
             try:
                 await ensure_async(self.client.get_iopub_msg(timeout=READY_POLL))
             except queue.Empty:
@@ -182,6 +187,21 @@ class _Session:
                 continue
             self.client._handle_kernel_info_reply(reply)
             return
+
+    async def _check_resumed(self) -> None:
+        """Raise if the kernel says, in its banner (final once a cell has run), that it could
+        not resume the image it was asked to."""
+        reply = await self._kernel_info(time.monotonic() + self.startup_timeout)
+        for line in str(reply["content"].get("banner", "")).splitlines():
+            if NOT_RESUMED in line:
+                raise SessionError(line[line.index(NOT_RESUMED) :].removesuffix(")"))
+
+    async def _kernel_info(self, end: float) -> dict:
+        msg_id = self.client.kernel_info()
+        reply = await _within(self.client.get_shell_msg, end)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = await _within(self.client.get_shell_msg, end)
+        return reply
 
     def _serve_tools(self) -> None:
         """A tool server for this connection (its own stdin socket: the client's is off)."""

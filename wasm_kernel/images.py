@@ -73,6 +73,9 @@ MALFORMED = (
     tarfile.TarError,
 )
 SUFFIX = ".wkimg"
+# how a kernel that could not resume an image, and started afresh, says so in its banner and
+# on its first cell (the client looks for it: a session asked to resume must not start empty)
+NOT_RESUMED = "could not resume from"
 MEMORY_SUFFIX = ".memory"
 
 

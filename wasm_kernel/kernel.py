@@ -252,14 +252,8 @@ class WasmKernel(
             return cell.fail(exc.ename, str(exc))
         except Exception as exc:
             return cell.fail("SandboxUnavailable", f"the sandbox could not start: {exc}")
-        if self.grants.withheld and not self._withheld_told:
-            cell.stream("stderr", f"wasm-kernel: {self.grants.withheld}\n")
-            self._withheld_told = True
-        if notice := self.take_service_notice():
-            cell.stream("stderr", notice)
-        if self._start.resume_note:
-            cell.stream("stderr", self._start.resume_note)
-            self._start.resume_note = ""
+        if not silent:  # a silent request shows no output: what is told waits for a cell
+            self._tell_pending(cell)
         if store_history and not silent:
             self.history.store(self.execution_count, code)
         loop = asyncio.get_running_loop()
@@ -301,6 +295,18 @@ class WasmKernel(
             )
             expressions = cell.active_output.expressions(expressions)  # active-output policy
         return cell.reply(expressions)
+
+    def _tell_pending(self, cell: CellMessages) -> None:
+        """What the kernel has to say once, on a cell's stderr: settings withheld, a service
+        stopped since the last cell, how a resume went."""
+        if self.grants.withheld and not self._withheld_told:
+            cell.stream("stderr", f"wasm-kernel: {self.grants.withheld}\n")
+            self._withheld_told = True
+        if notice := self.take_service_notice():
+            cell.stream("stderr", notice)
+        if self._start.resume_note:
+            cell.stream("stderr", self._start.resume_note)
+            self._start.resume_note = ""
 
     async def _sandbox(self, notify: Any) -> Sandbox:
         return await self._start.wait(self._boot, notify)

@@ -19,40 +19,32 @@ trusted.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import os
-import queue
-import time
 import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
-from jupyter_client.manager import AsyncKernelManager, KernelManager
+from jupyter_client.manager import KernelManager
 from jupyter_core.utils import ensure_async, run_sync
 
 from . import client_code
 from .client_code import SessionError
-from .execution import Callback, Collector, Execution, ExecutionError
-from .images import NOT_RESUMED
+from .client_connection import KernelConnection, _raise_for
+from .execution import Callback, Execution
 from .kernelspecs import KERNEL_NAME, kernelspec_name
 from .limits import DEFAULT_GRACE
 from .profiles import DEFAULT_PROFILE, PROFILES
-from .tool_server import ToolServer
 from .tools import ToolDeclarationError, tools_of
 
 UPLOAD_CHUNK = 512 << 10  # raw bytes per upload cell (~0.7 MB of source)
 DOWNLOAD_CHUNK = 1 << 20  # raw bytes per download request
 DOWNLOAD_LIMIT = 256 << 20  # default largest file ``download`` accepts
 START_TIMEOUT = 120.0  # seconds for a kernel to start (a first compile is reported, not awaited)
-STOP_MARGIN = 10.0  # seconds past interrupt_grace that an interrupted cell may take to end
-POLL = 1.0  # seconds between liveness checks while waiting for a cell
-READY_POLL = 0.02  # seconds to wait for IOPub after each kernel_info_reply while connecting
-FILE_OP_TIMEOUT = 60.0  # seconds for one chunk of a file transfer
 PIP_TIMEOUT = 600.0  # seconds for an install (downloads, and the kernel's own pip limits)
 
-S = TypeVar("S", bound="_Session")
+S = TypeVar("S", bound=KernelConnection)
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -83,13 +75,10 @@ def kernel_arguments(profile: str, settings: dict[str, Any]) -> list[str]:
     return arguments
 
 
-class _Session:
-    """One kernel and its client. Each operation is a coroutine written once, here:
-    ``AsyncSession`` awaits it and ``Session`` runs it to its end (``_blocking``), the way
-    nbclient derives its blocking API. Manager and client calls go through ``ensure_async``,
-    as nbclient's do, so the blocking manager and client that ``Session`` keeps serve too."""
-
-    manager_class: type[KernelManager] = AsyncKernelManager
+class _Session(KernelConnection):
+    """One kernel and its client. Each operation is a coroutine written once, here or in
+    ``KernelConnection``: ``AsyncSession`` awaits it and ``Session`` runs it to its end
+    (``_blocking``), the way nbclient derives its blocking API."""
 
     def __init__(
         self,
@@ -112,8 +101,9 @@ class _Session:
             self.tools = tools_of(tools)
         except ToolDeclarationError as exc:
             raise SessionError(str(exc)) from None
-        self._tool_server: ToolServer | None = None
-        self._launch: dict[str, Any] = {"extra_arguments": kernel_arguments(profile, self.settings)}
+        self._tool_server = None
+        self._unchecked = []
+        self._launch = {"extra_arguments": kernel_arguments(profile, self.settings)}
         if cwd is not None:
             self._launch["cwd"] = str(cwd)
         if env is not None:
@@ -131,10 +121,6 @@ class _Session:
             "tools": self.tools,
         }
 
-    @property
-    def started(self) -> bool:
-        return getattr(self, "manager", None) is not None
-
     def _forked(self, image: str) -> Self:
         """A session like this one (same class, profile, settings), resuming from ``image``."""
         settings = {**self.settings, "resume_from": image}
@@ -142,112 +128,6 @@ class _Session:
 
     def _file_reply_limit(self, length: int) -> int:
         return 4 * length // 3 + 64
-
-    async def _start(self) -> None:
-        """Start the kernel and wait for its sandbox; a session asked to resume an image fails
-        if its kernel could not, and started afresh (a restart later starts as it can)."""
-        self.manager = self.manager_class(kernel_name=self.kernel_name)
-        await ensure_async(self.manager.start_kernel(**self._launch))
-        await self._connect()
-        if self.settings.get("resume_from"):
-            try:
-                await self._check_resumed()
-            except BaseException:
-                await self._close()
-                raise
-
-    async def _connect(self) -> None:
-        """Open the channels and wait for a silent empty cell, which fails on refused settings."""
-        self.client = self.manager.client()
-        self.client.start_channels(stdin=not self.tools)  # with tools, the server's
-        self._serve_tools()
-        try:
-            await self._until_connected()
-            reply = await self._request("", timeout=self.startup_timeout)
-            content = reply.get("content") or {}
-            if content.get("status") != "ok":
-                raise SessionError(f"{content.get('ename')}: {content.get('evalue')}")
-        except BaseException:
-            await self._close()
-            raise
-
-    async def _until_connected(self) -> None:
-        """Wait until the kernel answers and its IOPub reaches this client, as jupyter_client's
-        ``wait_for_ready`` does, asking again after READY_POLL seconds rather than its 0.2 s
-        (a subscription not yet in place misses the first status messages)."""
-        end = time.monotonic() + self.startup_timeout
-        while True:
-            reply = await self._kernel_info(end)
-            try:
-                await ensure_async(self.client.get_iopub_msg(timeout=READY_POLL))
-            except queue.Empty:
-                if not await ensure_async(self.manager.is_alive()):
-                    raise SessionError("the kernel ended while starting") from None
-                _left(end)
-                continue
-            self.client._handle_kernel_info_reply(reply)
-            return
-
-    async def _check_resumed(self) -> None:
-        """Raise if the kernel says, in its banner (final once a cell has run), that it could
-        not resume the image it was asked to."""
-        reply = await self._kernel_info(time.monotonic() + self.startup_timeout)
-        for line in str(reply["content"].get("banner", "")).splitlines():
-            if NOT_RESUMED in line:
-                raise SessionError(line[line.index(NOT_RESUMED) :].removesuffix(")"))
-
-    async def _kernel_info(self, end: float) -> dict:
-        msg_id = self.client.kernel_info()
-        reply = await _within(self.client.get_shell_msg, end)
-        while reply["parent_header"].get("msg_id") != msg_id:
-            reply = await _within(self.client.get_shell_msg, end)
-        return reply
-
-    def _serve_tools(self) -> None:
-        """A tool server for this connection (its own stdin socket: the client's is off)."""
-        if self._tool_server is not None:
-            self._tool_server.close()
-            self._tool_server = None
-        if self.tools:
-            loop = asyncio.get_running_loop() if self.manager_class is AsyncKernelManager else None
-            self._tool_server = ToolServer(self.client, self.tools, loop)
-
-    def _execute(self, code: str, **options: Any) -> str:
-        """Send an execute_request; with tools, declared in its metadata and served."""
-        if self._tool_server is None:
-            return self.client.execute(code, allow_stdin=False, **options)
-        content = {
-            "code": code,
-            "silent": False,
-            "store_history": True,
-            "user_expressions": {},
-            "allow_stdin": False,
-            "stop_on_error": True,
-            **options,
-        }
-        message = self.client.session.msg(
-            "execute_request", content, metadata=self._tool_server.metadata()
-        )
-        msg_id: str = message["header"]["msg_id"]
-        self._tool_server.begin(msg_id)
-        self.client.shell_channel.send(message)
-        return msg_id
-
-    def _executed(self, msg_id: str) -> None:
-        if self._tool_server is not None:
-            self._tool_server.end(msg_id)
-
-    async def _close(self) -> None:
-        """Shut the kernel down."""
-        if self._tool_server is not None:
-            self._tool_server.close()
-            self._tool_server = None
-        client = getattr(self, "client", None)
-        if client is not None:
-            client.stop_channels()
-        manager = getattr(self, "manager", None)
-        if manager is not None and manager.has_kernel:
-            await ensure_async(manager.shutdown_kernel(now=False))
 
     async def _run(
         self,
@@ -260,79 +140,10 @@ class _Session:
         """Run ``code`` as a notebook cell. After ``timeout`` seconds the cell is interrupted
         (KeyboardInterrupt inside it; stopped hard and rolled back if it ignores that) and
         the Execution says ``timed_out``; the session stays usable."""
+        await self._check_earlier()
         msg_id = self._execute(code)
         try:
             return await self._collect(msg_id, timeout, on_stdout, on_stderr, on_result)
-        finally:
-            self._executed(msg_id)
-
-    async def _collect(
-        self,
-        msg_id: str,
-        timeout: float | None,
-        on_stdout: Callback | None,
-        on_stderr: Callback | None,
-        on_result: Callback | None,
-    ) -> Execution:
-        collector = Collector(msg_id, on_stdout, on_stderr, on_result)
-        deadline = None if timeout is None else collector.started + timeout
-        while True:
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                if collector.execution.timed_out:
-                    return await self._restart_after_stuck(collector)
-                collector.execution.timed_out = True
-                await ensure_async(self.manager.interrupt_kernel())
-                deadline = now + self.grace + STOP_MARGIN
-            wait = POLL if deadline is None else max(min(POLL, deadline - now), 0.01)
-            try:
-                message = await ensure_async(self.client.get_iopub_msg(timeout=wait))
-            except queue.Empty:
-                if not await ensure_async(self.manager.is_alive()):
-                    raise SessionError("the kernel process ended") from None
-                continue
-            if collector.feed(message):
-                break
-        return collector.finish(await self._reply(msg_id, STOP_MARGIN))
-
-    async def _restart_after_stuck(self, collector: Collector) -> Execution:
-        """The kernel did not end an interrupted cell (it cannot happen unless the kernel is
-        broken): start it again so that the session stays usable, and say what was lost."""
-        await ensure_async(self.manager.restart_kernel(now=True))
-        self.client.stop_channels()
-        await self._connect()
-        execution = collector.finish(None)
-        execution.error = ExecutionError(
-            "KernelRestarted",
-            "the cell did not stop after its timeout and the kernel was restarted: names from"
-            " earlier cells are gone.",
-            "",
-        )
-        return execution
-
-    async def _reply(self, msg_id: str, timeout: float) -> dict:
-        end = time.monotonic() + timeout
-        while True:
-            message = await _within(self.client.get_shell_msg, end)
-            if message.get("parent_header", {}).get("msg_id") == msg_id:
-                return message
-
-    async def _request(
-        self,
-        code: str,
-        user_expressions: dict[str, str] | None = None,
-        timeout: float = FILE_OP_TIMEOUT,
-    ) -> dict:
-        """A silent request (no history, no execution count, no output); its shell reply."""
-        msg_id = self._execute(
-            code, silent=True, store_history=False, user_expressions=user_expressions or {}
-        )
-        try:
-            collector = Collector(msg_id, None, None, None)
-            end = time.monotonic() + timeout
-            while not collector.feed(await _within(self.client.get_iopub_msg, end)):
-                pass
-            return await self._reply(msg_id, _left(end))
         finally:
             self._executed(msg_id)
 
@@ -376,6 +187,7 @@ class _Session:
 
     async def _reset(self) -> None:
         """A fresh interpreter and an empty /tmp: the kernel is restarted with its settings."""
+        await self._check_earlier()
         self.client.stop_channels()
         await ensure_async(self.manager.restart_kernel(now=False))
         await self._connect()
@@ -394,7 +206,9 @@ class _Session:
     async def _fork(self, name: str | None = None) -> Self:
         """A new, started session that resumes from an image of this one, saved as ``name``
         (kept), or under a name of its own that is deleted once the fork has started: a
-        fork image, whose memory the new kernel maps from this one's, copy-on-write."""
+        fork image, whose memory the new kernel maps from this one's, copy-on-write. The
+        deletion's reply is not waited for here (the fork is ready without it) but before
+        this session's next request, which raises if it failed."""
         image, own = (name, False) if name is not None else (f"fork-{uuid.uuid4().hex[:16]}", True)
         if own:
             code = client_code.snapshot_code("fork", image)
@@ -406,8 +220,9 @@ class _Session:
             await forked._start()
         finally:
             if own:
-                reply = await self._request(client_code.snapshot_code("delete", image))
-                _raise_for(reply, "delete failed")
+                code = client_code.snapshot_code("delete", image)
+                msg_id = self._execute(code, silent=True, store_history=False)
+                self._unchecked.append((msg_id, "delete failed"))
         return forked
 
     async def _install(self, *requirements: str) -> None:
@@ -483,24 +298,3 @@ class Session(_Session):
     restore = _blocking(_Session._restore)
     fork = _blocking(_Session._fork)
     install = _blocking(_Session._install)
-
-
-def _left(end: float) -> float:
-    left = end - time.monotonic()
-    if left <= 0:
-        raise SessionError("the kernel did not answer in time")
-    return left
-
-
-async def _within(receive: Callable[..., Any], end: float) -> dict:
-    """One message from a channel before ``end``, or SessionError."""
-    try:
-        return await ensure_async(receive(timeout=_left(end)))
-    except queue.Empty:
-        raise SessionError("the kernel did not answer in time") from None
-
-
-def _raise_for(reply: dict, what: str) -> None:
-    content = reply.get("content") or {}
-    if content.get("status") != "ok":
-        raise SessionError(f"{what}: {content.get('ename')}: {content.get('evalue')}")

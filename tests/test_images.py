@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import signal
 import struct
 import subprocess
@@ -437,12 +438,20 @@ def own_cache(tmp_path) -> Path:
     return copy
 
 
+def own_boot_image(cache: Path) -> Path:
+    """This installation's boot image in ``cache`` (others' may be there too)."""
+    from wasm_kernel.cache import RuntimeCache
+    from wasm_kernel.runtime import load_runtime
+
+    return images.boot_image_path(RuntimeCache(cache).entry_dir(load_runtime()))
+
+
 @pytest.mark.slow
 def test_kernels_start_from_the_boot_image(own_cache, tmp_path):
     env = environment(tmp_path, WASM_KERNEL_CACHE_DIR=str(own_cache))
     argv = [f"--WasmKernel.cache_dir={own_cache}"]
     kernels = [Kernel(argv, env=env) for _ in range(2)]
-    [memory_file] = own_cache.rglob("boot-*" + images.MEMORY_SUFFIX)
+    memory_file = images.boot_memory_path(own_boot_image(own_cache))
     try:
         for kernel in kernels:
             described = ok(kernel.execute("%sandbox")).stream_text()
@@ -485,6 +494,14 @@ def test_kernels_start_from_the_boot_image(own_cache, tmp_path):
         assert plain(plain_boot.execute(f"import os; {listing}")) == from_image
     finally:
         plain_boot.shutdown()
+    # boot images of other guest code (other installations sharing the cache): the two most
+    # recently built stay beside the new one, older ones go
+    entry = memory_file.parent
+    others = [entry / f"boot-other{number}" for number in range(3)]
+    for age, other in enumerate(reversed(others)):
+        for suffix in (images.SUFFIX, images.MEMORY_SUFFIX):
+            other.with_suffix(suffix).write_bytes(b"")
+            os.utime(other.with_suffix(suffix), (1e9 + age, 1e9 + age))
     built = subprocess.run(
         [sys.executable, "-m", "wasm_kernel", "precompile", "--cache-dir", str(own_cache)],
         capture_output=True,
@@ -493,14 +510,20 @@ def test_kernels_start_from_the_boot_image(own_cache, tmp_path):
         check=False,
     )
     assert built.returncode == 0, built.stderr
-    assert len(list(own_cache.rglob("boot-*" + images.SUFFIX))) == 1
-    assert len(list(own_cache.rglob("boot-*" + images.MEMORY_SUFFIX))) == 1
+    assert images.boot_image_path(entry).exists()
+    assert images.boot_memory_path(images.boot_image_path(entry)).exists()
+    left = {path.name for path in entry.glob("boot-other*")}
+    assert left == {
+        f"boot-other{number}{suffix}"
+        for number in (0, 1)
+        for suffix in (images.SUFFIX, images.MEMORY_SUFFIX)
+    }
 
 
 def test_a_boot_image_is_not_resumed_as_a_snapshot(own_cache, tmp_path):
     """A boot image's memory is a file beside it, which only the kernel's own boot path maps:
     named as an image to resume, it is refused (an image never names host files)."""
-    [boot] = own_cache.rglob("boot-*" + images.SUFFIX)
+    boot = own_boot_image(own_cache)
     env = environment(tmp_path, WASM_KERNEL_CACHE_DIR=str(own_cache))
     kernel = Kernel([f"--WasmKernel.resume_from={boot}"], env=env)
     try:

@@ -27,6 +27,10 @@ from .profiles import DEFAULT_PROFILE, PROFILES, Profile
 if TYPE_CHECKING:
     from .image_folder import ImageFolder
 
+# boot images kept per cache entry, the newest one included: installations with other guest
+# code that share the cache (a development checkout, a CI copy) keep theirs (~55 MiB each)
+BOOT_IMAGES_KEPT = 3
+
 
 @contextlib.contextmanager
 def progress(description: str) -> Iterator[None]:
@@ -111,8 +115,7 @@ def make_boot_image(compiled: Any, entry: Path) -> None:
     if not writable(entry):
         print(f"{entry} is read-only: no boot image; kernels boot without one", file=sys.stderr)
         return
-    for stale in entry.glob("boot-*"):
-        stale.unlink()  # made for other guest code (a kernel mapping one keeps reading it)
+    _remove_old_boot_images(entry)
     limits = Limits.of(PROFILES[DEFAULT_PROFILE])  # the boot turn has budgets of its own
     try:
         with progress("building the boot image"):
@@ -121,6 +124,23 @@ def make_boot_image(compiled: Any, entry: Path) -> None:
         print(f"could not build the boot image ({exc}); kernels boot without one", file=sys.stderr)
         return
     print(f"boot image {path.name} ({size / (1 << 20):.1f} MiB) ready", file=sys.stderr)
+
+
+def _remove_old_boot_images(entry: Path) -> None:
+    """Make room for a new boot image: those of other guest code stay (other installations
+    sharing this cache start from theirs), BOOT_IMAGES_KEPT in all with the new one, the
+    least recently built removed (a kernel mapping one keeps reading it)."""
+    from . import images
+
+    built = []
+    for path in entry.glob("boot-*" + images.SUFFIX):
+        with contextlib.suppress(FileNotFoundError):  # another install's removal
+            built.append((path.stat().st_mtime_ns, path))
+    newest = [path for _, path in sorted(built)[-(BOOT_IMAGES_KEPT - 1) :]]
+    kept = {*newest, *(images.boot_memory_path(path) for path in newest)}
+    for path in entry.glob("boot-*"):
+        if path not in kept:
+            path.unlink(missing_ok=True)
 
 
 def chosen_profiles(args: argparse.Namespace) -> list[Profile]:

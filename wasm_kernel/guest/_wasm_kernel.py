@@ -94,9 +94,9 @@ def _report(exc):
 
     for _ in range(3):
         try:
-            wiring = sys.modules.get("_wasm_kernel_shell")
-            if wiring is not None:  # the user's frames only, as in IPython's tracebacks
-                exc.__traceback__ = wiring._without_kernel_frames(exc.__traceback__)
+            tracebacks = sys.modules.get("_wasm_kernel_tracebacks")
+            if tracebacks is not None:  # the user's frames only, as in IPython's tracebacks
+                exc.__traceback__ = tracebacks.without_kernel_frames(exc.__traceback__)
             report(type(exc).__name__, str(exc), traceback.format_exception(exc))
             return
         except KeyboardInterrupt:
@@ -320,7 +320,7 @@ def serve(name, *args):
 
 def evaluate_expressions(expressions):
     """user_expressions of an execute_request, as IPython evaluates them."""
-    from _wasm_kernel_shell import jsonable
+    from _wasm_kernel_display import jsonable
 
     results = shell.user_expressions(expressions)
     for value in results.values():

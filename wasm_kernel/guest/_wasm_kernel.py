@@ -3,9 +3,10 @@
 The host loads it once per interpreter as the module ``_wasm_kernel``, ships the modules
 beside it (``install_modules``), then calls ``boot``, which creates IPython's shell; every
 cell and request then goes through the functions here, the entry points that
-``_wasm_kernel_contract`` declares. Everything that must reach the kernel as a Jupyter
-message goes through ``_host.call`` as one of the messages declared there; stdout and stderr
-stay ordinary file writes that the host streams.
+``_wasm_kernel_contract`` declares (the services ``serve`` runs are in
+``_wasm_kernel_services``, input() and sleep() in ``_wasm_kernel_waits``). Everything that
+must reach the kernel as a Jupyter message goes through ``_host.call`` as one of the messages
+declared there; stdout and stderr stay ordinary file writes that the host streams.
 
 IPython and everything a cell can reach are as untrusted as the cell: this module checks
 at the end of every turn that the host can still drive it (``_intact``), and the host rolls
@@ -13,7 +14,6 @@ the interpreter back if not.
 """
 
 import builtins
-import gc
 import getpass
 import io
 import json
@@ -32,18 +32,10 @@ NO_NETWORK = "there is no network in this sandbox"  # as in socket.NetworkUnavai
 # so that the error can still be formatted and the next cell can run, and free that memory.
 MEMORY_RESERVE = 8 << 20
 MEMORY_LOW = 1 << 20  # less room than this at the end of a cell gives the reserve back
-IMMORTALIZE_PART = 1 << 15  # addresses per message to the host (see _immortalize)
 
 shell = None  # IPython's shell, created by boot()
 _reported = False  # the running cell has reported its error
 _reserve = None  # the held-back bytes; None once given back, until memory allows again
-
-
-class StdinNotImplementedError(NotImplementedError):
-    """Raised by input() when the Jupyter client does not accept input requests."""
-
-
-StdinNotImplementedError.__module__ = "builtins"  # shown by its bare name, as in ipykernel
 
 
 def flush_streams():
@@ -94,9 +86,9 @@ def _report(exc):
 
     for _ in range(3):
         try:
-            wiring = sys.modules.get("_wasm_kernel_shell")
-            if wiring is not None:  # the user's frames only, as in IPython's tracebacks
-                exc.__traceback__ = wiring._without_kernel_frames(exc.__traceback__)
+            tracebacks = sys.modules.get("_wasm_kernel_tracebacks")
+            if tracebacks is not None:  # the user's frames only, as in IPython's tracebacks
+                exc.__traceback__ = tracebacks.without_kernel_frames(exc.__traceback__)
             report(type(exc).__name__, str(exc), traceback.format_exception(exc))
             return
         except KeyboardInterrupt:
@@ -250,43 +242,7 @@ def _room_for(size):
     return True
 
 
-# -- input, getpass and sleep that talk to the kernel ---------------------------------------
-
-
-def _read_line(prompt, password):
-    try:
-        reply = call_host(contract.INPUT, prompt=str(prompt), password=password)
-    except KeyboardInterrupt as exc:  # the interrupt's signal flags, as the wait ended
-        if type(exc) is not KeyboardInterrupt:  # TimeLimitExceeded says why itself
-            raise
-        reply = {"error": contract.INTERRUPTED}
-    failure = reply.get("error")
-    if failure == contract.NO_STDIN:
-        raise StdinNotImplementedError(  # ipykernel's words
-            "raw_input was called, but this frontend does not support input requests."
-        )
-    if failure == contract.EOF:
-        raise EOFError("EOF when reading a line")
-    if failure == contract.INTERRUPTED:
-        raise KeyboardInterrupt("Interrupted by user")
-    return reply.get("value", "")
-
-
-def input(prompt=""):
-    return _read_line(prompt, password=False)
-
-
-def getpass_(prompt="Password: ", stream=None):
-    return _read_line(prompt, password=True)
-
-
-def sleep(seconds):
-    """time.sleep that the kernel can cut short with an interrupt."""
-    seconds = float(seconds)
-    if seconds < 0:
-        raise ValueError("sleep length must be non-negative")
-    if call_host(contract.SLEEP, seconds=seconds).get("interrupted"):
-        raise interruption()
+# -- interrupts -----------------------------------------------------------------------------
 
 
 def interruption():
@@ -303,7 +259,7 @@ def _on_sigint(_signum, _frame):
     raise interruption()
 
 
-# -- service requests -----------------------------------------------------------------------
+# -- service requests and the host's own turns ----------------------------------------------
 
 
 def serve(name, *args):
@@ -316,142 +272,6 @@ def serve(name, *args):
         call_host(contract.REPLY, content={})
     if not _still_intact():
         raise SystemExit(contract.DAMAGED)
-
-
-def evaluate_expressions(expressions):
-    """user_expressions of an execute_request, as IPython evaluates them."""
-    from _wasm_kernel_shell import jsonable
-
-    results = shell.user_expressions(expressions)
-    for value in results.values():
-        if value.get("status") == "ok":
-            value["data"], value["metadata"] = jsonable(value["data"]), jsonable(value["metadata"])
-    return results
-
-
-def complete(code, cursor):
-    """IPython's completions (jedi off), shaped as ipykernel's complete_reply."""
-    from IPython.core.completer import provisionalcompleter, rectify_completions
-
-    with provisionalcompleter():
-        completions = list(rectify_completions(code, shell.Completer.completions(code, cursor)))
-    types_ = [
-        {"start": c.start, "end": c.end, "text": c.text, "type": c.type, "signature": c.signature}
-        for c in completions
-    ]
-    start, end = (completions[0].start, completions[0].end) if completions else (cursor, cursor)
-    matches = [c.text for c in completions]
-    # Without jedi, IPython completes `math.sq` as `.sqrt` from the dot; jedi (and so
-    # ipykernel by default) as `sqrt` after it: drop the dotted part all matches share.
-    shared = os.path.commonprefix([code[start:cursor], *matches])  # noqa: RUF071 (text)
-    dotted = shared[: shared.rfind(".") + 1]
-    if dotted:
-        start += len(dotted)
-        matches = [match[len(dotted) :] for match in matches]
-        for item in types_:
-            item["start"], item["text"] = start, item["text"][len(dotted) :]
-    return {
-        "matches": matches,
-        "cursor_start": start,
-        "cursor_end": end,
-        "metadata": {"_jupyter_types_experimental": types_},
-    }
-
-
-def inspect_object(code, cursor, detail_level, omit_sections=()):
-    """IPython's inspector, shaped as ipykernel's inspect_reply."""
-    from IPython.utils.tokenutil import token_at_cursor
-
-    name = token_at_cursor(code, cursor)
-    try:
-        data = shell.object_inspect_mime(
-            name, detail_level=detail_level, omit_sections=omit_sections
-        )
-    except KeyError:
-        return {"found": False, "data": {}}
-    if not shell.enable_html_pager:
-        data.pop("text/html", None)
-    return {"found": True, "data": data}
-
-
-def is_complete(code):
-    status, indent = shell.input_transformer_manager.check_complete(code)
-    reply = {"status": status}
-    if status == "incomplete":
-        reply["indent"] = " " * (indent or 0)
-    return reply
-
-
-def comm_info(target_name=None):
-    """The open comms, for comm_info_request."""
-    return sys.modules["_wasm_kernel_comms"].info(target_name)
-
-
-def working_folder():
-    """Where the session is, for an image of it."""
-    return {"cwd": os.getcwd()}
-
-
-def warm_up():
-    """Work done once, for the boot image, so that kernels started from it need not:
-
-    - import numpy and pandas (most of a second in the guest): the image's memory is mapped, so a
-      kernel pays only for the pages it touches, and a first `import pandas` is immediate;
-    - run a failing cell, and one that stores no history and shows nothing: the first cell
-      paid about 10 ms for what IPython sets up on first use, and a session's first traceback
-      0.3-0.6 s more than later ones (IPython's traceback machinery and syntax highlighting on
-      first use, and ``inspect.getmodule`` finding the file of every module imported so far,
-      numpy's and pandas' included), which could outlast an interrupt's grace time;
-    - freeze what exists then, so that the garbage collector never visits it: a full
-      collection wrote to every page of objects, turning ~25 MiB of the image's shared pages
-      into each kernel's private copies;
-    - have the host make it immortal (see the host's ``immortal`` module), so that using an
-      object no longer writes its reference count: half the pages a bare cell wrote.
-    """
-    # Imported as in a cell, where get_ipython() exists: pandas asks it, once, whether a
-    # kernel runs it (see the shell module), and would otherwise fit wide frames to a terminal.
-    with shell.builtin_trap:
-        import numpy  # noqa: F401
-        import pandas  # noqa: F401
-
-    shell.run_cell("1 / 0", store_history=False)
-    # As if no cell had failed (as a fresh native kernel): no traceback kept for %tb, the
-    # debugger or the shell, nor its frames in the image.
-    sys.modules["_wasm_kernel_debugging"].forget_failure(shell)
-    shell.run_cell("None", store_history=False)
-    gc.collect()
-    _immortalize()
-    gc.freeze()
-    return {}
-
-
-def _immortalize():
-    """Ask the host to make immortal every object the garbage collector tracks and what they
-    refer to directly (strings, numbers, code), except the memory reserve, which must be
-    freed when memory runs out. The host sets the counts while each call waits, and every
-    object named is still alive then. Sent in parts, so that the image keeps little of the
-    memory the lists took."""
-    import array
-    import base64
-
-    def send(addresses):
-        reserve = id(_reserve)  # untracked: only ever among the referents
-        if reserve in addresses:
-            addresses = array.array("I", (a for a in addresses if a != reserve))
-        if sys.byteorder != "little":
-            addresses.byteswap()
-        encoded = base64.b64encode(addresses.tobytes()).decode("ascii")
-        call_host(contract.IMMORTALIZE, addresses=encoded)
-
-    objects = gc.get_objects()
-    addresses = array.array("I")
-    for obj in objects:
-        addresses.append(id(obj))
-        addresses.extend(map(id, gc.get_referents(obj)))
-        if len(addresses) >= IMMORTALIZE_PART:
-            send(addresses)
-            addresses = array.array("I")
-    send(addresses)
 
 
 def allow_network():
@@ -524,32 +344,30 @@ class ShippedModules:
 
 def install_modules(sources):
     """Called by the host once this module is registered: ship the guest-only modules (the
-    contract first, which every message names) and remember the pieces the host drives, for
-    ``_intact``."""
-    global _self, _originals, _declared, contract, SERVICES
+    contract first, which every message names, then the parts split out of this module) and
+    remember the pieces the host drives, for ``_intact``."""
+    global _self, _originals, _declared, contract, services, waits, SERVICES
     sys.meta_path.insert(0, ShippedModules(sources))
-    sys.modules.pop("_wasm_kernel_contract", None)  # a repair takes it afresh, as shipped
+    for name in ("_wasm_kernel_contract", "_wasm_kernel_services", "_wasm_kernel_waits"):
+        sys.modules.pop(name, None)  # a repair takes them afresh, as shipped
     import _wasm_kernel_contract as contract
+    import _wasm_kernel_services as services
+    import _wasm_kernel_waits as waits
 
-    SERVICES = types.MappingProxyType(  # read-only: _intact checks it is still this one
-        {
-            contract.WORKING_FOLDER: working_folder,
-            contract.COMPLETE: complete,
-            contract.INSPECT: inspect_object,
-            contract.IS_COMPLETE: is_complete,
-            contract.EVALUATE_EXPRESSIONS: evaluate_expressions,
-            contract.WARM_UP: warm_up,
-            contract.COMM_INFO: comm_info,
-        }
-    )
-
+    SERVICES = services.SERVICES
     _self = sys.modules[__name__]
-    _originals = {
+    _originals = {module: _held(module) for module in (_self, services, waits)}
+    _declared = dict(vars(contract))
+
+
+def _held(module):
+    """What ``_intact`` checks in ``module``: the functions, classes, tables and modules it
+    holds (the parts' as this module's own, since they run in its turns)."""
+    return {
         name: value
-        for name, value in globals().items()
+        for name, value in vars(module).items()
         if isinstance(value, (type, types.FunctionType, types.MappingProxyType, types.ModuleType))
     }
-    _declared = dict(vars(contract))
 
 
 def _intact():
@@ -561,14 +379,17 @@ def _intact():
         raise  # an interrupt, not damage: the caller checks again
     except BaseException:
         return False
-    found = map(module.__dict__.get, _originals)
     declared = map(vars(contract).get, _declared)
     return (
         module is _self
-        and all(map(operator.is_, found, _originals.values()))
+        and all(_unchanged(part, held) for part, held in _originals.items())
         and all(map(operator.is_, declared, _declared.values()))
         and _shell_intact(module.shell)
     )
+
+
+def _unchanged(module, held):
+    return all(map(operator.is_, map(vars(module).get, held), held.values()))
 
 
 def _shell_intact(candidate):
@@ -610,9 +431,9 @@ def boot(packages, import_paths, plain_tracebacks):
     # Line-buffered, write-through streams: output reaches the kernel as it is printed.
     for stream in (sys.__stdout__, sys.__stderr__):
         stream.reconfigure(line_buffering=True, write_through=True)
-    builtins.input = input
-    getpass.getpass = getpass_
-    time.sleep = sleep
+    builtins.input = waits.input
+    getpass.getpass = waits.getpass_
+    time.sleep = waits.sleep
     # The host trips CPython's signal flags (see its snapshot.SignalFlags) to interrupt a cell:
     # this handler raises KeyboardInterrupt there, or TimeLimitExceeded.
     import signal

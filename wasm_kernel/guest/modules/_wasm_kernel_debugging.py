@@ -11,6 +11,7 @@ against the memory limit, so when a cell ends with memory nearly full they are l
 import gc
 import sys
 
+import _wasm_kernel_tracebacks as tracebacks
 from IPython.core.error import UsageError
 
 FRAMES_RELEASED = (
@@ -42,7 +43,7 @@ def forget_failure(shell):
     which may hold much of memory (a cell's locals, the objects of a MemoryError). The
     exceptions lose their tracebacks too: IPython's last execution result still holds them."""
     failure = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-    for exc in sys.modules["_wasm_kernel_shell"]._exception_tree(failure):
+    for exc in tracebacks.exception_tree(failure):
         exc.__traceback__ = None
     kept = [(sys, name) for name in KEPT_FAILURE] + [(shell.InteractiveTB, "tb")]
     for owner, name in kept:

@@ -18,7 +18,7 @@ import weakref
 # start; left alone, users meet "unknown url type: https", an AttributeError about
 # _socket.getaddrinfo or "can't start new thread". Each of these now ends in one clear error.
 
-NO_NETWORK = "there is no network in this sandbox"  # the shell keys its traceback hint on it
+NO_NETWORK = "there is no network in this sandbox"  # _wasm_kernel_tracebacks keys a hint on it
 NO_THREADS = (
     "can't start new thread: threads are not available in this sandbox (its"
     " interpreter runs on a single thread); call the function directly instead"

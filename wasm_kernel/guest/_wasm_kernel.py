@@ -25,8 +25,6 @@ import types
 
 import _host
 
-NO_NETWORK = "there is no network in this sandbox"  # as in socket.NetworkUnavailable's text
-
 # Bytes held back from the user's code: when a cell fills memory up to the sandbox's limit and
 # keeps it (a MemoryError it caught, or objects it left referenced), the reserve is given back
 # so that the error can still be formatted and the next cell can run, and free that memory.

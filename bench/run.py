@@ -230,8 +230,9 @@ def bench_start(cfg: dict, quick: bool) -> list[dict]:
     log("cold wasm start: compiling the runtime into an empty cache (1-4 minutes)")
     with tempfile.TemporaryDirectory(prefix="bench-wasm-cache-") as empty:
         env = {**os.environ, "WASM_KERNEL_CACHE_DIR": empty}
-        # a kernel never downloads: the guest's packages come from `install`, as for users
-        for entry in default_cache_dir().glob("guest-*"):
+        # a kernel never downloads: the runtime's files and the guest's packages come from
+        # `install`, as for users; only the compiled runtime is missing
+        for entry in [*default_cache_dir().glob("guest-*"), *default_cache_dir().glob("runtime-*")]:
             (Path(empty) / entry.name).symlink_to(entry)
         cold[WASM].append(startup_roundtrip.time_start(WASM, env, timeout=900))
     rows.append(

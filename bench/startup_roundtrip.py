@@ -22,9 +22,16 @@ KERNELS = {"native": "python3", "wasm": "wasm-python"}
 
 
 def await_reply(client, msg_id: str, timeout: float = 120) -> None:
-    """Wait for the shell reply to ``msg_id`` (ZMQ queues the request until the kernel binds)."""
-    while client.get_shell_msg(timeout=timeout)["parent_header"].get("msg_id") != msg_id:
-        pass
+    """Wait for the shell reply to ``msg_id`` (ZMQ queues the request until the kernel binds);
+    an error reply stops the bench, which would otherwise time a failure."""
+    reply = client.get_shell_msg(timeout=timeout)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = client.get_shell_msg(timeout=timeout)
+    content = reply["content"]
+    if content.get("status") != "ok":
+        raise RuntimeError(
+            f"the bench's cell failed: {content.get('ename')}: {content.get('evalue')}"
+        )
 
 
 def started(kernel_name: str, arguments: list[str]) -> tuple[KernelManager, Any]:

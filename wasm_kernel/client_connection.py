@@ -157,18 +157,20 @@ class KernelConnection:
                 self._executed(msg_id)
 
     async def _close(self) -> None:
-        """Shut the kernel down (once the requests it was sent are done)."""
-        try:
-            await self._check_earlier()
-        except SessionError as exc:  # the kernel goes, but the user should know
-            log.warning("closing a session: %s", exc)
+        """Shut the kernel down (once the requests it was sent are done, if it still runs)."""
+        manager = getattr(self, "manager", None)
+        if self._unchecked and manager is not None and await ensure_async(manager.is_alive()):
+            try:
+                await self._check_earlier()
+            except SessionError as exc:  # the kernel goes, but the user should know
+                log.warning("closing a session: %s", exc)
+        self._unchecked = []
         if self._tool_server is not None:
             self._tool_server.close()
             self._tool_server = None
         client = getattr(self, "client", None)
         if client is not None:
             client.stop_channels()
-        manager = getattr(self, "manager", None)
         if manager is not None and manager.has_kernel:
             await ensure_async(manager.shutdown_kernel(now=False))
 

@@ -310,6 +310,32 @@ def test_pages_of_another_file_are_kept_or_copied_exactly(
         box.close()
 
 
+@pytest.mark.nokernel
+def test_the_file_behind_memory_is_found_and_an_empty_range_finds_nothing() -> None:
+    """``mapped_files`` names the file, and the offset in it, behind a range of memory. An
+    empty range (every checkpoint asks about the memory grown since the last, mostly none)
+    finds nothing, where it found a zero-length piece of the mapping around it after reading
+    all of ``/proc/self/maps``."""
+    fd = os.memfd_create("wasm-kernel-test", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, 4 * cow.PAGE)
+        area = mmap.mmap(fd, 4 * cow.PAGE)
+        anchor = ctypes.c_char.from_buffer(area)
+        try:
+            base, status = ctypes.addressof(anchor), os.fstat(fd)
+            key = (status.st_dev, status.st_ino)
+            assert cow.mapped_files(base, [(cow.PAGE, 2 * cow.PAGE)]) == [
+                (cow.PAGE, 2 * cow.PAGE, key, cow.PAGE)
+            ]
+            assert cow.mapped_files(base, [(cow.PAGE, cow.PAGE)]) == []
+            assert cow.file_mapped(base, 2 * cow.PAGE, 2 * cow.PAGE) == []
+        finally:
+            del anchor
+            area.close()
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.skipif(not cow.write_protect_works(), reason="no userfaultfd write-protection here")
 def test_pages_left_in_place_are_dropped_beside_pages_mapped_anew(
     monkeypatch: pytest.MonkeyPatch,

@@ -82,8 +82,8 @@ def mapped_files(base: int, ranges: Ranges) -> list[MappedPiece]:
     order, from ``/proc/self/maps``. Each mapping finds its overlaps by bisection: a guest
     memory of many pieces has hundreds of mappings and hundreds of ranges."""
     found: list[MappedPiece] = []
-    wanted = union(ranges)
-    if not wanted:
+    wanted = union([(start, end) for start, end in ranges if start < end])
+    if not wanted:  # nothing to look for: /proc/self/maps is not read (every checkpoint asks)
         return found
     starts = [start for start, _ in wanted]
     first_wanted, last_wanted = base + wanted[0][0], base + wanted[-1][1]

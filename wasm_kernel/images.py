@@ -277,9 +277,7 @@ def parse_image(
     """The checked image in ``data``. Its checksum is summed while the rest is checked and
     decompressed (hashlib lets go of the GIL): it tells a damaged file from a malformed one,
     and nothing more, since a crafted image carries a correct checksum."""
-    header_size = _header_size(data[:PREFIX], len(data))
-    body = memoryview(data)[:-CHECKSUM]
-    offset = PREFIX + header_size
+    body, offset = _body(data)
     with ThreadPoolExecutor(1, thread_name_prefix="image-checksum") as pool:
         sound = pool.submit(_checksum_matches, data)
         try:
@@ -327,11 +325,15 @@ def _decoded_header(encoded: bytes | bytearray | memoryview) -> dict:
 
 def verified_header(data: Buffer) -> tuple[dict, memoryview, int]:
     """The header of a sound image file, its body and where the blobs start."""
-    header_size = _header_size(data[:PREFIX], len(data))
+    body, offset = _body(data)
     if not _checksum_matches(data):
         raise _damaged()
-    body = memoryview(data)[:-CHECKSUM]
-    return _decoded_header(body[PREFIX : PREFIX + header_size]), body, PREFIX + header_size
+    return _decoded_header(body[PREFIX:offset]), body, offset
+
+
+def _body(data: Buffer) -> tuple[memoryview, int]:
+    """An image file less its checksum, and where its blobs start (past the header)."""
+    return memoryview(data)[:-CHECKSUM], PREFIX + _header_size(data[:PREFIX], len(data))
 
 
 def _checksum_matches(data: Buffer) -> bool:

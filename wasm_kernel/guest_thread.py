@@ -70,6 +70,12 @@ class InterruptRelay:
     the pipe behind its signals, and the next request starts only once the thread has passed
     it. Whatever it delivers meanwhile finds no turn running, so an interrupt reaches only
     the request it arrived in.
+
+    The do-nothing handler stays installed between requests too, where ipykernel would put
+    SIG_IGN back: a signal that lands while the handler changes to SIG_IGN is left tripped
+    with no handler, and CPython then prints "Signal 2 ignored due to race condition" to the
+    kernel's stderr (seen under a storm). Between requests the pipe is not the wakeup
+    descriptor, so a signal then does nothing at all, as under SIG_IGN.
     """
 
     FENCE = 0  # no signal has number 0
@@ -81,16 +87,15 @@ class InterruptRelay:
         os.set_blocking(self._write, False)
         self._passed = threading.Event()
         threading.Thread(target=self._run, name="wasm-kernel-interrupts", daemon=True).start()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, _DO_NOTHING)
 
-    def install(self) -> tuple[Any, int]:
-        """On the main thread: route SIGINT to the pipe; returns what to restore."""
-        previous = signal.signal(signal.SIGINT, _DO_NOTHING)
-        return previous, signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+    def install(self) -> int:
+        """On the main thread: route SIGINT to the pipe; returns the descriptor to restore."""
+        return signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
 
-    def uninstall(self, saved: tuple[Any, int]) -> None:
-        handler, wakeup = saved
+    def uninstall(self, wakeup: int) -> None:
         signal.set_wakeup_fd(wakeup)
-        signal.signal(signal.SIGINT, handler)
         self._fence()
 
     def _fence(self) -> None:
@@ -145,16 +150,16 @@ class RelayedInterrupts(Kernel):
     handlers run elsewhere and keep the main one's."""
 
     _interrupt_relay: InterruptRelay
-    _saved_signals: tuple[Any, int]
+    _saved_wakeup: int
     _latest_shell_request: dict | None = None
 
     def pre_handler_hook(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            self._saved_signals = self._interrupt_relay.install()
+            self._saved_wakeup = self._interrupt_relay.install()
 
     def post_handler_hook(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            self._interrupt_relay.uninstall(self._saved_signals)
+            self._interrupt_relay.uninstall(self._saved_wakeup)
 
     def set_parent(self, ident: Any, parent: dict, channel: str = "shell") -> None:
         """Also kept where the control thread sees it (ipykernel keeps the shell's parent in

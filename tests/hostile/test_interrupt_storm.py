@@ -40,7 +40,8 @@ def kernel_pid(kernel: Kernel) -> int:
 
 
 def assert_alive_with_state(kernel: Kernel) -> None:
-    assert kernel.execute("sentinel").result_text() == "{'kept': [1, 2, 3]}"
+    run = kernel.execute("sentinel")
+    assert run.result_text() == "{'kept': [1, 2, 3]}", (run.content, run.messages)
     reply = kernel.client.kernel_info(reply=True, timeout=30)
     assert reply["content"]["status"] == "ok"
 

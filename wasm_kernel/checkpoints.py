@@ -120,10 +120,15 @@ class GuestState:
             except OSError as exc:
                 self.method = f"{COPY} (copy-on-write unavailable: {exc})"
 
+    @property
+    def shares(self) -> bool:
+        """Whether a forked kernel can map these checkpoints (they are copy-on-write files)."""
+        return self._cow is not None
+
     def hand_over(self, store: wasmtime.Store, boot_file: Path | None) -> LiveMemory:
         """Freeze the checkpoint just taken for a forked kernel to map (``live_memory``) and
         go on with a new one, which starts out mapping the frozen one's pages. The returned
-        descriptors are the caller's to close."""
+        descriptors are the caller's to close. Only where the checkpoints are ``shares``."""
         if self._cow is None:
             raise OSError(f"checkpoints here are {self.method}, which a fork cannot share")
         base = memory_address(self._memory, store)

@@ -31,7 +31,7 @@ from jupyter_core.utils import ensure_async, run_sync
 
 from . import client_code
 from .client_code import SessionError
-from .client_connection import KernelConnection, _raise_for
+from .client_connection import KernelConnection, raise_for
 from .execution import Callback, Execution
 from .kernelspecs import KERNEL_NAME, kernelspec_name
 from .limits import DEFAULT_GRACE
@@ -156,7 +156,7 @@ class _Session(KernelConnection):
             reply = await self._request(
                 client_code.write_code(guest_path, chunk, append=offset > 0)
             )
-            _raise_for(reply, f"cannot write {guest_path}")
+            raise_for(reply, f"cannot write {guest_path}")
 
     async def _download(self, guest_path: str, limit: int = DOWNLOAD_LIMIT) -> bytes:
         """The contents of ``guest_path`` in the guest; refuses files larger than ``limit``."""
@@ -195,13 +195,11 @@ class _Session(KernelConnection):
     async def _snapshot(self, name: str) -> None:
         """Save this session's image as ``name`` (the kernel's ``%snapshot save``; the
         ``snapshots`` setting must allow it, and the strict profile has it off)."""
-        _raise_for(await self._request(client_code.snapshot_code("save", name)), "snapshot failed")
+        raise_for(await self._request(client_code.snapshot_code("save", name)), "snapshot failed")
 
     async def _restore(self, name: str) -> None:
         """Bring this session back to the image saved as ``name``."""
-        _raise_for(
-            await self._request(client_code.snapshot_code("restore", name)), "restore failed"
-        )
+        raise_for(await self._request(client_code.snapshot_code("restore", name)), "restore failed")
 
     async def _fork(self, name: str | None = None) -> Self:
         """A new, started session that resumes from an image of this one, saved as ``name``
@@ -212,7 +210,7 @@ class _Session(KernelConnection):
         image, own = (name, False) if name is not None else (f"fork-{uuid.uuid4().hex[:16]}", True)
         if own:
             code = client_code.snapshot_code("fork", image)
-            _raise_for(await self._request(code), "fork failed")
+            raise_for(await self._request(code), "fork failed")
         else:
             await self._snapshot(image)
         try:
@@ -229,7 +227,7 @@ class _Session(KernelConnection):
         """Install packages into this session (the kernel's ``%pip install``, from the
         index or wheelhouse its ``packages`` setting names; off in the strict profile)."""
         reply = await self._request(client_code.install_code(requirements), timeout=PIP_TIMEOUT)
-        _raise_for(reply, "install failed")
+        raise_for(reply, "install failed")
 
 
 class AsyncSession(_Session):

@@ -20,7 +20,7 @@ from jupyter_core.utils import ensure_async
 
 from .client_code import SessionError
 from .execution import Callback, Collector, Execution, ExecutionError
-from .images import NOT_RESUMED
+from .images import NOT_RESUMED, STILL_STARTING
 from .tool_server import ToolServer
 from .tools import HostTool
 
@@ -58,21 +58,22 @@ class KernelConnection:
         if its kernel could not, and started afresh (a restart later starts as it can)."""
         self.manager = self.manager_class(kernel_name=self.kernel_name)
         await ensure_async(self.manager.start_kernel(**self._launch))
-        await self._connect()
+        ready = await self._connect()
         if self.settings.get("resume_from"):
             try:
-                await self._check_resumed()
+                await self._check_resumed(ready)
             except BaseException:
                 await self._close()
                 raise
 
-    async def _connect(self) -> None:
-        """Open the channels and wait for a silent empty cell, which fails on refused settings."""
+    async def _connect(self) -> dict:
+        """Open the channels and wait for a silent empty cell, which fails on refused settings;
+        returns the kernel_info_reply that found the kernel ready."""
         self.client = self.manager.client()
         self.client.start_channels(stdin=not self.tools)  # with tools, the server's
         self._serve_tools()
         try:
-            await self._until_connected()
+            ready = await self._until_connected()
             reply = await self._request("", timeout=self.startup_timeout)
             content = reply.get("content") or {}
             if content.get("status") != "ok":
@@ -80,8 +81,9 @@ class KernelConnection:
         except BaseException:
             await self._close()
             raise
+        return ready
 
-    async def _until_connected(self) -> None:
+    async def _until_connected(self) -> dict:
         """Wait until the kernel answers and its IOPub reaches this client, as jupyter_client's
         ``wait_for_ready`` does, asking again after READY_POLL seconds rather than its 0.2 s
         (a subscription not yet in place misses the first status messages)."""
@@ -96,13 +98,18 @@ class KernelConnection:
                 _left(end)
                 continue
             self.client._handle_kernel_info_reply(reply)
-            return
+            return reply
 
-    async def _check_resumed(self) -> None:
-        """Raise if the kernel says, in its banner (final once a cell has run), that it could
-        not resume the image it was asked to."""
-        reply = await self._kernel_info(time.monotonic() + self.startup_timeout)
-        for line in str(reply["content"].get("banner", "")).splitlines():
+    async def _check_resumed(self, ready: dict) -> None:
+        """Raise if the kernel says, in its banner, that it could not resume the image it was
+        asked to. The banner of ``ready`` (the kernel_info_reply that found the kernel ready,
+        which waits seconds for the interpreter) is final unless the interpreter was still
+        starting then; if it was, the kernel is asked again, now that a cell has run."""
+        banner = str(ready["content"].get("banner", ""))
+        if STILL_STARTING in banner.splitlines():
+            reply = await self._kernel_info(time.monotonic() + self.startup_timeout)
+            banner = str(reply["content"].get("banner", ""))
+        for line in banner.splitlines():
             if NOT_RESUMED in line:
                 raise SessionError(line[line.index(NOT_RESUMED) :].removesuffix(")"))
 
@@ -152,7 +159,7 @@ class KernelConnection:
         while self._unchecked:
             msg_id, what = self._unchecked.pop(0)
             try:
-                _raise_for(await self._reply(msg_id, FILE_OP_TIMEOUT), what)
+                raise_for(await self._reply(msg_id, FILE_OP_TIMEOUT), what)
             finally:
                 self._executed(msg_id)
 
@@ -261,7 +268,7 @@ async def _within(receive: Callable[..., Any], end: float) -> dict:
         raise SessionError("the kernel did not answer in time") from None
 
 
-def _raise_for(reply: dict, what: str) -> None:
+def raise_for(reply: dict, what: str) -> None:
     content = reply.get("content") or {}
     if content.get("status") != "ok":
         raise SessionError(f"{what}: {content.get('ename')}: {content.get('evalue')}")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from . import __version__, notebook_writes
 from .checkpoints import checkpoint_method
 from .grants import Grants
+from .images import STILL_STARTING
 from .limits import Limits
 from .metrics import CellMetrics
 from .mounts import SCRATCH
@@ -55,7 +56,7 @@ def describe(
         f"  {SCRATCH}: private scratch, deleted when the kernel stops, {scratch_size}\n"
         f"{notebook_writes.describe(settings.notebook_writes, grants.layered, scratch)}\n"
         f"Starting folder: {grants.start_dir}\n"
-        f"Interpreter: {f'from {started_from}' if started_from else 'still starting'}\n"
+        f"{f'Interpreter: from {started_from}' if started_from else STILL_STARTING}\n"
         f"Per cell: fuel {limits.fuel:,}, {time_limit},"
         f" memory {_size(limits.memory_limit)}, output {_size(limits.output_limit)}\n"
         f"Packages: {grants.packages.describe() if grants.packages else 'off'}\n"

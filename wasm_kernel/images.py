@@ -76,6 +76,8 @@ SUFFIX = ".wkimg"
 # how a kernel that could not resume an image, and started afresh, says so in its banner and
 # on its first cell (the client looks for it: a session asked to resume must not start empty)
 NOT_RESUMED = "could not resume from"
+# the banner's line until the interpreter has started (then it says where from)
+STILL_STARTING = "Interpreter: still starting"
 MEMORY_SUFFIX = ".memory"
 
 
@@ -171,12 +173,14 @@ def read_image(
     except OSError as exc:
         raise ImageError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
-        data = _read_checked_sizes(fd, path, memory_limit, scratch_limit)
+        data, header = _read_checked_sizes(fd, path, memory_limit, scratch_limit)
     except OSError as exc:
         raise ImageError(f"cannot read {path}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
-    image = parse_image(data, needs=needs, memory_limit=memory_limit, scratch_limit=scratch_limit)
+    image = parse_image(
+        data, header, needs=needs, memory_limit=memory_limit, scratch_limit=scratch_limit
+    )
     image.boot_file = boot_file
     if image.memory_elsewhere:
         if memory_file is None:
@@ -195,10 +199,13 @@ def read_image(
     return image
 
 
-def _read_checked_sizes(fd: int, path: Path, memory_limit: int, scratch_limit: int) -> mmap.mmap:
-    """The whole file, read only once its header has been read and the sizes it declares
-    fit this kernel's limits and add up to the file's size. A refusal of the header is
-    given only for a file whose checksum holds: a damaged file is called damaged."""
+def _read_checked_sizes(
+    fd: int, path: Path, memory_limit: int, scratch_limit: int
+) -> tuple[mmap.mmap, dict]:
+    """The whole file and its decoded header, read only once the header has been read and
+    the sizes it declares fit this kernel's limits and add up to the file's size. A refusal
+    of the header is given only for a file whose checksum holds: a damaged file is called
+    damaged."""
     size = os.fstat(fd).st_size
     # the largest sound image: all memory and all of /tmp barely compressible, and history
     if size > memory_limit + (scratch_limit or memory_limit) + MAX_HISTORY + (64 << 20):
@@ -221,7 +228,7 @@ def _read_checked_sizes(fd: int, path: Path, memory_limit: int, scratch_limit: i
     data = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | POPULATE)
     data[: PREFIX + header_size] = prefix + head
     read_exactly(fd, memoryview(data)[PREFIX + header_size :])
-    return data
+    return data, header
 
 
 def _checksum_holds(fd: int, size: int) -> bool:
@@ -272,16 +279,16 @@ def _check_memory_size(memory_size: object, memory_limit: int) -> None:
 
 
 def parse_image(
-    data: Buffer, *, needs: dict[str, object], memory_limit: int, scratch_limit: int
+    data: Buffer, header: dict, *, needs: dict[str, object], memory_limit: int, scratch_limit: int
 ) -> Image:
-    """The checked image in ``data``. Its checksum is summed while the rest is checked and
-    decompressed (hashlib lets go of the GIL): it tells a damaged file from a malformed one,
-    and nothing more, since a crafted image carries a correct checksum."""
+    """The checked image in ``data``, whose ``header`` the caller has decoded. Its checksum
+    is summed while the rest is checked and decompressed (hashlib lets go of the GIL): it
+    tells a damaged file from a malformed one, and nothing more, since a crafted image
+    carries a correct checksum."""
     body, offset = _body(data)
     with ThreadPoolExecutor(1, thread_name_prefix="image-checksum") as pool:
         sound = pool.submit(_checksum_matches, data)
         try:
-            header = _decoded_header(body[PREFIX:offset])
             image = _checked(header, body, offset, needs, memory_limit, scratch_limit)
         except (ImageError, *MALFORMED) as exc:
             if not sound.result():

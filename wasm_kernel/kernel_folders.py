@@ -19,6 +19,7 @@ import re
 import shutil
 import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,13 @@ def sweep(folder: str | None = None) -> list[Path]:
     if removed:
         log.info("removed %d folders left by kernels that were killed", len(removed))
     return removed
+
+
+def sweep_beside() -> None:
+    """``sweep`` on a thread of its own: a start need not wait for it (it reads /proc for
+    every folder found, ~2 ms each where /proc is slow), and it never removes a running
+    kernel's folder, this one's included."""
+    threading.Thread(target=sweep, name="wasm-kernel-sweep", daemon=True).start()
 
 
 def running(prefix: str, folder: str | None = None) -> list[Path]:

@@ -119,7 +119,7 @@ class Sandbox(SandboxState):
         )
         self._clock = GuestClock(self.interrupts)
         self._turn_lock = threading.Lock()
-        kernel_folders.sweep()  # folders of killed kernels hold their guests' files
+        kernel_folders.sweep_beside()  # folders of killed kernels hold their guests' files
         self._tmp = kernel_folders.create()
         self._scratch = ScratchWatch(
             self._tmp,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from . import image_transfer, images
-from .checkpoints import COPY_ON_WRITE, CheckpointStats
+from .checkpoints import CheckpointStats
 from .contract import guest_call
 from .guest.modules import _wasm_kernel_contract as declared
 from .host_functions import MAX_MESSAGE, GuestClock, HostCall
@@ -88,7 +88,7 @@ class SandboxState:
             host.clocks = self._clock.readings()
             scratch = ScratchArchive.of(self._tmp, self.limits.scratch_limit)
             live = None
-            if fork and interpreter.state is not None and self.checkpoint_method_shares:
+            if fork and interpreter.state is not None and interpreter.state.shares:
                 self._take_checkpoint(interpreter)  # the frozen file must hold every page
                 boot_file = self._boot_image.memory_file if self._boot_image else None
                 live = interpreter.state.hand_over(interpreter.store, boot_file)
@@ -157,12 +157,6 @@ class SandboxState:
         """How long the last rollback took to put memory and globals back."""
         state = self._interpreter.state
         return state.last_restore_seconds if state is not None else None
-
-    @property
-    def checkpoint_method_shares(self) -> bool:
-        """Whether checkpoints are copy-on-write files, which a fork can map."""
-        method = self.checkpoint_method
-        return method is not None and method.startswith(COPY_ON_WRITE)
 
     @property
     def checkpoint_method(self) -> str | None:

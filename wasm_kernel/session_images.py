@@ -111,17 +111,21 @@ class SessionImages:
         began = time.perf_counter()
         if action in ("save", "fork"):
             fork = action == "fork"
-            kept: list[LiveMemory | None] = []
-            write = partial(self._write, sandbox, execution_count, fork=fork, kept=kept)
+            live: LiveMemory | None = None  # a fork's frozen memory, once written
+
+            def write(out: BinaryIO) -> None:
+                nonlocal live
+                live = self._write(sandbox, execution_count, out, fork=fork)
+
             try:
                 path = self.folder.store(name, write)
             except BaseException:
-                for fd in kept[0].fds if kept and kept[0] is not None else ():
+                for fd in live.fds if live is not None else ():
                     os.close(fd)
                 raise
             self._let_go(name)
-            if kept and kept[0] is not None:
-                self._keep(name, kept[0].fds)
+            if live is not None:
+                self._keep(name, live.fds)
                 how = "sharing this session's memory: it lasts while this kernel runs"
             else:
                 how = "a whole image" if fork else ""
@@ -166,18 +170,16 @@ class SessionImages:
         execution_count: int,
         out: BinaryIO,
         fork: bool = False,
-        kept: list[LiveMemory | None] | None = None,
-    ) -> None:
-        """The session's image into ``out``; a fork's frozen memory goes into ``kept``."""
+    ) -> LiveMemory | None:
+        """The session's image into ``out``; returns a fork's frozen memory (see
+        ``Sandbox.save_image``)."""
         entries = self.history.range(0, 0, None)
         host = images.HostState(
             execution_count=execution_count,
             history=[(line, source) for _, line, source in entries],
             packages=self.packages.pins() if self.packages is not None else [],
         )
-        live = sandbox.save_image(out, host, [str(mount) for mount in self.granted], fork=fork)
-        if kept is not None:
-            kept.append(live)
+        return sandbox.save_image(out, host, [str(mount) for mount in self.granted], fork=fork)
 
     def _keep(self, name: str, fds: list[int]) -> None:
         """Keep a fork image's memory open while the image exists, LIVE_FORKS at most."""

@@ -55,7 +55,7 @@ def test_tools_are_listed_without_any_setting_a_model_could_change() -> None:
         parameters = {
             name for tool in tools.values() for name in tool.input_schema.get("properties", {})
         }
-        assert parameters <= {"code", "path", "content", "encoding"}
+        assert parameters <= {"code", "path", "content", "encoding", "sandbox"}
 
     serve([], check)
 
@@ -286,6 +286,53 @@ def test_snapshot_restore_and_install_where_the_operator_allows_them(tmp_path) -
         + ["--set", f"packages={house}"],
         check,
     )
+
+
+@pytest.mark.slow
+def test_a_forked_sandbox_goes_its_own_way(tmp_path) -> None:
+    """fork_sandbox starts a second kernel from the first one's state; each tool takes the
+    sandbox to act in; forks count against --max-sessions and end with the session."""
+    kernels: list[psutil.Process] = []
+    same = "state.tolist(), open('/tmp/note.txt').read()"
+
+    async def check(session: ClientSession) -> None:
+        tools = {tool.name for tool in (await session.list_tools()).tools}
+        assert {"fork_sandbox", "close_sandbox", "list_sandboxes"} <= tools
+        setup = "import numpy as np\nstate = np.arange(5)\nopen('/tmp/note.txt', 'w').write('a')"
+        assert not (await session.call_tool("run_python", {"code": setup})).is_error
+        forked = await session.call_tool("fork_sandbox", {"name": "try-b"})
+        assert not forked.is_error, text_of(forked)
+        kernels.extend(kernels_under(os.getpid()))
+        assert len(kernels) == 2
+        change = {"code": "state[0] = 9", "sandbox": "try-b"}
+        assert not (await session.call_tool("run_python", change)).is_error
+        wrote = {"path": "/tmp/note.txt", "content": "b", "sandbox": "try-b"}
+        assert not (await session.call_tool("upload_file", wrote)).is_error
+        main = await session.call_tool("run_python", {"code": same})
+        assert text_of(main) == "([0, 1, 2, 3, 4], 'a')"
+        fork = await session.call_tool("run_python", {"code": same, "sandbox": "try-b"})
+        assert text_of(fork) == "([9, 1, 2, 3, 4], 'b')"
+        listed = await session.call_tool("list_sandboxes", {})
+        assert listed.structured_content == {"result": ["main", "try-b"]}
+
+        async def refused(tool: str, arguments: dict, reason: str) -> None:
+            result = await session.call_tool(tool, arguments)
+            assert result.is_error and reason in text_of(result), text_of(result)
+
+        await refused("fork_sandbox", {"name": "try-b"}, "there is a sandbox 'try-b' already")
+        await refused("fork_sandbox", {"name": "../up"}, "a sandbox name is 1 to 64 letters")
+        await refused("fork_sandbox", {"name": "try-c"}, "already runs its 2 kernels")
+        await refused("run_python", {"code": "1", "sandbox": "nope"}, "there is no sandbox 'nope'")
+        await refused("close_sandbox", {"name": "main"}, "'main' ends with the session")
+        closed = await session.call_tool("close_sandbox", {"name": "try-b"})
+        assert not closed.is_error, text_of(closed)
+        await refused("run_python", {"code": "1", "sandbox": "try-b"}, "there is no sandbox")
+        assert text_of(await session.call_tool("run_python", {"code": "int(state[0])"})) == "0"
+
+    images = f"snapshot_dir={tmp_path / 'images'}"
+    serve(["--set", "snapshots=yes", "--set", images, "--max-sessions", "2"], check)
+    _, alive = psutil.wait_procs(kernels, timeout=20)
+    assert not alive, "a sandbox outlived its MCP session"
 
 
 TOKEN = "a-test-token-0123456789"

@@ -1,5 +1,5 @@
 """The MCP server's HTTP side: the operator's bearer token, the URL it serves, and the
-kernel of a session stopped as soon as its client ends the session.
+kernels of a session stopped as soon as its client ends the session.
 
 The token file is the operator's, yet it is opened like any file from outside: without
 following a link, only if it is a regular file, and read no further than a token can be
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from . import host_files
 
 if TYPE_CHECKING:
-    from .mcp_server import Kernels
+    from .mcp_kernels import Kernels
 
 TOKEN_ENV = "WASM_KERNEL_MCP_TOKEN"
 MIN_TOKEN = 16  # characters: shorter tokens can be guessed

@@ -1,15 +1,17 @@
 """An MCP server that gives a model a sandboxed Python: ``python -m wasm_kernel mcp``.
 
 Built on the official ``mcp`` SDK (``MCPServer``). Each MCP session gets its own kernel
-(an ``AsyncSession``): over stdio the session is the server process, so the kernel lives and
-dies with it; over streamable HTTP kernels are kept per ``Mcp-Session-Id`` and shut down
-when their session has been idle (no call in progress) for ``--idle-timeout`` seconds, and
-all of them when the server stops; every HTTP request must carry the operator's bearer token
-(``--token-file`` or ``WASM_KERNEL_MCP_TOKEN``, see mcp_http.py), which is required unless
-the server listens on loopback only.
+(an ``AsyncSession``, see mcp_kernels.py): over stdio the session is the server process, so
+the kernel lives and dies with it; over streamable HTTP kernels are kept per
+``Mcp-Session-Id`` and shut down when their session has been idle (no call in progress) for
+``--idle-timeout`` seconds, and all of them when the server stops; every HTTP request must
+carry the operator's bearer token (``--token-file`` or ``WASM_KERNEL_MCP_TOKEN``, see
+mcp_http.py), which is required unless the server listens on loopback only.
 The profile, limits and mounts come from the server's command line: no tool
-takes a setting, so the model cannot raise a limit. The ``snapshot``, ``restore`` and
-``install_packages`` tools exist only where those settings allow what they do. With
+takes a setting, so the model cannot raise a limit. The ``snapshot``, ``restore``,
+``fork_sandbox`` (with ``close_sandbox`` and ``list_sandboxes``) and ``install_packages``
+tools exist only where those settings allow what they do; every tool acting in a sandbox
+takes the name of one (``sandbox``, default ``main``). With
 ``--upstream FILE`` the tools of other MCP servers become functions inside the sandbox
 (``sandbox_tools``, see mcp_upstream.py) and ``list_sandbox_tools`` shows them to the model.
 """
@@ -19,27 +21,22 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import os
-import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from . import __version__
 from .client import AsyncSession, Execution, SessionError, kernel_arguments
 from .mcp_http import PATH, TOKEN_ENV, bearer_token, closing_kernels, requiring_token, url
+from .mcp_kernels import MAIN, MAX_SESSIONS, Kernels
 from .mcp_upstream import UpstreamError, describe, read_config, upstream_tools
 from .metrics import METADATA_KEY
 from .profiles import PROFILES
-from .settings import TRUE_WORDS
 
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 MAX_TEXT = 100_000  # characters of one run's text returned to the model; the rest is cut
 IDLE_TIMEOUT = 1800.0  # seconds an HTTP session's kernel is kept without requests
 SWEEP = 30.0  # seconds between idle checks at most; a shorter --idle-timeout checks oftener
-MAX_SESSIONS = 8  # HTTP sessions at once: each runs a kernel process (~150 MB)
 HOST, PORT = "127.0.0.1", 8000  # where the streamable HTTP server listens by default
 INSTRUCTIONS = (
     "run_python runs code in a persistent, sandboxed CPython 3.15 (WebAssembly): names stay"
@@ -48,93 +45,6 @@ INSTRUCTIONS = (
     " private and writable. Each call has fuel, time, memory and output limits set by the"
     " operator; a call that hits one ends with an error naming it."
 )
-
-
-@dataclass
-class Kernels:
-    """The kernels of this server, one per MCP session (key None: the stdio session).
-
-    A kernel is idle when no call uses it and its last call ended ``idle_timeout`` seconds
-    ago (the SDK expires the session itself on the same clock); ``max_sessions`` bounds
-    the kernels alive, so a session the SDK has expired holds its place until its kernel
-    is gone."""
-
-    profile: str
-    settings: dict[str, Any]
-    cwd: str | None = None
-    max_sessions: int = MAX_SESSIONS
-    upstream: str | None = None  # the --upstream configuration file
-    tools: dict[str, Any] = field(default_factory=dict)  # its tools, once connected
-    sessions: dict[str | None, AsyncSession] = field(default_factory=dict)
-    used: dict[str | None, float] = field(default_factory=dict)
-    calls: dict[str | None, int] = field(default_factory=dict)  # calls in progress
-    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    @contextlib.asynccontextmanager
-    async def use(self, key: str | None, idle_timeout: float) -> AsyncIterator[AsyncSession]:
-        """The session's kernel (started on first use), marked in use until the call ends."""
-        async with self._lock:
-            session = self.sessions.get(key)
-            if session is None:
-                if len(self.sessions) >= self.max_sessions:
-                    await self._close_idle(idle_timeout)
-                if len(self.sessions) >= self.max_sessions:
-                    raise SessionError(
-                        f"this server already runs its {self.max_sessions} kernels, one per"
-                        " session (--max-sessions): try again when another session has ended"
-                    )
-                session = self.sessions[key] = await self.start()
-            self.calls[key] = self.calls.get(key, 0) + 1
-            self.used[key] = time.monotonic()
-        try:
-            yield session
-        finally:
-            if self.sessions.get(key) is session:  # not closed meanwhile (DELETE)
-                self.calls[key] -= 1
-                self.used[key] = time.monotonic()
-
-    async def start(self) -> AsyncSession:
-        session = AsyncSession(
-            self.profile,
-            cwd=self.cwd,
-            kernel_stdout=subprocess.DEVNULL,
-            tools=self.tools,
-            **self.settings,
-        )
-        await session.start()
-        return session
-
-    async def close_idle(self, seconds: float) -> None:
-        async with self._lock:
-            await self._close_idle(seconds)
-
-    async def _close_idle(self, seconds: float) -> None:
-        now = time.monotonic()
-        for key, when in list(self.used.items()):
-            if not self.calls.get(key) and now - when >= seconds:
-                await self.close(key)
-
-    async def close(self, key: str | None) -> None:
-        session = self.sessions.pop(key, None)
-        self.used.pop(key, None)
-        self.calls.pop(key, None)
-        if session is not None:
-            await session.close()
-
-    async def close_all(self) -> None:
-        for key in list(self.sessions):
-            await self.close(key)
-
-    def allows(self, setting: str) -> bool:
-        """Does the kernels' ``snapshots`` or ``packages`` setting allow its tools? From
-        ``--set``, else the server's environment, else the profile, as the kernel reads it;
-        a value the kernel would refuse allows nothing."""
-        value = self.settings.get(setting, os.environ.get(f"WASM_KERNEL_{setting.upper()}"))
-        if value is None:
-            value = getattr(PROFILES[self.profile], setting)
-        if setting == "packages":
-            return str(value).strip() not in ("", "off")
-        return str(value).strip().lower() in TRUE_WORDS
 
 
 def content_of(execution: Execution) -> Any:
@@ -207,35 +117,45 @@ def build_server(kernels: Kernels, idle_timeout: float | None = None) -> Any:
         "wasm-kernel", version=__version__, instructions=INSTRUCTIONS, lifespan=lifespan
     )
 
-    @contextlib.asynccontextmanager
-    async def kernel(ctx: Context) -> AsyncIterator[AsyncSession]:
-        """The caller's kernel, in use for the whole call; failures reported to the model."""
+    timeout = idle_timeout or IDLE_TIMEOUT
+
+    def session_key(ctx: Context) -> str | None:
         request = ctx.request_context.request
-        key = request.headers.get("mcp-session-id") if request is not None else None
+        return request.headers.get("mcp-session-id") if request is not None else None
+
+    @contextlib.asynccontextmanager
+    async def kernel(ctx: Context, sandbox: str) -> AsyncIterator[AsyncSession]:
+        """The caller's sandbox, in use for the whole call; failures reported to the model."""
         with reported():
-            async with kernels.use(key, idle_timeout or IDLE_TIMEOUT) as session:
+            async with kernels.use(session_key(ctx), timeout, sandbox) as session:
                 yield session
 
     @server.tool()
-    async def run_python(code: str, ctx: Context) -> CallToolResult:
+    async def run_python(code: str, ctx: Context, sandbox: str = MAIN) -> CallToolResult:
         """Run Python code in the sandbox, like a notebook cell: names persist between calls,
         the value of the last line is returned, figures come back as images."""
-        async with kernel(ctx) as session:
+        async with kernel(ctx, sandbox) as session:
             return content_of(await session.run(code))
 
     @server.tool()
-    async def list_files(ctx: Context, path: str = "/tmp") -> list[dict[str, Any]]:
+    async def list_files(
+        ctx: Context, path: str = "/tmp", sandbox: str = MAIN
+    ) -> list[dict[str, Any]]:
         """List a folder in the sandbox: each entry's name, whether it is a folder, its size."""
-        async with kernel(ctx) as session:
+        async with kernel(ctx, sandbox) as session:
             return await session.files(path)
 
     @server.tool()
     async def upload_file(
-        path: str, content: str, ctx: Context, encoding: Literal["utf-8", "base64"] = "utf-8"
+        path: str,
+        content: str,
+        ctx: Context,
+        encoding: Literal["utf-8", "base64"] = "utf-8",
+        sandbox: str = MAIN,
     ) -> str:
         """Write a file in the sandbox (under /tmp, or a folder the operator made writable).
         ``encoding`` is 'utf-8' for text or 'base64' for binary content."""
-        async with kernel(ctx) as session:
+        async with kernel(ctx, sandbox) as session:
             if encoding == "base64":
                 try:
                     data = base64.b64decode(content, validate=True)
@@ -247,9 +167,9 @@ def build_server(kernels: Kernels, idle_timeout: float | None = None) -> Any:
         return f"wrote {len(data):,} bytes to {path}"
 
     @server.tool()
-    async def download_file(path: str, ctx: Context) -> dict[str, Any]:
+    async def download_file(path: str, ctx: Context, sandbox: str = MAIN) -> dict[str, Any]:
         """Read a file from the sandbox: text as UTF-8, anything else as base64."""
-        async with kernel(ctx) as session:
+        async with kernel(ctx, sandbox) as session:
             data = await session.download(path)
         try:
             return {"path": path, "encoding": "utf-8", "content": data.decode("utf-8")}
@@ -257,9 +177,9 @@ def build_server(kernels: Kernels, idle_timeout: float | None = None) -> Any:
             return {"path": path, "encoding": "base64", "content": base64.b64encode(data).decode()}
 
     @server.tool()
-    async def reset(ctx: Context) -> str:
+    async def reset(ctx: Context, sandbox: str = MAIN) -> str:
         """Start over: a fresh interpreter and an empty /tmp."""
-        async with kernel(ctx) as session:
+        async with kernel(ctx, sandbox) as session:
             await session.reset()
         return "the sandbox was reset: no names, an empty /tmp"
 
@@ -276,27 +196,51 @@ def build_server(kernels: Kernels, idle_timeout: float | None = None) -> Any:
     if kernels.allows("snapshots"):
 
         @server.tool()
-        async def snapshot(name: str, ctx: Context) -> str:
+        async def snapshot(name: str, ctx: Context, sandbox: str = MAIN) -> str:
             """Save the sandbox's state (names, /tmp, installed packages) as ``name``, to go
             back to later with restore."""
-            async with kernel(ctx) as session:
+            async with kernel(ctx, sandbox) as session:
                 await session.snapshot(name)
             return f"saved snapshot {name!r}"
 
         @server.tool()
-        async def restore(name: str, ctx: Context) -> str:
+        async def restore(name: str, ctx: Context, sandbox: str = MAIN) -> str:
             """Bring the sandbox back to the state saved as ``name``."""
-            async with kernel(ctx) as session:
+            async with kernel(ctx, sandbox) as session:
                 await session.restore(name)
             return f"restored snapshot {name!r}"
+
+        @server.tool()
+        async def fork_sandbox(name: str, ctx: Context, sandbox: str = MAIN) -> str:
+            """Start a second sandbox, ``name``, as a copy of ``sandbox`` as it is now (names,
+            /tmp, installed packages); from then on each goes its own way, to try two
+            approaches from the same state. Pass ``sandbox=name`` to the other tools to use
+            it; close_sandbox ends it."""
+            with reported():
+                await kernels.fork(session_key(ctx), timeout, sandbox, name)
+            return f"sandbox {name!r} is a fork of {sandbox!r}"
+
+        @server.tool()
+        async def close_sandbox(name: str, ctx: Context) -> str:
+            """End a forked sandbox (the main one ends with the session)."""
+            with reported():
+                await kernels.close_sandbox(session_key(ctx), name)
+            return f"sandbox {name!r} is closed"
+
+        @server.tool()
+        async def list_sandboxes(ctx: Context) -> list[str]:
+            """This session's sandboxes: 'main' and its forks."""
+            return kernels.names(session_key(ctx))
 
     if kernels.allows("packages"):
 
         @server.tool()
-        async def install_packages(requirements: list[str], ctx: Context) -> str:
+        async def install_packages(
+            requirements: list[str], ctx: Context, sandbox: str = MAIN
+        ) -> str:
             """Install pure-Python packages into the sandbox (pip requirements such as
             'tabulate' or 'attrs>=23'), from the package source the operator allows."""
-            async with kernel(ctx) as session:
+            async with kernel(ctx, sandbox) as session:
                 await session.install(*requirements)
             return f"installed {', '.join(requirements)}"
 
@@ -396,7 +340,7 @@ def add_arguments(command: argparse.ArgumentParser) -> None:
         "--max-sessions",
         type=int,
         default=MAX_SESSIONS,
-        help=f"streamable HTTP: sessions (so kernels) at once (default {MAX_SESSIONS})",
+        help=f"kernels at once: sessions and their forked sandboxes (default {MAX_SESSIONS})",
     )
 
 

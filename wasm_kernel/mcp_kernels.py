@@ -87,7 +87,9 @@ class Kernels:
                 await self._make_room(idle_timeout)
             forked = await parent.fork()
             async with self._lock:
-                try:  # meanwhile the name may have been taken, or the last place
+                try:  # meanwhile the session may have ended, the name or last place gone
+                    if key not in self.sessions:
+                        raise SessionError("the session ended while its sandbox was forked")
                     self._check_fork(key, name)
                     if self._alive() >= self.max_sessions:
                         raise SessionError(self._full())

@@ -17,7 +17,9 @@ from conftest import Kernel
 
 from wasm_kernel import guest_packages
 from wasm_kernel.cache import RuntimeCache
+from wasm_kernel.limits import Limits
 from wasm_kernel.runtime import load_runtime
+from wasm_kernel.sandbox import Sandbox
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,9 @@ def test_kernel_without_guest_packages_says_to_run_install(
 
 def test_changed_package_file_is_refused(tmp_path: Path, compiled) -> None:
     packages = guest_packages.load_manifest()
-    real = guest_packages.site_mount(compiled).host.parent
+    mount, checked = guest_packages.site_mount(compiled)
+    checked.result()
+    real = mount.host.parent
     copy = packages.entry_dir(tmp_path, compiled)
     shutil.copytree(real, copy)
     assert guest_packages.locate(packages, tmp_path, compiled) == copy / guest_packages.SITE
@@ -52,6 +56,26 @@ def test_changed_package_file_is_refused(tmp_path: Path, compiled) -> None:
         file.write("\n# changed after the build\n")
     with pytest.raises(guest_packages.PackagesUnavailable, match="changed after they were built"):
         guest_packages.locate(packages, tmp_path, compiled)
+
+
+def test_a_sandbox_on_changed_packages_never_runs_the_guest(tmp_path: Path, compiled) -> None:
+    """The check of the packages' files runs beside the sandbox's start; its refusal still
+    comes before any guest code runs (a cache whose packages were changed after the build)."""
+    runtime_entry = RuntimeCache().entry_dir(compiled.runtime)
+    (tmp_path / runtime_entry.name).symlink_to(runtime_entry)
+    mount, checked = guest_packages.site_mount(compiled)
+    checked.result()
+    copy = guest_packages.load_manifest().entry_dir(tmp_path, compiled)
+    shutil.copytree(mount.host.parent, copy)
+    with open(copy / guest_packages.SITE / "IPython" / "__init__.py", "a") as file:
+        file.write("\nraise SystemExit('the changed file ran')\n")
+    elsewhere = RuntimeCache(tmp_path).load(compiled.runtime)
+    limits = Limits(fuel=10**12, time_limit=0, memory_limit=1 << 30, output_limit=1 << 20)
+    try:
+        with pytest.raises(guest_packages.PackagesUnavailable, match="changed after they were"):
+            Sandbox(elsewhere, limits)
+    finally:
+        elsewhere.close()
 
 
 def test_unpack_takes_packages_and_purelib_and_refuses_escapes(tmp_path: Path) -> None:

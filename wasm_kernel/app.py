@@ -185,13 +185,6 @@ class WasmKernelApp(IPKernelApp):
             self.control_thread.stop()
             self.control_thread.join()
 
-    def init_heartbeat(self) -> None:
-        """Bind the heartbeat, the last port; a served kernel's launcher may connect now."""
-        super().init_heartbeat()
-        from .kernel_server import tell_ports_bound
-
-        tell_ports_bound()
-
     def init_sockets(self) -> None:
         """Bind the kernel's ports; warn about unencrypted TCP only where it matters.
 

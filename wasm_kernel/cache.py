@@ -45,6 +45,7 @@ import wasmtime
 
 from . import rewrite
 from .runtime import CACHE_DIR_ENV, Runtime, default_cache_dir, sha256_file, verify
+from .wasi_adapter import adapter_digest, adapter_wat
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ def cache_key(runtime: Runtime) -> str:
         "wasmtime": wasmtime_version(),
         "machine": platform.machine(),
         "engine": ENGINE_SETTINGS,
+        "adapter": adapter_digest(),
         "rewrite": rewrite.VERSION if runtime.restorable else None,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
@@ -110,6 +112,7 @@ class CompiledRuntime:
     runtime: Runtime
     engine: wasmtime.Engine
     module: wasmtime.Module
+    adapter: wasmtime.Module  # the WASI adapter of the file guards (see wasi_adapter.py)
     lib_dir: Path  # holds the stdlib zip under its guest file name
     mpl_data_dir: Path
     interrupt_cells: rewrite.InterruptCells | None  # None: interrupts end in a hard stop
@@ -117,6 +120,7 @@ class CompiledRuntime:
     def close(self) -> None:
         """Free the native code now rather than in a finalizer during interpreter exit."""
         self.module.close()
+        self.adapter.close()
         self.engine.close()
 
 
@@ -156,6 +160,7 @@ def _memo(entry: Path, record: dict) -> tuple[str, str]:
 
 class RuntimeCache:
     MODULE = "module.cwasm"
+    ADAPTER = "adapter.cwasm"
     RECORD = "entry.json"
     LIB = "lib"
     MPL_DATA = "mpl-data"
@@ -172,7 +177,7 @@ class RuntimeCache:
 
     def _stamped_files(self, runtime: Runtime) -> list[str]:
         """The entry's big files, whose size, mtime and digest the record keeps."""
-        return [self.MODULE, f"{self.LIB}/{self._stdlib_name(runtime)}"]
+        return [self.MODULE, self.ADAPTER, f"{self.LIB}/{self._stdlib_name(runtime)}"]
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -195,6 +200,7 @@ class RuntimeCache:
             cells = record.get("interrupt_cells")
             interrupt_cells = rewrite.InterruptCells(**cells) if cells else None
             module = wasmtime.Module.deserialize_file(self.engine, str(entry / self.MODULE))
+            adapter = wasmtime.Module.deserialize_file(self.engine, str(entry / self.ADAPTER))
         except (
             CorruptEntry,
             OSError,
@@ -210,6 +216,7 @@ class RuntimeCache:
             runtime,
             self.engine,
             module,
+            adapter,
             entry / self.LIB,
             entry / self.MPL_DATA,
             interrupt_cells,
@@ -377,6 +384,8 @@ class RuntimeCache:
             with progress("writing the compiled runtime"):
                 (staging / self.MODULE).write_bytes(module.serialize())
                 del module
+                adapter = wasmtime.Module(self.engine, adapter_wat())
+                (staging / self.ADAPTER).write_bytes(adapter.serialize())
                 lib = staging / self.LIB
                 lib.mkdir()
                 shutil.copyfile(runtime.stdlib.path, lib / self._stdlib_name(runtime))

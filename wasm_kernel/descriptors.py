@@ -22,20 +22,20 @@ calls that create, close or renumber descriptors, or that change the private /tm
 
 The shadows must reach wasmtime's own WASI functions, which read the *calling instance's*
 ``memory`` export. A host function has no such instance, so the real calls go through a
-tiny adapter module that imports the guest's memory, re-exports it, and forwards each call.
+tiny adapter module (wasi_adapter.py) that imports the guest's memory, re-exports it, and
+forwards each call.
 """
 
 from __future__ import annotations
 
 import resource
-import weakref
 from collections.abc import Callable
 
 import wasmtime
 
 from .cache import exported
+from .wasi_adapter import I64, SIGNATURES, WASI
 
-WASI = "wasi_snapshot_preview1"
 ERRNO_SUCCESS = 0
 ERRNO_BADF = 8
 ERRNO_DQUOT = 19
@@ -45,53 +45,6 @@ OFLAG_CREAT, OFLAG_TRUNC = 1, 8
 RIGHT_FD_WRITE = 1 << 6
 FIRST_PREOPEN = 3
 MAX_GUEST_FILES = 512  # descriptors a guest may hold open (at most half the process's limit)
-
-I32, I64 = "i32", "i64"
-# name -> parameter types of the WASI functions shadowed here (each returns an errno, i32)
-SIGNATURES = {
-    "fd_close": (I32,),
-    "fd_renumber": (I32, I32),
-    "path_open": (I32, I32, I32, I32, I32, I64, I64, I32, I32),
-    "path_create_directory": (I32, I32, I32),
-    "path_rename": (I32, I32, I32, I32, I32, I32),
-    "path_link": (I32, I32, I32, I32, I32, I32, I32),
-    "path_unlink_file": (I32, I32, I32),
-    "path_remove_directory": (I32, I32, I32),
-}
-
-
-_ADAPTERS: weakref.WeakKeyDictionary[wasmtime.Engine, wasmtime.Module] = weakref.WeakKeyDictionary()
-
-
-def wasi_adapter(engine: wasmtime.Engine) -> wasmtime.Module:
-    """The adapter, compiled once per engine (~4 ms), for every interpreter of a kernel:
-    its restarts and restores."""
-    adapter = _ADAPTERS.get(engine)
-    if adapter is None:
-        adapter = _ADAPTERS[engine] = wasmtime.Module(engine, _adapter_wat())
-    return adapter
-
-
-def _adapter_wat() -> str:
-    """A module whose functions call the real WASI functions on the guest's memory."""
-    imports, functions = [], []
-    for name, params in SIGNATURES.items():
-        types = " ".join(params)
-        imports.append(f'  (import "{WASI}" "{name}" (func ${name} (param {types}) (result i32)))')
-        forward = " ".join(f"local.get {index}" for index in range(len(params)))
-        functions.append(
-            f'  (func (export "{name}") (param {types}) (result i32) {forward} call ${name})'
-        )
-    return "\n".join(
-        [
-            "(module",
-            '  (import "guest" "memory" (memory 0))',
-            *imports,
-            '  (export "memory" (memory 0))',
-            *functions,
-            ")",
-        ]
-    )
 
 
 def _valtype(name: str) -> wasmtime.ValType:
@@ -140,12 +93,18 @@ class GuestFiles:
             func_type = wasmtime.FuncType([_valtype(p) for p in params], [wasmtime.ValType.i32()])
             linker.define_func(WASI, name, func_type, getattr(self, f"_{name}"), access_caller=True)
 
-    def bind(self, engine: wasmtime.Engine, store: wasmtime.Store, memory: wasmtime.Memory) -> None:
-        """Connect to the real WASI functions through the adapter."""
+    def bind(
+        self,
+        engine: wasmtime.Engine,
+        adapter: wasmtime.Module,
+        store: wasmtime.Store,
+        memory: wasmtime.Memory,
+    ) -> None:
+        """Connect to the real WASI functions through ``adapter`` (see wasi_adapter.py)."""
         linker = wasmtime.Linker(engine)
         linker.define_wasi()
         linker.define(store, "guest", "memory", memory)
-        exports = linker.instantiate(store, wasi_adapter(engine)).exports(store)
+        exports = linker.instantiate(store, adapter).exports(store)
         self._real = {}
         for name in SIGNATURES:
             self._real[name] = exported(exports, name, wasmtime.Func)

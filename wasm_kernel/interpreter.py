@@ -102,7 +102,7 @@ class Interpreter:
         exports = linker.instantiate(store, compiled.module).exports(store)
         self.store = store
         self.memory = exported(exports, "memory", wasmtime.Memory)
-        files.bind(engine, store, self.memory)
+        files.bind(engine, compiled.adapter, store, self.memory)
         self.files = files
         self.guest_memory = GuestMemory(self.memory)
         self.alloc = exported(exports, "host_alloc", wasmtime.Func)

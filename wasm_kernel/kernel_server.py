@@ -19,8 +19,10 @@ descriptors (stdin, stdout, stderr for the kernel, and a lifeline whose other en
 requester keeps: the kernel ends when it closes, as ipykernel's parent poller ends a kernel
 whose launcher died). The server answers ``{"pid": N}`` and, when that kernel exits,
 ``{"exit": status}`` on the same connection. The kernel writes one byte on the lifeline once
-its ports are bound (``tell_ports_bound``): a client that connects before that waits out
-ZMQ's reconnect interval (100-200 ms, most of a served start), so the launcher waits for it.
+it has started (``tell_started``: its ports bound, its "starting" status sent): a client that
+connects before its ports are bound waits out ZMQ's reconnect interval (100-200 ms, most of a
+served start), and one that subscribes as that status goes out may get it before its
+iopub_welcome, so the launcher waits for the byte.
 """
 
 from __future__ import annotations
@@ -241,7 +243,7 @@ def _become_kernel(request: dict, descriptors: list[int]) -> None:
 _lifeline: int | None = None  # in a served kernel: its end of the lifeline
 
 
-def tell_ports_bound() -> None:
+def tell_started() -> None:
     """In a served kernel: tell the launcher that its clients may connect now (one byte on
     the lifeline, which the launcher otherwise only watches for its end)."""
     global _lifeline

@@ -34,7 +34,7 @@ from . import kernel_server
 SERVER_SWITCH = "WASM_KERNEL_SERVER"  # "off": every kernel is launched the ordinary way
 CONNECT_SECONDS = 2.0
 ANSWER_LIMIT = 4096
-BOUND_SECONDS = 10.0  # at most this long for a served kernel to say its ports are bound
+STARTED_SECONDS = 10.0  # at most this long for a served kernel to say it has started
 ENDING_WATCH = 0.1  # seconds a poll during a requested shutdown waits for the kernel's end
 TOLD_SECONDS = 1.0  # how long a gone kernel's status may take to arrive from the server
 UNKNOWN_STATUS = -1  # a kernel gone while no server was left to say how it ended
@@ -51,7 +51,7 @@ class ServedKernel:
         self._connection = connection
         self._lifeline = lifeline
         self._process = psutil.Process(pid)  # its start time guards against pid reuse
-        self.bound = False  # whether the kernel said its ports are bound
+        self.started = False  # whether the kernel said it has started
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -84,14 +84,14 @@ class ServedKernel:
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
 
-    async def ports_bound(self) -> None:
-        """Return once the kernel says its ports are bound (or has ended, or after
-        BOUND_SECONDS): its clients' first connection then succeeds, instead of waiting out
-        ZMQ's reconnect interval."""
+    async def until_started(self) -> None:
+        """Return once the kernel says it has started (or has ended, or after
+        STARTED_SECONDS; see ``kernel_server.tell_started``): its clients' first connection
+        then succeeds, instead of waiting out ZMQ's reconnect interval."""
         self._lifeline.setblocking(False)
         with contextlib.suppress(OSError, TimeoutError):
             told = asyncio.get_running_loop().sock_recv(self._lifeline, 1)
-            self.bound = await asyncio.wait_for(told, BOUND_SECONDS) == b"\n"
+            self.started = await asyncio.wait_for(told, STARTED_SECONDS) == b"\n"
 
     async def ended(self, seconds: float) -> None:
         """Return once the server has said something of this kernel (its exit is all it
@@ -155,7 +155,7 @@ class WasmKernelProvisioner(LocalProvisioner):
         self.process = served  # type: ignore[assignment]  # Popen's interface, see ServedKernel
         self.pid = self.pgid = served.pid  # the kernel leads its own session and group
         self.cwd = kwargs.get("cwd") or os.getcwd()
-        await served.ports_bound()
+        await served.until_started()
         return self.connection_info
 
     async def shutdown_requested(self, restart: bool = False) -> None:

@@ -99,7 +99,8 @@ class Sandbox(SandboxState):
         self.compiled = compiled
         self.network = network  # the guest's HTTP goes through the kernel (see network.py)
         self.checkpoint_mode = checkpoint_mode
-        self.packages = guest_packages.site_mount(compiled)  # raises if not installed
+        # raises if not installed; whether they are as built is checked beside the start
+        self.packages, self._packages_checked = guest_packages.site_mount(compiled)
         self.plain_tracebacks = plain_tracebacks
         self.limits = limits
         self.mounts = tuple(mounts)
@@ -169,6 +170,7 @@ class Sandbox(SandboxState):
         self._host_call.bind(interpreter.guest_memory, interpreter.alloc)
         self._clock.memory = interpreter.guest_memory
         try:
+            self._packages_checked.result()  # before the guest runs, and reads them
             if image is not None:
                 self._resume(interpreter, image)
                 self._changed = True  # a checkpoint now keeps the resumed state

@@ -20,9 +20,8 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 import zipfile
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -144,17 +143,9 @@ def site_mount(compiled: CompiledRuntime) -> tuple[Mount, Future[None]]:
     packages = load_manifest()
     cache_dir = compiled.lib_dir.parent.parent  # <cache>/<runtime entry>/lib
     entry, record = _recorded(packages, cache_dir, compiled)
-    checked: Future[None] = Future()
-
-    def check() -> None:
-        try:
-            _check_unchanged(entry, record)
-        except BaseException as exc:
-            checked.set_exception(exc)
-        else:
-            checked.set_result(None)
-
-    threading.Thread(target=check, name="wasm-kernel-packages-check", daemon=True).start()
+    pool = ThreadPoolExecutor(1, thread_name_prefix="wasm-kernel-packages-check")
+    checked = pool.submit(_check_unchanged, entry, record)
+    pool.shutdown(wait=False)  # its one job still runs; the pool takes no other
     return Mount(entry / SITE, packages.guest_path, writable=False), checked
 
 

@@ -122,7 +122,7 @@ class Kernels:
         return sum(len(sandboxes) for sandboxes in self.sessions.values())
 
     def _names(self, key: str | None) -> str:
-        return f"this session's sandboxes are {', '.join(sorted(self.names(key)))}"
+        return f"this session's sandboxes are {', '.join(self.names(key))}"
 
     def names(self, key: str | None) -> list[str]:
         """The session's sandboxes: ``main`` (started on first use) and its forks."""

@@ -9,6 +9,8 @@ settings fail the start with the kernel's reason.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import time
 
@@ -231,6 +233,9 @@ def test_snapshot_restore_and_fork_diverge(tmp_path) -> None:
             parent.run("shared.append('parent')")
             assert child.run("shared").text == "['before', 'child']"
             assert parent.run("shared").text == "['before', 'parent']"
+            child.reset()  # a fresh interpreter: the fork image is not resumed or waited for
+            assert child.run("shared").error.name == "NameError"
+            assert "could not resume" not in child.run("%sandbox").stdout
         assert sorted(path.name for path in tmp_path.iterdir() if "fork" in path.name) == []
         with parent.fork("kept") as named:
             assert named.run("shared").text == "['before', 'parent']"
@@ -239,6 +244,17 @@ def test_snapshot_restore_and_fork_diverge(tmp_path) -> None:
         with pytest.raises(SessionError, match="is not a snapshot name"):
             parent.snapshot("x\nimport os")
         assert parent.run("shared").text == "['before', 'parent']"
+
+
+def test_a_session_starts_with_no_cell_of_its_own(tmp_path) -> None:
+    """The kernel_info_reply that finds the kernel ready says the interpreter runs, so the
+    client sends no silent cell to wait for it: the audit log, a line per request that runs,
+    holds the user's cell only."""
+    log = tmp_path / "audit.jsonl"
+    with Session(profile="strict", audit_log=str(log)) as session:
+        session.run("x = 1")
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [record["code_sha256"] for record in records] == [hashlib.sha256(b"x = 1").hexdigest()]
 
 
 def test_snapshot_says_why_the_strict_profile_refuses(strict: Session) -> None:

@@ -235,3 +235,52 @@ def test_the_parent_lets_go_of_a_fork_images_memory_when_it_is_deleted(forked) -
     assert frozen() == before - 1
     assert plain(kernel.execute("len(secret)")) == 6
     assert psutil.pid_exists(pid)
+
+
+def test_a_kernel_waits_for_the_image_its_parent_is_still_writing(forked) -> None:
+    """``resume_wait``: the kernel is up and answering before the image exists (its banner
+    says the interpreter is still starting), and resumes the image once it appears."""
+    kernel, folder = forked
+    waiting = Kernel(
+        ["--WasmKernel.resume_from=later", "--WasmKernel.resume_wait=120"],
+        env={"WASM_KERNEL_SNAPSHOT_DIR": str(folder)},
+    )
+    try:
+        assert "Interpreter: still starting" in waiting.banner().splitlines()
+        ok(kernel.execute("secret = 'written later'\n%snapshot fork later"))
+        assert plain(waiting.execute("secret")) == "written later"
+        assert "Interpreter: from image later.wkimg" in waiting.banner().splitlines()
+    finally:
+        waiting.shutdown()
+
+
+def test_a_kernel_waits_for_a_missing_image_only_as_long_as_it_was_told(forked) -> None:
+    _, folder = forked
+    fresh = Kernel(
+        ["--WasmKernel.resume_from=never", "--WasmKernel.resume_wait=0.5"],
+        env={"WASM_KERNEL_SNAPSHOT_DIR": str(folder)},
+    )
+    try:
+        told = ok(fresh.execute("globals().get('secret')")).stream_text("stderr")
+        assert "could not resume from" in told and "fresh interpreter" in told, told
+    finally:
+        fresh.shutdown()
+
+
+def test_a_fork_whose_image_fails_leaves_no_kernel_behind(tmp_path: Path) -> None:
+    """The fork's kernel starts while its parent writes the image: when the parent refuses
+    (a quota too small for the image), that kernel, waiting in vain, is killed at once."""
+    started = psutil.Process().create_time()
+    quota = {"snapshots": True, "snapshot_dir": str(tmp_path), "snapshot_quota": 16 << 20}
+    with Session(rollback=False, **quota) as parent:  # rollback off: a fork writes it whole
+        parent.run(ARRAY)
+        with pytest.raises(SessionError, match=r"fork failed: SnapshotError: .*quota"):
+            parent.fork()
+        waiting = [
+            process
+            for process in psutil.process_iter(["cmdline", "create_time"])
+            if process.info["create_time"] >= started
+            and any("resume_wait" in word for word in process.info["cmdline"] or ())
+        ]
+        assert waiting == [], [process.info["cmdline"] for process in waiting]
+        assert parent.run("float(data.sum())").text == str(float(8 * 2**20))

@@ -52,6 +52,16 @@ class SandboxStart:
         self.started_from: str | None = None
         self.resume_note = ""  # why an image could not be resumed, told on the first cell
         self.resumed: images.HostState | None = None  # host state to apply before cell 1
+        self.checkpoint_due = False  # resumed: the image is what a trap in cell 1 returns to
+
+    def checkpoint_resumed(self, started: Future[Sandbox]) -> None:
+        """A resumed sandbox's first checkpoint, so that a trap in the first cell rolls back to
+        the image (a fresh one has nothing to lose). Run on the guest thread behind the start,
+        not in it: kernel_info, which waits for the start, answers meanwhile, and every cell
+        queues behind it."""
+        if self.checkpoint_due and started.done() and started.exception() is None:
+            self.checkpoint_due = False
+            started.result().checkpoint()
 
     def run(self, problems: list[Exception]) -> Sandbox:
         """A booted or resumed sandbox (on the guest thread); a problem in ``problems`` is
@@ -100,7 +110,7 @@ class SandboxStart:
         boot_image = images.boot_image_path(cache.entry_dir(self.runtime))
         if boot_image.exists():
             self.images.boot_file = images.boot_memory_path(boot_image)
-        source = self.images.to_resume(settings.resume_from)
+        source = self.images.to_resume(settings.resume_from, settings.resume_wait)
         if source is None:
             return self._from_boot_image(cache.entry_dir(self.runtime), start)
         try:
@@ -125,7 +135,7 @@ class SandboxStart:
         self.resume_note += "".join(
             f"wasm-kernel: {line}\n" for line in self.images.match_packages(image.host.packages)
         )
-        sandbox.checkpoint()  # so that a trap in the first cell rolls back to the image
+        self.checkpoint_due = True
         return sandbox
 
     def _from_boot_image(self, entry: Path, start: Callable[..., Sandbox]) -> Sandbox:

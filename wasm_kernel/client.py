@@ -31,7 +31,7 @@ from jupyter_core.utils import ensure_async, run_sync
 
 from . import client_code
 from .client_code import SessionError
-from .client_connection import KernelConnection, raise_for
+from .client_connection import FILE_OP_TIMEOUT, KernelConnection, raise_for
 from .execution import Callback, Execution
 from .kernelspecs import KERNEL_NAME, kernelspec_name
 from .limits import DEFAULT_GRACE
@@ -42,6 +42,7 @@ UPLOAD_CHUNK = 512 << 10  # raw bytes per upload cell (~0.7 MB of source)
 DOWNLOAD_CHUNK = 1 << 20  # raw bytes per download request
 DOWNLOAD_LIMIT = 256 << 20  # default largest file ``download`` accepts
 START_TIMEOUT = 120.0  # seconds for a kernel to start (a first compile is reported, not awaited)
+RESUMING = ("resume_from", "resume_wait")  # settings a restart leaves out: it starts fresh
 PIP_TIMEOUT = 600.0  # seconds for an install (downloads, and the kernel's own pip limits)
 
 S = TypeVar("S", bound=KernelConnection)
@@ -104,6 +105,8 @@ class _Session(KernelConnection):
         self._tool_server = None
         self._unchecked = []
         self._launch = {"extra_arguments": kernel_arguments(profile, self.settings)}
+        fresh = {name: value for name, value in self.settings.items() if name not in RESUMING}
+        self._restart = {"extra_arguments": kernel_arguments(profile, fresh)}
         if cwd is not None:
             self._launch["cwd"] = str(cwd)
         if env is not None:
@@ -122,8 +125,9 @@ class _Session(KernelConnection):
         }
 
     def _forked(self, image: str) -> Self:
-        """A session like this one (same class, profile, settings), resuming from ``image``."""
-        settings = {**self.settings, "resume_from": image}
+        """A session like this one (same class, profile, settings), resuming from ``image``,
+        which it waits for while this one writes it."""
+        settings = {**self.settings, "resume_from": image, "resume_wait": FILE_OP_TIMEOUT}
         return type(self)(self.profile, **self._options, **settings)
 
     def _file_reply_limit(self, length: int) -> int:
@@ -186,10 +190,11 @@ class _Session(KernelConnection):
         return client_code.literal_string(reply, "value", limit)
 
     async def _reset(self) -> None:
-        """A fresh interpreter and an empty /tmp: the kernel is restarted with its settings."""
+        """A fresh interpreter and an empty /tmp: the kernel is restarted with its settings,
+        less the image it resumed (a fork's, or ``resume_from``)."""
         await self._check_earlier()
         self.client.stop_channels()
-        await ensure_async(self.manager.restart_kernel(now=False))
+        await ensure_async(self.manager.restart_kernel(now=False, **self._restart))
         await self._connect()
 
     async def _snapshot(self, name: str) -> None:
@@ -204,18 +209,26 @@ class _Session(KernelConnection):
     async def _fork(self, name: str | None = None) -> Self:
         """A new, started session that resumes from an image of this one, saved as ``name``
         (kept), or under a name of its own that is deleted once the fork has started: a
-        fork image, whose memory the new kernel maps from this one's, copy-on-write. The
+        fork image, whose memory the new kernel maps from this one's, copy-on-write.
+
+        The new kernel's process starts while this kernel writes the image, and its sandbox
+        waits for the image (``resume_wait``); if the image fails, that kernel is killed. The
         deletion's reply is not waited for here (the fork is ready without it) but before
         this session's next request, which raises if it failed."""
         image, own = (name, False) if name is not None else (f"fork-{uuid.uuid4().hex[:16]}", True)
-        if own:
-            code = client_code.snapshot_code("fork", image)
-            raise_for(await self._request(code), "fork failed")
-        else:
-            await self._snapshot(image)
+        await self._check_earlier()
+        code = client_code.snapshot_code("fork" if own else "save", image)
+        msg_id = self._execute(code, silent=True, store_history=False)
+        forked = self._forked(image)
         try:
-            forked = self._forked(image)
-            await forked._start()
+            await forked._start_process()
+            raise_for(await self._silent_reply(msg_id), "fork failed" if own else "snapshot failed")
+        except BaseException:
+            if forked.started and forked.manager.has_kernel:  # it waits for an image in vain
+                await ensure_async(forked.manager.shutdown_kernel(now=True))
+            raise
+        try:
+            await forked._until_started()
         finally:
             if own:
                 code = client_code.snapshot_code("delete", image)

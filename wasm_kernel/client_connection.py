@@ -20,7 +20,7 @@ from jupyter_core.utils import ensure_async
 
 from .client_code import SessionError
 from .execution import Callback, Collector, Execution, ExecutionError
-from .images import NOT_RESUMED, STILL_STARTING
+from .images import NOT_RESUMED, RUNNING_FROM, STILL_STARTING
 from .tool_server import ToolServer
 from .tools import HostTool
 
@@ -44,6 +44,7 @@ class KernelConnection:
     startup_timeout: float
     grace: float  # seconds an interrupted cell has to end (the kernel's interrupt_grace)
     _launch: dict[str, Any]  # start_kernel's arguments
+    _restart: dict[str, Any]  # restart_kernel's: a fresh interpreter, resuming no image
     _tool_server: ToolServer | None
     # requests whose replies nothing has waited for yet (a fork image's deletion), each
     # with what its failure is called: checked before this session's next request
@@ -54,10 +55,18 @@ class KernelConnection:
         return getattr(self, "manager", None) is not None
 
     async def _start(self) -> None:
-        """Start the kernel and wait for its sandbox; a session asked to resume an image fails
-        if its kernel could not, and started afresh (a restart later starts as it can)."""
+        """Start the kernel and wait for its sandbox."""
+        await self._start_process()
+        await self._until_started()
+
+    async def _start_process(self) -> None:
+        """Start the kernel's process, not waiting for its sandbox."""
         self.manager = self.manager_class(kernel_name=self.kernel_name)
         await ensure_async(self.manager.start_kernel(**self._launch))
+
+    async def _until_started(self) -> None:
+        """Connect to the started process and wait for its sandbox; a session asked to resume
+        an image fails if its kernel could not, and started afresh."""
         ready = await self._connect()
         if self.settings.get("resume_from"):
             try:
@@ -67,17 +76,19 @@ class KernelConnection:
                 raise
 
     async def _connect(self) -> dict:
-        """Open the channels and wait for a silent empty cell, which fails on refused settings;
+        """Open the channels and wait until the interpreter runs: its banner says so, or else
+        a silent empty cell waits for it and fails on refused settings or a failed start;
         returns the kernel_info_reply that found the kernel ready."""
         self.client = self.manager.client()
         self.client.start_channels(stdin=not self.tools)  # with tools, the server's
         self._serve_tools()
         try:
             ready = await self._until_connected()
-            reply = await self._request("", timeout=self.startup_timeout)
-            content = reply.get("content") or {}
-            if content.get("status") != "ok":
-                raise SessionError(f"{content.get('ename')}: {content.get('evalue')}")
+            if not _running(ready):
+                reply = await self._request("", timeout=self.startup_timeout)
+                content = reply.get("content") or {}
+                if content.get("status") != "ok":
+                    raise SessionError(f"{content.get('ename')}: {content.get('evalue')}")
         except BaseException:
             await self._close()
             raise
@@ -213,7 +224,7 @@ class KernelConnection:
     async def _restart_after_stuck(self, collector: Collector) -> Execution:
         """The kernel did not end an interrupted cell (it cannot happen unless the kernel is
         broken): start it again so that the session stays usable, and say what was lost."""
-        await ensure_async(self.manager.restart_kernel(now=True))
+        await ensure_async(self.manager.restart_kernel(now=True, **self._restart))
         self.client.stop_channels()
         await self._connect()
         execution = collector.finish(None)
@@ -243,6 +254,10 @@ class KernelConnection:
         msg_id = self._execute(
             code, silent=True, store_history=False, user_expressions=user_expressions or {}
         )
+        return await self._silent_reply(msg_id, timeout)
+
+    async def _silent_reply(self, msg_id: str, timeout: float = FILE_OP_TIMEOUT) -> dict:
+        """The shell reply of the silent request ``msg_id``, once its IOPub messages are in."""
         try:
             collector = Collector(msg_id, None, None, None)
             end = time.monotonic() + timeout
@@ -251,6 +266,12 @@ class KernelConnection:
             return await self._reply(msg_id, _left(end))
         finally:
             self._executed(msg_id)
+
+
+def _running(kernel_info_reply: dict) -> bool:
+    """Whether the banner says the interpreter runs (see ``describe``)."""
+    banner = str(kernel_info_reply["content"].get("banner", ""))
+    return any(line.startswith(RUNNING_FROM) for line in banner.splitlines())
 
 
 def _left(end: float) -> float:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from . import __version__, notebook_writes
 from .checkpoints import checkpoint_method
 from .grants import Grants
-from .images import STILL_STARTING
+from .images import RUNNING_FROM, STILL_STARTING
 from .limits import Limits
 from .metrics import CellMetrics
 from .mounts import SCRATCH
@@ -42,6 +42,8 @@ def describe(
     )
     scratch = sandbox.scratch_folder if sandbox is not None else None
     time_limit = f"time {limits.time_limit:.10g} s" if limits.time_limit else "no time limit"
+    running = sandbox is not None and started_from is not None  # clients wait for this line
+    interpreter = f"{RUNNING_FROM}{started_from}" if running else STILL_STARTING
     tools = getattr(settings, "host_tools", None)
     operator_tools = (
         f"Host tools (WasmKernel.tools, run outside the sandbox): {', '.join(tools.operator)}\n"
@@ -56,7 +58,7 @@ def describe(
         f"  {SCRATCH}: private scratch, deleted when the kernel stops, {scratch_size}\n"
         f"{notebook_writes.describe(settings.notebook_writes, grants.layered, scratch)}\n"
         f"Starting folder: {grants.start_dir}\n"
-        f"{f'Interpreter: from {started_from}' if started_from else STILL_STARTING}\n"
+        f"{interpreter}\n"
         f"Per cell: fuel {limits.fuel:,}, {time_limit},"
         f" memory {_size(limits.memory_limit)}, output {_size(limits.output_limit)}\n"
         f"Packages: {grants.packages.describe() if grants.packages else 'off'}\n"

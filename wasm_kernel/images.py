@@ -76,8 +76,9 @@ SUFFIX = ".wkimg"
 # how a kernel that could not resume an image, and started afresh, says so in its banner and
 # on its first cell (the client looks for it: a session asked to resume must not start empty)
 NOT_RESUMED = "could not resume from"
-# the banner's line until the interpreter has started (then it says where from)
+# the banner's line until the interpreter runs, and how it begins once it does (where from)
 STILL_STARTING = "Interpreter: still starting"
+RUNNING_FROM = "Interpreter: from "
 MEMORY_SUFFIX = ".memory"
 
 

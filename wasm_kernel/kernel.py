@@ -161,6 +161,7 @@ class WasmKernel(
         self._worker = GuestThread()
         problems = [p for p in (self._settings_error, self.grants.mount_error) if p is not None]
         self._boot: Future[Sandbox] = self._worker.submit(self._start.run, problems)
+        self._worker.submit(self._start.checkpoint_resumed, self._boot)
 
     def start(self) -> None:
         """A served kernel tells its launcher that clients may connect once its "starting"

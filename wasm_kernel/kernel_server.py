@@ -42,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,14 +66,21 @@ def code_fingerprint(python: str) -> str:
     The code counts by content, so that a launcher importing a source tree and one importing
     the same release installed agree on the server."""
     package = Path(__file__).parent
-    files = tuple(
-        (str(path.relative_to(package)), status.st_size, status.st_mtime_ns)
-        for path in sorted(package.rglob("*.py"))
-        for status in (path.stat(),)
-    )
     digest = hashlib.sha256(os.path.realpath(python).encode())
-    digest.update(_code_digest(package, files))
+    digest.update(_code_digest(package, tuple(sorted(_sources(str(package), "")))))
     return digest.hexdigest()[:16]
+
+
+def _sources(folder: str, prefix: str) -> Iterator[tuple[str, int, int]]:
+    """The ``.py`` files under ``folder``: name from the package, size, modification time
+    (os.scandir, which reads each folder once: every served start asks)."""
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                yield from _sources(entry.path, f"{prefix}{entry.name}/")
+            elif entry.name.endswith(".py"):
+                status = entry.stat()
+                yield f"{prefix}{entry.name}", status.st_size, status.st_mtime_ns
 
 
 @functools.cache

@@ -58,6 +58,7 @@ from .settings import (
 MIN_SNAPSHOT_QUOTA = 16 << 20  # smaller holds no image at all: a unit slip
 MIN_HIBERNATION_DAYS = 0.01  # about a quarter of an hour: shorter is a unit slip (hours meant?)
 MAX_HIBERNATION_DAYS = 3650.0
+MAX_RESUME_WAIT = 600.0  # seconds: longer than any image takes to write, so a unit slip
 SESSION_ENV = "JPY_SESSION_NAME"  # the notebook's path, set by Jupyter Server
 # config sections the settings are read from (the second, as the class they are declared on)
 SECTIONS = ("WasmKernel", "KernelSettings")
@@ -317,6 +318,16 @@ class KernelSettings(Configurable):
         ),
         help="Start from a saved image instead of a fresh interpreter: a snapshot name (see"
         " %snapshot list) or an image file's path. The kernel's own mounts and limits apply.",
+    ).tag(config=True)
+    resume_wait = Limit(
+        integer=False,
+        low=0.0,
+        high=MAX_RESUME_WAIT,
+        unit="seconds",
+        default=0.0,
+        help="Seconds to wait for the resume_from image to appear when it does not exist yet:"
+        " Session.fork() starts the new kernel while the old one still writes the image. 0"
+        " starts a fresh interpreter at once (and says so) when the image is missing.",
     ).tag(config=True)
     snapshots = CheckedBool(
         default=FROM_PROFILE,

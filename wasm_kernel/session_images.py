@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 IMAGE_PACKAGES_SECONDS = 120  # longest a resume or restore spends installing its %pip packages
 SNAPSHOT_ACTIONS = ("save", "restore", "fork", "list", "delete", "forget")
+IMAGE_POLL = 0.002  # seconds between looks for an image its parent kernel is writing
 LIVE_FORKS = 16  # fork images whose memory this kernel keeps (the oldest is let go past it)
 
 
@@ -202,16 +203,22 @@ class SessionImages:
         except images.ImageError as exc:
             log.warning("could not hibernate this session: %s", exc)
 
-    def to_resume(self, resume_from: str) -> Path | None:
-        """``resume_from`` (a snapshot's name or a path), else this notebook's hibernated image."""
+    def to_resume(self, resume_from: str, wait: float = 0.0) -> Path | None:
+        """``resume_from`` (a snapshot's name or a path), else this notebook's hibernated image.
+        A named image that does not exist yet is waited for up to ``wait`` seconds: a fork's,
+        which its parent kernel writes while this one starts (see ``Session.fork``)."""
         if resume_from:
             try:
                 named = self.folder.path(resume_from)
             except images.ImageError:
                 named = None
-            if named is not None and named.exists():
-                return named
-            return Path(resume_from).expanduser()
+            given = Path(resume_from).expanduser()
+            deadline = time.monotonic() + wait
+            while named is not None and not named.exists():
+                if given.exists() or time.monotonic() >= deadline:
+                    return given
+                time.sleep(IMAGE_POLL)
+            return named if named is not None else given
         name = self.hibernation.name
         if name is not None and self.folder.path(name).exists():
             return self.folder.path(name)

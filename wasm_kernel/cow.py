@@ -131,7 +131,7 @@ class CopyOnWriteMemory:
             raise
         # The file shared over all the address space a guest can have (only its first
         # ``mapped`` bytes exist): a checkpoint copies written pages in with no system call,
-        # holding the GIL for a memory copy only.
+        # and without the GIL (ctypes.memmove), so that the kernel answers messages meanwhile.
         shared = mmap.MAP_SHARED | getattr(mmap, "MAP_NORESERVE", 0)
         prot = mmap.PROT_READ | mmap.PROT_WRITE
         self._view_address = libc.mmap(None, GUEST_SPAN, prot, shared, self._file, 0)
@@ -139,8 +139,6 @@ class CopyOnWriteMemory:
             self._dirty.close()
             os.close(self._file)
             check(-1, "mmap")
-        self._view = memoryview((ctypes.c_char * GUEST_SPAN).from_address(self._view_address))
-        self._view = self._view.cast("B")
         self.mapped = 0  # bytes of guest memory that are a view of the checkpoint
         self._foreign: Ranges = []  # parts of it that are another file's view
         self._tracker: WrittenPages | None = None  # on [0, mapped), where it works
@@ -158,7 +156,6 @@ class CopyOnWriteMemory:
         if self._tracker is not None:
             self._tracker.close()
         if self._view_address is not None:
-            self._view.release()
             libc.munmap(self._view_address, GUEST_SPAN)
             self._view_address = None
         if self._file >= 0:
@@ -174,9 +171,8 @@ class CopyOnWriteMemory:
         """End this checkpoint for a fork (``live_memory``): the guest pages of ``copy`` go
         into the file, which is then sealed and returned open; this object is closed, and
         guest memory keeps mapping the file."""
-        guest = memoryview((ctypes.c_char * self.mapped).from_address(base)).cast("B")
         for low, high in copy:
-            self._save(guest, low, high)
+            self._save(base, low, high)
         # pages left in place (equal to the file's) are dropped: they read the file again,
         # and the next checkpoint, in a new file, need not copy them
         for start, stop in list(self._dirty.ranges(base, base + self.mapped, present_only=True)):
@@ -190,8 +186,9 @@ class CopyOnWriteMemory:
             raise
         return file
 
-    def _save(self, guest: memoryview, start: int, end: int) -> int:
-        self._view[start:end] = guest[start:end]
+    def _save(self, base: int, start: int, end: int) -> int:
+        """Guest memory ``[start, end)`` (offsets from ``base``) into the file."""
+        ctypes.memmove(self._view_address + start, base + start, end - start)
         return end - start
 
     def _written(self, base: int, start: int, end: int) -> Ranges:
@@ -221,8 +218,7 @@ class CopyOnWriteMemory:
             written = union(written + old_foreign + foreign)
         if grown:
             os.ftruncate(self._file, end)
-        guest = memoryview((ctypes.c_char * end).from_address(base)).cast("B")
-        saved = sum(self._save(guest, low, high) for low, high in written)
+        saved = sum(self._save(base, low, high) for low, high in written)
         # Written pages read from the file again: where it is mapped already, dropped (or, if
         # tracked, left in place, equal to the file now, and protected again); mapped where
         # another file was. The grown part is mapped whole, less what stays foreign (its

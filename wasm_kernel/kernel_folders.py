@@ -30,6 +30,7 @@ PREFIX = "wasm-kernel-tmp-"  # a private /tmp
 PACKAGES_PREFIX = "wasm-kernel-packages-"  # a kernel's %pip packages
 _NAME = re.compile(rf"(?:{PREFIX}|{PACKAGES_PREFIX})(\d+)-(\d+)-")
 _LIVE: set[Path] = set()  # this process's folders, for the SIGTERM handler
+SWEEP_DELAY = 2.0  # seconds from a sandbox's start to its sweep: off the start's path
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +90,12 @@ def sweep(folder: str | None = None) -> list[Path]:
 
 
 def sweep_beside() -> None:
-    """``sweep`` on a thread of its own: a start need not wait for it (it reads /proc for
-    every folder found, ~2 ms each where /proc is slow), and it never removes a running
-    kernel's folder, this one's included."""
-    threading.Thread(target=sweep, name="wasm-kernel-sweep", daemon=True).start()
+    """``sweep`` on a thread of its own, SWEEP_DELAY seconds from now: it reads /proc for
+    every folder found (~2 ms each where /proc is slow, in Python, which would slow a start
+    down beside it), and it never removes a running kernel's folder, this one's included."""
+    sweeper = threading.Timer(SWEEP_DELAY, sweep)
+    sweeper.name, sweeper.daemon = "wasm-kernel-sweep", True
+    sweeper.start()
 
 
 def running(prefix: str, folder: str | None = None) -> list[Path]:

@@ -69,7 +69,7 @@ def test_folders_of_killed_kernels_are_swept_at_the_next_start(start_kernel) -> 
     assert folder.exists()  # nothing can clean up after SIGKILL
     alive = start_kernel(kernel_name=STRICT)
     alive_folder = scratch_folder_of(alive)
-    deadline = time.monotonic() + 30  # the sweep runs beside the start, not before it
+    deadline = time.monotonic() + 30  # the sweep runs 2 s after the start, not before it
     while folder.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not folder.exists(), f"{folder} was not swept"

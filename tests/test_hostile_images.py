@@ -379,3 +379,30 @@ def test_a_streamed_save_is_checked_after_it_is_written(tmp_path):
     with pytest.raises(images.ImageError, match="would pass the snapshot quota of 20 MiB"):
         folder.store("second", write)
     assert [entry.name for entry in folder.entries()] == ["streamed"] and staged(tmp_path) == []
+
+
+@pytest.mark.nokernel
+def test_an_awaited_image_is_found_when_it_is_renamed_into_place(tmp_path):
+    """``resume_wait``'s wait: woken when a staging file is renamed to the image's name (how
+    images appear), not by other files; bounded, and bounded where the folder is missing."""
+    import threading
+
+    from wasm_kernel.image_folder import wait_for
+
+    image = tmp_path / "later.wkimg"
+
+    def write_later() -> None:
+        (tmp_path / "other.wkimg").write_bytes(b"not this one")
+        staging = tmp_path / ".later.wkimg.x.partial"
+        staging.write_bytes(b"image")
+        staging.rename(image)
+
+    writer = threading.Timer(0.2, write_later)
+    writer.start()
+    try:
+        assert wait_for(image, 60)
+    finally:
+        writer.join()
+    assert image.read_bytes() == b"image"
+    assert not wait_for(tmp_path / "never.wkimg", 0.3)
+    assert not wait_for(tmp_path / "no-folder" / "never.wkimg", 0.3)

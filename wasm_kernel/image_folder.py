@@ -13,12 +13,14 @@ kernel start removes it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import hashlib
 import os
 import re
 import secrets
+import select
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +36,48 @@ STAGING = ".partial"  # staging files: ".NAME.wkimg.<random>.partial"
 LOCK = ".lock"
 LOCK_WAIT = 10.0  # seconds; the lock is held for a rename or a sweep, milliseconds
 _CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+POLL = 0.002  # seconds between looks for an awaited image, where inotify is missing
+RECHECK = 1.0  # seconds between looks for an awaited image all the same
+WATCH_READ = 64 << 10  # bytes of inotify events read at a time (they are only a wake-up)
+IN_CREATE, IN_MOVED_TO = 0x100, 0x80  # <sys/inotify.h>
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+
+
+def wait_for(path: Path, seconds: float) -> bool:
+    """Whether ``path`` exists, waiting up to ``seconds`` for it to appear (an image is renamed
+    into place): woken by inotify on its folder, so a long wait costs nothing, and looking
+    again every RECHECK seconds all the same; where inotify is missing, looking every
+    POLL seconds."""
+    if path.exists() or seconds <= 0:
+        return path.exists()
+    deadline = time.monotonic() + seconds
+    watch = _watch(path.parent)
+    try:
+        while not path.exists():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if watch is None:
+                time.sleep(min(POLL, left))
+            elif select.select([watch], [], [], min(RECHECK, left))[0]:
+                os.read(watch, WATCH_READ)  # what changed does not matter: look again
+        return True
+    finally:
+        if watch is not None:
+            os.close(watch)
+
+
+def _watch(folder: Path) -> int | None:
+    """An inotify descriptor that becomes readable when an entry is created in ``folder`` or
+    renamed into it; None where that cannot be had."""
+    watch = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    if watch < 0:
+        return None
+    if _libc.inotify_add_watch(watch, os.fsencode(folder), IN_CREATE | IN_MOVED_TO) < 0:
+        os.close(watch)
+        return None
+    return watch
 
 
 def check_name(name: str) -> str:

@@ -15,7 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from . import images
+from . import image_folder, images
 from .hibernation import Hibernation
 from .history import History
 from .image_folder import ImageFolder
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 IMAGE_PACKAGES_SECONDS = 120  # longest a resume or restore spends installing its %pip packages
 SNAPSHOT_ACTIONS = ("save", "restore", "fork", "list", "delete", "forget")
-IMAGE_POLL = 0.002  # seconds between looks for an image its parent kernel is writing
 LIVE_FORKS = 16  # fork images whose memory this kernel keeps (the oldest is let go past it)
 
 
@@ -213,12 +212,9 @@ class SessionImages:
             except images.ImageError:
                 named = None
             given = Path(resume_from).expanduser()
-            deadline = time.monotonic() + wait
-            while named is not None and not named.exists():
-                if given.exists() or time.monotonic() >= deadline:
-                    return given
-                time.sleep(IMAGE_POLL)
-            return named if named is not None else given
+            if named is None or given.exists():
+                return named if named is not None and named.exists() else given
+            return named if image_folder.wait_for(named, wait) else given
         name = self.hibernation.name
         if name is not None and self.folder.path(name).exists():
             return self.folder.path(name)

@@ -223,12 +223,13 @@ class RuntimeCache:
         )
         return compiled, None
 
-    def preload(self, runtime: Runtime) -> None:
+    def preload(self, runtime: Runtime) -> CompiledRuntime | None:
         """Keep ``runtime``'s entry loaded for the processes this one forks (the server)."""
         compiled = self.lookup(runtime)
         if compiled is not None:
             entry = self.entry_dir(runtime)
             _PRELOADED[_memo(entry, self._check(entry, runtime))] = compiled
+        return compiled
 
     def _check(self, entry: Path, runtime: Runtime) -> dict:
         record = json.loads((entry / self.RECORD).read_text())

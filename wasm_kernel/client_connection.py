@@ -20,7 +20,7 @@ from jupyter_core.utils import ensure_async
 
 from .client_code import SessionError
 from .execution import Callback, Collector, Execution, ExecutionError
-from .images import NOT_RESUMED, RUNNING_FROM, STILL_STARTING
+from .images import NOT_RESUMED, RUNNING_FROM
 from .tool_server import ToolServer
 from .tools import HostTool
 
@@ -114,13 +114,11 @@ class KernelConnection:
     async def _check_resumed(self, ready: dict) -> None:
         """Raise if the kernel says, in its banner, that it could not resume the image it was
         asked to. The banner of ``ready`` (the kernel_info_reply that found the kernel ready,
-        which waits seconds for the interpreter) is final unless the interpreter was still
-        starting then; if it was, the kernel is asked again, now that a cell has run."""
-        banner = str(ready["content"].get("banner", ""))
-        if STILL_STARTING in banner.splitlines():
-            reply = await self._kernel_info(time.monotonic() + self.startup_timeout)
-            banner = str(reply["content"].get("banner", ""))
-        for line in banner.splitlines():
+        which waits seconds for the interpreter) is final if it says the interpreter runs;
+        if not, the kernel is asked again, now that a cell has waited for it."""
+        if not _running(ready):
+            ready = await self._kernel_info(time.monotonic() + self.startup_timeout)
+        for line in _banner_lines(ready):
             if NOT_RESUMED in line:
                 raise SessionError(line[line.index(NOT_RESUMED) :].removesuffix(")"))
 
@@ -268,10 +266,13 @@ class KernelConnection:
             self._executed(msg_id)
 
 
+def _banner_lines(kernel_info_reply: dict) -> list[str]:
+    return str(kernel_info_reply["content"].get("banner", "")).splitlines()
+
+
 def _running(kernel_info_reply: dict) -> bool:
     """Whether the banner says the interpreter runs (see ``describe``)."""
-    banner = str(kernel_info_reply["content"].get("banner", ""))
-    return any(line.startswith(RUNNING_FROM) for line in banner.splitlines())
+    return any(line.startswith(RUNNING_FROM) for line in _banner_lines(kernel_info_reply))
 
 
 def _left(end: float) -> float:

@@ -141,7 +141,8 @@ def peer_uid(connection: socket.socket) -> int:
 def _preload() -> None:
     """Everything a kernel start spends before its request matters: imports, the compiled
     runtime of the default cache (kept by ``cache``'s in-process memo) and the boot image's
-    file, and the probe of copy-on-write checkpoints (cached, so forks inherit its answer).
+    file, the guest packages' record, and the probe of copy-on-write checkpoints (cached, so
+    forks inherit its answer).
     Nothing here creates a store or a thread, or compiles: wasmtime compiles on a thread pool
     that a forked kernel would inherit without its threads, and wait on forever."""
     import ipykernel.kernelapp  # noqa: F401
@@ -150,12 +151,15 @@ def _preload() -> None:
     from . import __main__, app  # noqa: F401
     from .cache import RuntimeCache
     from .cow import copy_on_write_missing
+    from .guest_packages import preload as preload_packages
     from .runtime import load_runtime
 
     copy_on_write_missing()
     cache = RuntimeCache()
     with contextlib.suppress(Exception):  # a kernel reports it properly, or builds it
-        cache.preload(load_runtime(cache_dir=cache.directory))
+        compiled = cache.preload(load_runtime(cache_dir=cache.directory))
+        if compiled is not None:
+            preload_packages(compiled)
 
 
 def _read_request(connection: socket.socket) -> tuple[dict, list[int]]:

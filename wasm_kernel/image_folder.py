@@ -61,7 +61,8 @@ def wait_for(path: Path, seconds: float) -> bool:
             if watch is None:
                 time.sleep(min(POLL, left))
             elif select.select([watch], [], [], min(RECHECK, left))[0]:
-                os.read(watch, WATCH_READ)  # what changed does not matter: look again
+                with contextlib.suppress(BlockingIOError):  # what changed does not matter
+                    os.read(watch, WATCH_READ)
         return True
     finally:
         if watch is not None:

@@ -29,6 +29,7 @@ from pathlib import Path, PurePosixPath
 import wasmtime
 
 from .cache import CompiledRuntime, cache_key, exported, writable
+from .host_files import file_stamps
 from .mounts import Mount
 from .runtime import manifest_dir, sha256_file
 from .runtime_files import pinned_download
@@ -86,22 +87,6 @@ def load_manifest(directory: Path | None = None) -> GuestPackages:
 # -- at kernel start ----------------------------------------------------------------------
 
 
-def _stamps(site: Path) -> dict[str, list[int]]:
-    """Size and mtime of every file under ``site``, by relative path."""
-    stamps = {}
-    folders = [str(site)]
-    prefix = len(str(site)) + 1
-    while folders:
-        with os.scandir(folders.pop()) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    folders.append(entry.path)
-                else:
-                    status = entry.stat(follow_symlinks=False)
-                    stamps[entry.path[prefix:]] = [status.st_size, status.st_mtime_ns]
-    return stamps
-
-
 def locate(packages: GuestPackages, cache_dir: Path, compiled: CompiledRuntime) -> Path:
     """The folder to preopen for the guest; raises PackagesUnavailable if it is not sound."""
     entry, record = _recorded(packages, cache_dir, compiled)
@@ -146,7 +131,7 @@ def _cache_dir(compiled: CompiledRuntime) -> Path:
 def _check_unchanged(entry: Path, record: dict) -> None:
     """PackagesUnavailable unless every file is as the record says (size and mtime)."""
     try:
-        changed = record.get("files") != _stamps(entry / SITE)
+        changed = record.get("files") != file_stamps(entry / SITE)
     except OSError:
         changed = True
     if changed:
@@ -189,7 +174,7 @@ def prepare(packages: GuestPackages, cache_dir: Path, compiled: CompiledRuntime)
             unpack(wheels / wheel.wheel, site)
         shutil.rmtree(wheels)
         precompile_in_guest(compiled, site, packages.guest_path)
-        record = {"packages": packages.name, "files": _stamps(site)}
+        record = {"packages": packages.name, "files": file_stamps(site)}
         (staging / RECORD).write_text(json.dumps(record))
         shutil.rmtree(entry, ignore_errors=True)
         os.rename(staging, entry)

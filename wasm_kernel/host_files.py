@@ -3,7 +3,8 @@
 An image to resume, a snapshot folder's entries: a name there may be a symbolic link to a
 file elsewhere, a device that never ends (``/dev/zero``) or a FIFO that blocks the reader for
 ever. So such files are opened without following a link and without blocking, taken only if
-they are regular files, and read no further than a bound known beforehand.
+they are regular files, and read no further than a bound known beforehand. A tree's files
+are compared with what was recorded of them (``file_stamps``) without following links either.
 """
 
 from __future__ import annotations
@@ -69,3 +70,21 @@ def read_exactly(fd: int, into: memoryview) -> None:
         if count == 0:
             raise OSError(errno.EIO, "the file became shorter while it was read")
         done += count
+
+
+def file_stamps(folder: Path, suffix: str = "") -> dict[str, list[int]]:
+    """Size and modification time (ns) of every file under ``folder`` whose name ends with
+    ``suffix``, by path from ``folder``: whether a tree changed, at a stat per file (one
+    ``scandir`` per folder; links are not followed)."""
+    stamps = {}
+    folders = [str(folder)]
+    prefix = len(str(folder)) + 1
+    while folders:
+        with os.scandir(folders.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(entry.path)
+                elif entry.name.endswith(suffix):
+                    status = entry.stat(follow_symlinks=False)
+                    stamps[entry.path[prefix:]] = [status.st_size, status.st_mtime_ns]
+    return stamps

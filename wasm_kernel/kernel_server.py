@@ -42,11 +42,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import setproctitle
+
+from .host_files import file_stamps
 
 REQUEST_LIMIT = 1 << 20  # bytes of one request: argv, env and cwd
 DESCRIPTORS = 4  # stdin, stdout, stderr, lifeline
@@ -67,20 +69,10 @@ def code_fingerprint(python: str) -> str:
     the same release installed agree on the server."""
     package = Path(__file__).parent
     digest = hashlib.sha256(os.path.realpath(python).encode())
-    digest.update(_code_digest(package, tuple(sorted(_sources(str(package), "")))))
+    sources = file_stamps(package, ".py")  # every served start asks: a stat per file
+    files = tuple(sorted((name, size, mtime) for name, (size, mtime) in sources.items()))
+    digest.update(_code_digest(package, files))
     return digest.hexdigest()[:16]
-
-
-def _sources(folder: str, prefix: str) -> Iterator[tuple[str, int, int]]:
-    """The ``.py`` files under ``folder``: name from the package, size, modification time
-    (os.scandir, which reads each folder once: every served start asks)."""
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                yield from _sources(entry.path, f"{prefix}{entry.name}/")
-            elif entry.name.endswith(".py"):
-                status = entry.stat()
-                yield f"{prefix}{entry.name}", status.st_size, status.st_mtime_ns
 
 
 @functools.cache

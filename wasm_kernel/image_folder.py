@@ -49,8 +49,9 @@ def wait_for(path: Path, seconds: float) -> bool:
     into place): woken by inotify on its folder, so a long wait costs nothing, and looking
     again every RECHECK seconds all the same; where inotify is missing, looking every
     POLL seconds."""
-    if path.exists() or seconds <= 0:
-        return path.exists()
+    found = path.exists()
+    if found or seconds <= 0:
+        return found
     deadline = time.monotonic() + seconds
     watch = _watch(path.parent)
     try:

@@ -212,9 +212,9 @@ class SessionImages:
             except images.ImageError:
                 named = None
             given = Path(resume_from).expanduser()
-            if named is None or given.exists():
-                return named if named is not None and named.exists() else given
-            return named if image_folder.wait_for(named, wait) else given
+            if named is not None and image_folder.wait_for(named, 0 if given.exists() else wait):
+                return named
+            return given
         name = self.hibernation.name
         if name is not None and self.folder.path(name).exists():
             return self.folder.path(name)

@@ -16,12 +16,12 @@ import argparse
 import statistics
 import time
 
-from wasm_kernel import images
-from wasm_kernel.cache import RuntimeCache
-from wasm_kernel.host_functions import Discard
-from wasm_kernel.limits import Limits
-from wasm_kernel.runtime import load_runtime
-from wasm_kernel.sandbox import Sandbox
+from wasm_kernel.images import images
+from wasm_kernel.runtime.cache import RuntimeCache
+from wasm_kernel.runtime.runtime import load_runtime
+from wasm_kernel.sandbox.host_functions import Discard
+from wasm_kernel.sandbox.limits import Limits
+from wasm_kernel.sandbox.sandbox import Sandbox
 
 LIMITS = Limits(fuel=10**12, time_limit=0, memory_limit=1 << 30, output_limit=1 << 20)
 CELL = "x + 1"

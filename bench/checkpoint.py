@@ -21,12 +21,12 @@ import time
 
 from jupyter_client.manager import KernelManager
 
-from wasm_kernel.cache import RuntimeCache
-from wasm_kernel.host_functions import Discard
-from wasm_kernel.limits import Limits
-from wasm_kernel.runtime import load_runtime
-from wasm_kernel.sandbox import Sandbox
-from wasm_kernel.stops import CellStopped
+from wasm_kernel.runtime.cache import RuntimeCache
+from wasm_kernel.runtime.runtime import load_runtime
+from wasm_kernel.sandbox.host_functions import Discard
+from wasm_kernel.sandbox.limits import Limits
+from wasm_kernel.sandbox.sandbox import Sandbox
+from wasm_kernel.sandbox.stops import CellStopped
 
 KERNEL = "wasm-python"
 MODES = ("auto", "copy")

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from cell_phases import CELL, start_as_the_kernel_does
 
-from wasm_kernel.audit import AuditLog
-from wasm_kernel.host_functions import Discard
-from wasm_kernel.metrics import CellMeter
+from wasm_kernel.jupyter.audit import AuditLog
+from wasm_kernel.sandbox.host_functions import Discard
+from wasm_kernel.sandbox.metrics import CellMeter
 
 
 def per_call(action: object, repeat: int) -> float:

@@ -60,8 +60,8 @@ from memory_use import memory_kib
 from nbclient import NotebookClient
 from rows import row
 
-from wasm_kernel.cache import default_cache_dir
-from wasm_kernel.runtime import load_runtime
+from wasm_kernel.runtime.cache import default_cache_dir
+from wasm_kernel.runtime.runtime import load_runtime
 
 BENCH = Path(__file__).resolve().parent
 PROGRAMS = BENCH / "programs"

@@ -35,8 +35,8 @@ from jupyter_client.manager import KernelManager
 from memory_use import process_kib
 from rows import row
 
-from wasm_kernel import kernel_server
-from wasm_kernel.provisioner import SERVER_SWITCH, ServedKernel, WasmKernelProvisioner
+from wasm_kernel.server import kernel_server
+from wasm_kernel.server.provisioner import SERVER_SWITCH, ServedKernel, WasmKernelProvisioner
 
 NATIVE, WASM = startup_roundtrip.KERNELS["native"], startup_roundtrip.KERNELS["wasm"]
 SERVED, LAUNCHED = "served", "launched"

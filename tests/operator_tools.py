@@ -1,4 +1,4 @@
-"""Operator tools for tests/test_tools.py: imported by the kernel process (WasmKernel.tools)."""
+"""Operator tools for tests/agents/test_tools.py: imported by the kernel (WasmKernel.tools)."""
 
 from __future__ import annotations
 

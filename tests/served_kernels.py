@@ -14,8 +14,8 @@ import psutil
 from conftest import Kernel
 from jupyter_client.kernelspec import KernelSpecManager
 
-from wasm_kernel import kernel_server
-from wasm_kernel.provisioner import ServedKernel
+from wasm_kernel.server import kernel_server
+from wasm_kernel.server.provisioner import ServedKernel
 
 HANDED_OUT = "wasm-kernel server: kernel "  # the server's log line per kernel, then its pid
 
@@ -28,7 +28,7 @@ def server_folder() -> Path:
 def server_pid() -> int | None:
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info["cmdline"] or []
-        if "wasm_kernel.kernel_server" in cmdline and str(server_folder()) in cmdline:
+        if "wasm_kernel.server.kernel_server" in cmdline and str(server_folder()) in cmdline:
             return process.pid
     return None
 

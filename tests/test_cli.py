@@ -18,7 +18,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from wasm_kernel.profiles import PROFILES
+from wasm_kernel.settings.profiles import PROFILES
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

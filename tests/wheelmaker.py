@@ -1,6 +1,6 @@
-"""Wheels and sdists written on the fly, as build backends write them, for tests and benchmarks
-of %pip (``tests/test_packages.py``, ``bench/packages.py``): good ones, and hostile ones made
-by bending one part (a member's path or kind, METADATA, WHEEL, RECORD)."""
+"""Wheels and sdists written on the fly, as build backends write them, for tests and
+benchmarks of %pip (``tests/packages/test_packages.py``, ``bench/packages.py``): good ones, and
+hostile ones made by bending one part (a member's path or kind, METADATA, WHEEL, RECORD)."""
 
 from __future__ import annotations
 

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .commands import SUBCOMMANDS, parser
-from .kernelspecs import KERNEL_NAME, kernelspec, kernelspec_name, write_kernelspec
-from .profiles import DEFAULT_PROFILE, PROFILES, Profile
+from .jupyter.kernelspecs import KERNEL_NAME, kernelspec, kernelspec_name, write_kernelspec
+from .settings.profiles import DEFAULT_PROFILE, PROFILES, Profile
 
 if TYPE_CHECKING:
-    from .image_folder import ImageFolder
+    from .images.image_folder import ImageFolder
 
 # boot images kept per cache entry, the newest one included: installations with other guest
 # code that share the cache (a development checkout, a CI copy) keep theirs (~55 MiB each)
@@ -56,9 +56,9 @@ def progress(description: str) -> Iterator[None]:
 
 
 def precompile(cache_dir: str | None) -> Path:
-    from . import guest_packages, runtime_files, runtime_sources
-    from .cache import RuntimeCache
-    from .runtime import RuntimeUnavailable, load_runtime
+    from .runtime import guest_packages, runtime_files, runtime_sources
+    from .runtime.cache import RuntimeCache
+    from .runtime.runtime import RuntimeUnavailable, load_runtime
 
     cache = RuntimeCache(Path(cache_dir) if cache_dir else None)
     runtime = load_runtime(cache_dir=cache.directory)
@@ -94,7 +94,7 @@ def compile_host_code() -> None:
     import compileall
     import re
 
-    from .cache import writable
+    from .runtime.cache import writable
 
     package = Path(__file__).resolve().parent
     if writable(package):
@@ -103,11 +103,11 @@ def compile_host_code() -> None:
 
 def make_boot_image(compiled: Any, entry: Path) -> None:
     """The image of a freshly booted guest, which kernels start from (see images.py)."""
-    from . import images
-    from .cache import writable
-    from .limits import Limits
-    from .profiles import PROFILES
-    from .sandbox import build_boot_image
+    from .images import images
+    from .runtime.cache import writable
+    from .sandbox.limits import Limits
+    from .sandbox.sandbox import build_boot_image
+    from .settings.profiles import PROFILES
 
     path = images.boot_image_path(entry)
     if path.exists() and images.boot_memory_path(path).exists():
@@ -130,7 +130,7 @@ def _remove_old_boot_images(entry: Path) -> None:
     """Make room for a new boot image: those of other guest code stay (other installations
     sharing this cache start from theirs), BOOT_IMAGES_KEPT in all with the new one, the
     least recently built removed (a kernel mapping one keeps reading it)."""
-    from . import images
+    from .images import images
 
     built = []
     for path in entry.glob("boot-*" + images.SUFFIX):
@@ -295,10 +295,10 @@ def snapshot_command(args: argparse.Namespace) -> int:
 
     from traitlets import TraitError
 
-    from . import images
-    from .image_folder import ImageFolder
-    from .kernel_settings import KernelSettings, default_snapshot_dir
-    from .runtime import load_runtime
+    from .images import images
+    from .images.image_folder import ImageFolder
+    from .runtime.runtime import load_runtime
+    from .settings.kernel_settings import KernelSettings, default_snapshot_dir
 
     given = args.snapshot_dir
     if given is None:
@@ -335,7 +335,7 @@ def snapshot_command(args: argparse.Namespace) -> int:
 
 def _forget_hibernated(folder: ImageFolder, name: str | None) -> int:
     """``snapshot forget``: remove every notebook's hibernated session."""
-    from .hibernation import hibernated, remove
+    from .jupyter.hibernation import hibernated, remove
 
     if name:
         print(
@@ -366,13 +366,13 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "run":
             return run_notebook(args)
         elif args.command == "mcp":
-            from .mcp_server import serve
+            from .agents.mcp_server import serve
 
             return serve(args)
         elif args.command == "snapshot":
             return snapshot_command(args)
         return 0
-    from .app import WasmKernelApp
+    from .jupyter.app import WasmKernelApp
 
     WasmKernelApp.launch_instance(argv=argv)
     return 0

@@ -29,14 +29,14 @@ from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 from jupyter_client.manager import KernelManager
 from jupyter_core.utils import ensure_async, run_sync
 
-from . import client_code
-from .client_code import SessionError
-from .client_connection import FILE_OP_TIMEOUT, KernelConnection, raise_for
-from .execution import Callback, Execution
-from .kernelspecs import KERNEL_NAME, kernelspec_name
-from .limits import DEFAULT_GRACE
-from .profiles import DEFAULT_PROFILE, PROFILES
-from .tools import ToolDeclarationError, tools_of
+from .agents import client_code
+from .agents.client_code import SessionError
+from .agents.client_connection import FILE_OP_TIMEOUT, KernelConnection, raise_for
+from .agents.execution import Callback, Execution
+from .agents.tools import ToolDeclarationError, tools_of
+from .jupyter.kernelspecs import KERNEL_NAME, kernelspec_name
+from .sandbox.limits import DEFAULT_GRACE
+from .settings.profiles import DEFAULT_PROFILE, PROFILES
 
 UPLOAD_CHUNK = 512 << 10  # raw bytes per upload cell (~0.7 MB of source)
 DOWNLOAD_CHUNK = 1 << 20  # raw bytes per download request
@@ -53,7 +53,7 @@ T = TypeVar("T")
 def kernel_arguments(profile: str, settings: dict[str, Any]) -> list[str]:
     """``--WasmKernel.NAME=VALUE`` for each setting. Names are checked here (a misspelt limit
     would otherwise leave the profile's default in force unnoticed); values by the kernel."""
-    from .kernel_settings import setting_names
+    from .settings.kernel_settings import setting_names
 
     known = set(setting_names())
     arguments = []

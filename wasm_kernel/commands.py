@@ -10,8 +10,8 @@ import argparse
 import sys
 from typing import Any
 
-from .kernelspecs import KERNEL_NAME, kernelspec_name
-from .profiles import DEFAULT_PROFILE, PROFILES
+from .jupyter.kernelspecs import KERNEL_NAME, kernelspec_name
+from .settings.profiles import DEFAULT_PROFILE, PROFILES
 
 SUBCOMMANDS = {
     "install": "register the kernelspecs (one per sandbox profile) and precompile the runtime",
@@ -159,7 +159,7 @@ def parser() -> argparse.ArgumentParser:
         description=SUBCOMMANDS["mcp"] + ". One kernel per MCP session; its profile and limits"
         " are set here, never by the model.",
     )
-    from .mcp_server import add_arguments
+    from .agents.mcp_server import add_arguments
 
     add_arguments(cmd)
 

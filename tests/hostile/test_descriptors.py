@@ -12,7 +12,7 @@ import pytest
 from conftest import Kernel, ok
 from jupyter_client.blocking.client import BlockingKernelClient
 
-from wasm_kernel.descriptors import default_limit
+from wasm_kernel.sandbox.descriptors import default_limit
 
 OPEN_UNTIL_REFUSED = "held = []\nwhile True:\n    held.append(os.open('/tmp', os.O_RDONLY))"
 

@@ -1,4 +1,4 @@
-"""The scratch folder's measurement (wasm_kernel.scratch) against what a hostile guest can build.
+"""The scratch folder's measurement (wasm_kernel.files.scratch) against a hostile guest's files.
 
 The guest's files are opened by wasmtime inside the kernel process, so a file this test process
 opens, unlinks and writes is exactly what the kernel sees of a guest doing the same. Folders
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from wasm_kernel.scratch import ENTRY_BYTES, ScratchWatch, usage
+from wasm_kernel.files.scratch import ENTRY_BYTES, ScratchWatch, usage
 
 MiB = 1 << 20
 

@@ -21,12 +21,12 @@ import pytest
 import wasmtime
 from conftest import Kernel, ok
 
-from wasm_kernel import interpreter
-from wasm_kernel.cache import RuntimeCache
-from wasm_kernel.interrupts import Watchdog
-from wasm_kernel.limits import Limits
-from wasm_kernel.runtime import load_runtime
-from wasm_kernel.sandbox import Sandbox
+from wasm_kernel.runtime.cache import RuntimeCache
+from wasm_kernel.runtime.runtime import load_runtime
+from wasm_kernel.sandbox import interpreter
+from wasm_kernel.sandbox.interrupts import Watchdog
+from wasm_kernel.sandbox.limits import Limits
+from wasm_kernel.sandbox.sandbox import Sandbox
 
 # setting: (bad text for argv and environment, bad Python for a config file, what is allowed)
 BAD = {

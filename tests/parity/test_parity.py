@@ -194,7 +194,7 @@ def test_pandas_sees_a_kernel_with_or_without_the_boot_image(start_kernel, tmp_p
     cell, a kernel booted without the image in its first cell: both print as natively. The
     test's own copy of the compiled-runtime cache (hard links) boots without a boot image,
     then with the one ``precompile`` builds into it from this checkout's guest code."""
-    from wasm_kernel.cache import RuntimeCache
+    from wasm_kernel.runtime.cache import RuntimeCache
 
     cache = tmp_path / "cache"
     subprocess.run(["cp", "-al", str(RuntimeCache().directory), str(cache)], check=True)

@@ -2,7 +2,7 @@
 
 The guest loads this file as a module of its own (``_wasm_kernel_contract``); the host imports
 it as ``wasm_kernel.guest.modules._wasm_kernel_contract`` and derives its validator from these
-declarations (``wasm_kernel.contract``). It declares:
+declarations (``wasm_kernel.sandbox.contract``). It declares:
 
 - every message the guest sends through ``_host.call``: a JSON object whose ``op`` names a
   ``Message``, each field with its kind and bound, and the fields of the host's reply;

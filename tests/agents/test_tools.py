@@ -1,0 +1,285 @@
+"""Host tools: functions a cell calls as ``sandbox_tools.NAME`` that run outside the sandbox.
+
+Real kernels through the project's client (its tools served on the stdin channel), nbclient
+on the same kernel, and the operator's tools (``WasmKernel.tools``) imported by the kernel
+process. Expected values come from calling the same functions on the host.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import inspect
+import math
+import threading
+from pathlib import Path
+
+import nbformat
+import pytest
+from jupyter_client.session import Session as JupyterSession
+from nbclient import NotebookClient
+
+from wasm_kernel.agents.tools import ToolDeclarationError, python_tool
+from wasm_kernel.client import AsyncSession, Session, SessionError
+from wasm_kernel.guest.modules._wasm_kernel_tools import decode, encode
+
+TESTS = str(Path(__file__).resolve().parents[1])
+WORDS = "three little words"
+
+
+def search(query: str, limit: int = 3) -> list[str]:
+    """Titles matching ``query``, at most ``limit`` of them."""
+    return [f"{query} #{index}" for index in range(limit)]
+
+
+async def scale(values: list[float], factor: float = 2.0) -> list[float]:
+    """Each value times ``factor`` (asynchronously, as a network call would be)."""
+    await asyncio.sleep(0)
+    return [value * factor for value in values]
+
+
+def refuse(reason: str) -> None:
+    raise ValueError(f"refused: {reason}")
+
+
+def checksum(data: bytes) -> dict:
+    return {"size": len(data), "reversed": data[::-1]}
+
+
+class Gate:
+    """A tool that waits: it says when it started and whether it ran to its end."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.finished = threading.Event()
+
+    def wait(self, seconds: float) -> str:
+        """Wait up to ``seconds`` (or until released)."""
+        self.started.set()
+        self.release.wait(seconds)
+        self.finished.set()
+        return "done"
+
+
+@pytest.fixture(scope="module")
+def served() -> Session:
+    with Session(
+        profile="strict", tools=[search, scale, refuse, checksum], plain_tracebacks=True
+    ) as session:
+        yield session
+
+
+@pytest.mark.slow
+def test_sync_and_async_tools_in_a_loop(served: Session) -> None:
+    code = (
+        "from sandbox_tools import search, scale\n"
+        "found = []\n"
+        "for n in range(1, 6):\n"
+        "    titles = search(f'q{n}', limit=n)\n"
+        "    found.append((titles, scale([len(t) for t in titles], factor=n / 2)))\n"
+        "found"
+    )
+    execution = served.run(code)
+    assert execution.error is None, execution.error
+    expected = []
+    for n in range(1, 6):
+        titles = search(f"q{n}", limit=n)
+        expected.append((titles, asyncio.run(scale([len(t) for t in titles], factor=n / 2))))
+    assert ast.literal_eval(execution.text or "") == expected
+
+
+@pytest.mark.slow
+def test_tools_have_their_signature_and_docstring(served: Session) -> None:
+    shown = served.run(
+        "import inspect, sandbox_tools\n"
+        "[(f.__name__, str(inspect.signature(f)), f.__doc__)"
+        " for f in (sandbox_tools.search, sandbox_tools.scale)]"
+    )
+    signatures = {f: inspect.signature(f, eval_str=True) for f in (search, scale)}
+    expected = [(f.__name__, str(signatures[f]), f.__doc__) for f in (search, scale)]
+    assert ast.literal_eval(shown.text or "") == expected
+    helped = served.run("help(sandbox_tools.search)")
+    assert f"search{signatures[search]}" in helped.stdout
+    assert inspect.getdoc(search) in helped.stdout
+    # completion, as a front end asks for it: names of the module, then a tool's parameters
+    client = served.client
+    for code, wanted in (
+        ("sandbox_tools.sea", "search"),
+        ("sandbox_tools.search('x', li", "limit="),
+    ):
+        msg_id = client.complete(code, len(code))
+        reply = client.get_shell_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        assert wanted in reply["content"]["matches"], reply["content"]
+
+
+@pytest.mark.slow
+def test_a_tool_that_raises_and_bad_arguments(served: Session) -> None:
+    with pytest.raises(ValueError) as raised:
+        refuse("no")
+    failed = served.run("import sandbox_tools\nsandbox_tools.refuse('no')")
+    assert failed.error is not None
+    assert (failed.error.name, failed.error.value) == ("ValueError", str(raised.value))
+    caught = served.run(
+        "try:\n    sandbox_tools.refuse('again')\n"
+        "except ValueError as exc:\n"
+        "    print(isinstance(exc, sandbox_tools.ToolError), exc)"
+    )
+    assert caught.stdout == "True refused: again\n"
+    wrong = served.run("sandbox_tools.search('x', limit='many')")
+    assert wrong.error is not None and wrong.error.name == "TypeError"
+    assert "limit" in wrong.error.value and "integer" in wrong.error.value
+    unsendable = served.run("sandbox_tools.search({1, 2})")
+    assert unsendable.error is not None and "set" in unsendable.error.value
+    missing = served.run("sandbox_tools.search()")  # bound in the guest, as Python would
+    assert missing.error is not None and missing.error.name == "TypeError"
+    # the host serves only the tools declared for the cell, whatever the guest asks for
+    forged = served.run("import _wasm_kernel_tools\n_wasm_kernel_tools.call('open', {'file': '/'})")
+    assert forged.error is not None and forged.error.name == "ToolUnavailable"
+    data = bytes(range(256)) * 3
+    echoed = served.run(f"sandbox_tools.checksum({data!r}) == {checksum(data)!r}")
+    assert echoed.text == "True"
+    assert served.run("'still here'").text == "'still here'"
+
+
+@pytest.mark.slow
+def test_waiting_counts_against_the_time_limit_and_costs_no_fuel() -> None:
+    gate = Gate()
+    with Session(
+        profile="strict", time_limit=2, fuel=10**9, interrupt_grace=2, tools={"wait": gate.wait}
+    ) as session:
+        # a second waiting on a tool is free; the same second spent computing is not
+        assert session.run("from sandbox_tools import wait\nwait(1.0)").text == "'done'"
+        spin = session.run(
+            "import time\nend = time.time() + 1\nwhile time.time() < end:\n"
+            "    for i in range(10_000): pass"
+        )
+        assert spin.error is not None and spin.error.name == "FuelExhausted"
+        gate.finished.clear()
+        slow = session.run("x = 'kept'\nwait(10)")
+        assert slow.error is not None and slow.error.name == "TimeLimitExceeded", slow.error
+        assert gate.started.is_set() and not gate.finished.is_set()  # the cell did not wait
+        assert session.run("x").text == "'kept'"
+        gate.release.set()
+
+
+@pytest.mark.slow
+def test_an_interrupt_while_waiting_on_a_tool() -> None:
+    gate = Gate()
+    with Session(profile="strict", interrupt_grace=5, tools=[gate.wait]) as session:
+
+        def interrupt() -> None:
+            if gate.started.wait(60):
+                session.manager.interrupt_kernel()
+
+        interrupter = threading.Thread(target=interrupt)
+        interrupter.start()
+        waited = session.run("y = 7\nfrom sandbox_tools import wait\nwait(60)")
+        interrupter.join()
+        assert waited.error is not None and waited.error.name == "KeyboardInterrupt"
+        assert not gate.finished.is_set()
+        gate.release.set()
+        assert session.run("y, wait(0)").text == "(7, 'done')"
+
+
+@pytest.mark.slow
+def test_a_client_without_tools_gets_a_clear_error() -> None:
+    with Session(profile="strict", plain_tracebacks=True) as session:
+        assert session.run("import sandbox_tools\nsandbox_tools.__all__").text == "[]"
+        refused = session.run("from sandbox_tools import search")
+        assert refused.error is not None and refused.error.name == "ToolUnavailable"
+        assert "Session(tools=...)" in refused.error.value
+        assert session.run("isinstance(ImportError(), Exception)").text == "True"
+
+
+@pytest.mark.slow
+def test_nbclient_and_operator_tools_on_a_kernel_with_a_tool_client() -> None:
+    env = {
+        "PYTHONPATH": TESTS,
+        "WASM_KERNEL_TOOLS": "operator_tools:word_count;pid=operator_tools:kernel_pid",
+    }
+    with Session(profile="strict", env=env, tools=[search]) as session:
+        kept = session.run(
+            "import sandbox_tools\nfind = sandbox_tools.search\nsorted(sandbox_tools.__all__)"
+        )
+        assert kept.text == repr(["pid", "search", "word_count"])
+        assert "WasmKernel.tools, run outside the sandbox): word_count, pid" in (
+            session.run("%sandbox").stdout
+        )
+        pid = session.run("sandbox_tools.pid()").text
+        assert pid == str(session.manager.provisioner.process.pid)  # the kernel process
+        notebook = nbformat.v4.new_notebook()
+        notebook.cells = [
+            nbformat.v4.new_code_cell("find('x')"),
+            nbformat.v4.new_code_cell("from sandbox_tools import search"),
+            nbformat.v4.new_code_cell(f"sandbox_tools.word_count({WORDS!r})"),
+        ]
+        # nbclient on the same kernel, as a second front end (JupyterLab) would be: a client
+        # of its own, with its own session, which declares no tools
+        runner = NotebookClient(notebook, km=session.manager, allow_errors=True, timeout=60)
+        runner.kc = session.manager.client(session=JupyterSession(key=session.manager.session.key))
+        runner.kc.start_channels()
+        try:
+            runner.kc.wait_for_ready(timeout=60)
+            runner.execute()
+        finally:
+            runner.kc.stop_channels()
+        stale, imported, counted = (cell.outputs for cell in notebook.cells)
+        assert stale[0]["ename"] == "ToolUnavailable"
+        assert "its client serves no tools" in stale[0]["evalue"]
+        assert imported[0]["ename"] == "ToolUnavailable"
+        assert counted[0]["data"]["text/plain"] == str(len(WORDS.split()))
+        assert session.run("find('y', 1)").text == repr(search("y", 1))
+
+
+@pytest.mark.slow
+def test_an_operator_tool_that_cannot_be_imported_is_a_refused_setting() -> None:
+    env = {"PYTHONPATH": TESTS, "WASM_KERNEL_TOOLS": "operator_tools:no_such_function"}
+    with pytest.raises(SessionError, match=r"WasmKernel\.tools .* cannot be imported"):
+        Session(profile="strict", env=env).start()
+
+
+@pytest.mark.slow
+def test_async_session_runs_async_tools_on_its_own_loop() -> None:
+    loops = []
+
+    async def where() -> bool:
+        loops.append(asyncio.get_running_loop())
+        return True
+
+    async def main() -> None:
+        async with AsyncSession(profile="strict", tools={"where": where}) as session:
+            execution = await session.run(
+                "from sandbox_tools import where\n[where() for _ in range(3)]"
+            )
+            assert execution.text == "[True, True, True]"
+            assert loops == [asyncio.get_running_loop()] * 3
+
+    asyncio.run(main())
+
+
+@pytest.mark.nokernel
+def test_values_are_json_and_bytes() -> None:
+    value = {"a": [1, 2.5, None, True, "é"], "b": b"\x00\xff", "c": (1, 2)}
+    assert decode(encode(value)) == {**value, "c": [1, 2]}
+    for bad, why in (
+        ({1: "x"}, "keys must be strings"),
+        ({1, 2}, "not set"),
+        (math.nan, "JSON has no such number"),
+        ({"$bytes": "x"}, "cannot be sent"),
+    ):
+        with pytest.raises((TypeError, ValueError), match=why):
+            encode(bad)
+
+
+@pytest.mark.nokernel
+def test_declarations_refuse_what_the_guest_could_not_build() -> None:
+    with pytest.raises(ToolDeclarationError, match="identifier"):
+        python_tool(search, "not a name")
+    with pytest.raises(ToolDeclarationError, match="callable"):
+        python_tool(42)  # type: ignore[arg-type]
+    tool = python_tool(search)
+    assert tool.invoke({"query": "q", "limit": 2}) == search("q", 2)
+    with pytest.raises(TypeError, match="limit"):
+        tool.invoke({"query": "q", "limit": "two"})

@@ -1,0 +1,535 @@
+"""Interpreter images: a guest's whole state in one file, to resume in another kernel process.
+
+An image holds what a resumed guest needs and nothing that grants anything:
+
+- linear memory up to the program break, stored as extents of the pages that differ from a
+  freshly instantiated module (pages equal to the fresh instance, zero pages past its end
+  included, cost nothing on disk), each extent compressed with zstd (zlib compressed a numpy
+  and pandas session four times slower);
+- every exported mutable global (the stack pointer, the program break...);
+- the host side of the session: execution count, input history, the guest's working folder,
+  its clock readings (so that its clocks never run backwards), the private ``/tmp`` as a
+  bounded tar archive, and the names and versions of its ``%pip`` packages (only those: the
+  resuming kernel installs them again from its own package source, or says it cannot);
+- a header naming what the image needs (runtime sha256, rewrite and guest-code versions,
+  wasmtime version, machine) and, for information only, the mounts it was taken with: a
+  resumed guest always gets the mounts of the kernel resuming it.
+
+Layout: ``MAGIC``, the format version (u32), the header's length (u32), the header (JSON,
+perhaps padded with spaces), the blobs the header describes, then the sha256 of everything
+before it. ``image_writer`` writes images; this module defines the format and reads them.
+
+An image is hostile input (anyone can write one, and compute its checksum): ``read_image``
+checks the format, the checksum, every field's type and bound (memory within the kernel's
+memory limit, extents inside it and not overlapping, archive members plain files and folders
+under ``/tmp``), and the identity, before anything reaches a guest. What it refuses raises
+``ImageError`` with a sentence saying why. The memory and globals themselves are the guest's
+own business: a guest could write any of those bytes itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import mmap
+import os
+import platform
+import struct
+import tarfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import zstandard
+
+from ..files import host_files
+from ..files.host_files import read_exactly
+from ..memory.live_memory import LiveMemory
+from ..runtime import guest_packages, rewrite
+from ..runtime.cache import wasmtime_version
+from ..runtime.runtime import manifest_dir
+from . import image_archive
+from .image_archive import MAX_GUEST_PATH
+from .image_pages import ImagePages
+from .names import SUFFIX, ImageError
+
+MAGIC = b"WKIMAGE\n"
+FORMAT = 1
+PAGE = rewrite.PAGE
+CHECKSUM = 32  # bytes of the trailing sha256
+PREFIX = len(MAGIC) + 8  # the mark, the format version and the header's length
+MAX_HEADER = 1 << 20
+MAX_HISTORY = 64 << 20  # bytes of input history carried (uncompressed)
+MAX_HISTORY_ENTRIES = 1_000_000
+MAX_PACKAGES = 1000  # %pip pins an image may name (the host parses each again)
+Buffer = bytes | bytearray | mmap.mmap  # an image file read whole
+POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux's
+# what a malformed image raises while it is checked
+MALFORMED = (
+    ValueError,
+    TypeError,
+    KeyError,
+    RecursionError,  # JSON nested deeper than Python recurses
+    zstandard.ZstdError,
+    tarfile.TarError,
+)
+MEMORY_SUFFIX = ".memory"
+
+
+@functools.cache
+def guest_code_version() -> str:
+    """sha256 over the guest's own sources: an image holds them as loaded, so an image taken
+    with other guest code would run that code against this host."""
+    digest = hashlib.sha256()
+    root = resources.files("wasm_kernel") / "guest"
+    for path in sorted(Path(str(root)).rglob("*.py")):
+        digest.update(str(path.relative_to(Path(str(root)))).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    # and the pinned IPython packages it loads (an image holds their modules too)
+    digest.update((manifest_dir() / guest_packages.MANIFEST).read_bytes())
+    return digest.hexdigest()
+
+
+def identity(runtime_sha256: str) -> dict[str, object]:
+    """What an image needs from the kernel that resumes it, each compared exactly."""
+    return {
+        "runtime_sha256": runtime_sha256,
+        "rewrite": rewrite.VERSION,
+        "guest_code": guest_code_version(),
+        "wasmtime": wasmtime_version(),
+        "machine": platform.machine(),
+    }
+
+
+_IDENTITY_WORDS = {
+    "runtime_sha256": "runtime (sha256)",
+    "rewrite": "version of the runtime rewrite",
+    "guest_code": "version of the kernel's guest code (sha256)",
+    "wasmtime": "wasmtime version",
+    "machine": "machine type",
+}
+
+
+@dataclass
+class HostState:
+    """The host's part of a session, carried in the image."""
+
+    execution_count: int = 0
+    history: list[tuple[int, str]] = field(default_factory=list)
+    cwd: str = "/tmp"
+    clocks: dict[int, int] = field(default_factory=dict)  # clock id -> guest reading, ns
+    packages: list[str] = field(default_factory=list)  # %pip pins, "name==version"
+
+
+@dataclass
+class Image:
+    """A checked image, ready to resume: pages are decompressed, the archive is listed."""
+
+    needs: dict[str, object]
+    mounts: list[str]
+    memory_size: int
+    pages: ImagePages  # the stored pages, decompressed (image_pages)
+    globals: dict[str, int]
+    host: HostState
+    scratch: bytes  # a tar archive of /tmp
+    taken: str = ""
+    memory_elsewhere: bool = False  # a boot image's: raw pages in a file beside it
+    memory_file: Path | None = None  # that file, in this kernel's cache (see boot_memory_path)
+    live: LiveMemory | None = None  # a fork's: its memory is where this says (live_memory)
+    boot_file: Path | None = None  # where this kernel's boot memory file is, for ``live``
+
+    @property
+    def stored_pages(self) -> int:
+        return self.pages.size // PAGE
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+def read_image(
+    path: Path,
+    *,
+    needs: dict[str, object],
+    memory_limit: int,
+    scratch_limit: int,
+    memory_file: Path | None = None,
+    boot_file: Path | None = None,
+) -> Image:
+    """Read and check the image at ``path`` against this kernel; raises ImageError.
+    ``memory_file`` is where a boot image's memory is (the kernel's own cache, never a name
+    an image gives): an image whose memory lives elsewhere is refused without one.
+    ``boot_file`` is this kernel's boot memory file, which a fork's image may map."""
+    try:
+        fd = host_files.open_regular(path)
+    except OSError as exc:
+        raise ImageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        data, header = _read_checked_sizes(fd, path, memory_limit, scratch_limit)
+    except OSError as exc:
+        raise ImageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    image = parse_image(
+        data, header, needs=needs, memory_limit=memory_limit, scratch_limit=scratch_limit
+    )
+    image.boot_file = boot_file
+    if image.memory_elsewhere:
+        if memory_file is None:
+            raise ImageError(
+                "this image keeps its memory in a file of its own, as only a boot image does"
+            )
+        try:
+            found = memory_file.stat().st_size
+        except OSError as exc:
+            raise ImageError(f"cannot read {memory_file}: {exc.strerror or exc}") from None
+        if found != image.memory_size:  # mapped past its end, the guest's reads would fault
+            raise ImageError(
+                f"{memory_file.name} holds {found} bytes, not the image's {image.memory_size}"
+            )
+        image.memory_file = memory_file
+    return image
+
+
+def _read_checked_sizes(
+    fd: int, path: Path, memory_limit: int, scratch_limit: int
+) -> tuple[mmap.mmap, dict]:
+    """The whole file and its decoded header, read only once the header has been read and
+    the sizes it declares fit this kernel's limits and add up to the file's size. A refusal
+    of the header is given only for a file whose checksum holds: a damaged file is called
+    damaged."""
+    size = os.fstat(fd).st_size
+    # the largest sound image: all memory and all of /tmp barely compressible, and history
+    if size > memory_limit + (scratch_limit or memory_limit) + MAX_HISTORY + (64 << 20):
+        raise ImageError(
+            f"{path.name} is {size >> 20} MiB, larger than any image this kernel could have written"
+        )
+    prefix = bytearray(min(size, PREFIX))
+    read_exactly(fd, memoryview(prefix))
+    header_size = _header_size(prefix, size)
+    head = bytearray(header_size)
+    read_exactly(fd, memoryview(head))
+    try:
+        header = _decoded_header(head)
+        _check_declared(header, PREFIX + header_size, size, memory_limit)
+    except ImageError:
+        if not _checksum_holds(fd, size):
+            raise _damaged() from None
+        raise
+    # populated at once: faster than a fault per page as the file is read into it
+    data = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | POPULATE)
+    data[: PREFIX + header_size] = prefix + head
+    read_exactly(fd, memoryview(data)[PREFIX + header_size :])
+    return data, header
+
+
+def _checksum_holds(fd: int, size: int) -> bool:
+    """Whether the file's trailing sha256 matches the rest, read a piece at a time."""
+    digest = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    left = size - CHECKSUM
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            return False
+        digest.update(chunk)
+        left -= len(chunk)
+    return os.read(fd, CHECKSUM) == digest.digest()
+
+
+def _damaged() -> ImageError:
+    return ImageError("the image is damaged or truncated (its checksum does not match)")
+
+
+def _check_declared(header: dict, header_end: int, size: int, memory_limit: int) -> None:
+    """The header's sizes against the file's size and the memory limit, before reading on."""
+    try:
+        memory = header["memory"]
+        lengths = [extent[2] for extent in memory["extents"]]
+        lengths += [header["history"], header["scratch"]]
+        _require(all(_is_int(length, 0, size) for length in lengths), "bad blob sizes")
+        declared = header_end + sum(lengths) + CHECKSUM
+        _check_memory_size(memory["size"], memory_limit)
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise ImageError(f"the image is malformed: {exc}") from None
+    if declared != size:
+        raise ImageError(
+            f"the image is damaged or truncated: its header declares {declared} bytes, the"
+            f" file holds {size}"
+        )
+
+
+def _check_memory_size(memory_size: object, memory_limit: int) -> None:
+    if not isinstance(memory_size, int):
+        raise ValueError("bad memory size")
+    _require(_is_int(memory_size, PAGE, 1 << 32) and memory_size % PAGE == 0, "bad memory size")
+    if memory_size > memory_limit:
+        raise ImageError(
+            f"the image holds {memory_size >> 20} MiB of memory, more than this kernel's memory"
+            f" limit of {memory_limit >> 20} MiB (--WasmKernel.memory_limit)"
+        )
+
+
+def parse_image(
+    data: Buffer, header: dict, *, needs: dict[str, object], memory_limit: int, scratch_limit: int
+) -> Image:
+    """The checked image in ``data``, whose ``header`` the caller has decoded. Its checksum
+    is summed while the rest is checked and decompressed (hashlib lets go of the GIL): it
+    tells a damaged file from a malformed one, and nothing more, since a crafted image
+    carries a correct checksum."""
+    body, offset = _body(data)
+    with ThreadPoolExecutor(1, thread_name_prefix="image-checksum") as pool:
+        sound = pool.submit(_checksum_matches, data)
+        try:
+            image = _checked(header, body, offset, needs, memory_limit, scratch_limit)
+        except (ImageError, *MALFORMED) as exc:
+            if not sound.result():
+                raise _damaged() from None
+            if isinstance(exc, ImageError):
+                raise
+            raise ImageError(f"the image is malformed: {exc}") from None
+        except OSError as exc:  # no memory for its decompressed pages
+            raise ImageError(f"cannot hold the image's pages: {exc.strerror or exc}") from None
+        if not sound.result():
+            image.pages.close()
+            raise _damaged()
+    return image
+
+
+def _header_size(prefix: bytes | bytearray, size: int) -> int:
+    """The header's length from the file's first bytes (mark and format version checked)."""
+    if not prefix.startswith(MAGIC):
+        raise ImageError("this is not a wasm-kernel image (it does not start with one's mark)")
+    if size < PREFIX + CHECKSUM:
+        raise ImageError("the image is truncated (shorter than its own header)")
+    version, header_size = struct.unpack_from("<II", prefix, len(MAGIC))
+    if version != FORMAT:
+        raise ImageError(
+            f"the image is in format version {version}; this kernel reads version {FORMAT}"
+        )
+    if header_size > MAX_HEADER or PREFIX + header_size > size - CHECKSUM:
+        raise ImageError("the image's header is larger than allowed")
+    return header_size
+
+
+def _decoded_header(encoded: bytes | bytearray | memoryview) -> dict:
+    try:
+        header = json.loads(bytes(encoded))
+    except (ValueError, RecursionError) as exc:
+        raise ImageError(f"the image's header is malformed: {exc}") from None
+    if not isinstance(header, dict):
+        raise ImageError("the image's header is not an object")
+    return header
+
+
+def verified_header(data: Buffer) -> tuple[dict, memoryview, int]:
+    """The header of a sound image file, its body and where the blobs start."""
+    body, offset = _body(data)
+    if not _checksum_matches(data):
+        raise _damaged()
+    return _decoded_header(body[PREFIX:offset]), body, offset
+
+
+def _body(data: Buffer) -> tuple[memoryview, int]:
+    """An image file less its checksum, and where its blobs start (past the header)."""
+    return memoryview(data)[:-CHECKSUM], PREFIX + _header_size(data[:PREFIX], len(data))
+
+
+def _checksum_matches(data: Buffer) -> bool:
+    """Whether the file's trailing sha256 matches the rest, in memory."""
+    with memoryview(data) as whole:
+        return hashlib.sha256(whole[:-CHECKSUM]).digest() == whole[-CHECKSUM:]
+
+
+def describe_file(path: Path, needs: dict[str, object]) -> str:
+    """What ``python -m wasm_kernel snapshot info`` shows: the header, and whether this
+    installation can resume the image. Reads the header, and the rest only to check it."""
+    try:
+        fd = host_files.open_regular(path)
+        try:
+            size = os.fstat(fd).st_size
+            prefix = bytearray(min(size, PREFIX))
+            read_exactly(fd, memoryview(prefix))
+            head = bytearray(_header_size(prefix, size))
+            read_exactly(fd, memoryview(head))
+            if not _checksum_holds(fd, size):
+                raise _damaged()
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise ImageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    header = _decoded_header(head)
+
+    def part(key: str) -> dict:
+        value = header.get(key)
+        return value if isinstance(value, dict) else {}
+
+    found, memory, host = part("needs"), part("memory"), part("host")
+    lines = [
+        f"image:           {path} ({size / (1 << 20):.1f} MiB on disk)",
+        f"taken:           {str(header.get('taken'))[:64]}",
+        f"guest memory:    {str(memory.get('size'))[:24]} bytes",
+        f"execution count: {str(host.get('execution_count'))[:24]}",
+        f"taken with mounts (not carried): {str(header.get('mounts'))[:400]}",
+    ]
+    for key, wanted in needs.items():
+        have = found.get(key)
+        verdict = "ok" if have == wanted else f"differs: this installation has {wanted}"
+        lines.append(f"needs {_IDENTITY_WORDS[key]}: {str(have)[:80]} ({verdict})")
+    return "\n".join(lines)
+
+
+def _require(condition: bool, what: str) -> None:
+    if not condition:
+        raise ValueError(what)
+
+
+def _is_int(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _checked(
+    header: dict,
+    body: memoryview,
+    offset: int,
+    needs: dict[str, object],
+    memory_limit: int,
+    scratch_limit: int,
+) -> Image:
+    found = header["needs"]
+    _require(isinstance(found, dict), "'needs' is not an object")
+    for key, wanted in needs.items():
+        if found.get(key) != wanted:
+            raise ImageError(
+                f"the image was taken with another {_IDENTITY_WORDS.get(key, key)},"
+                f" {str(found.get(key))[:80]!r}; this kernel has {str(wanted)[:80]!r}"
+            )
+    mounts = header["mounts"]
+    _require(
+        isinstance(mounts, list) and all(isinstance(m, str) for m in mounts) and len(mounts) < 256,
+        "'mounts' is not a list of strings",
+    )
+    memory = header["memory"]
+    memory_size = memory["size"]
+    _check_memory_size(memory_size, memory_limit)
+    separate = memory.get("separate", False)  # images from before boot images were mapped
+    _require(isinstance(separate, bool) and not (separate and memory["extents"]), "bad memory")
+    live = None
+    if "live" in memory:  # a fork's, whose memory stays in the kernel that forked
+        _require(not separate and not memory["extents"], "bad memory")
+        try:
+            live = LiveMemory.from_header(memory["live"], memory_size)
+        except ValueError as exc:
+            raise ImageError(str(exc)) from None
+    frames: list[tuple[int, int, memoryview]] = []  # decompressed once all else is checked
+    next_free = 0
+    for entry in memory["extents"]:
+        _require(isinstance(entry, list) and len(entry) == 3, "bad memory extent")
+        first, count, length = entry
+        pages = memory_size // PAGE
+        _require(_is_int(first, next_free, pages - 1), "memory extents overlap or are unordered")
+        _require(_is_int(count, 1, pages - first), "a memory extent passes the memory's end")
+        _require(_is_int(length, 1, len(body) - offset), "a memory extent passes the file's end")
+        frames.append((first * PAGE, (first + count) * PAGE, body[offset : offset + length]))
+        offset += length
+        next_free = first + count
+    globals_ = header["globals"]
+    _require(
+        isinstance(globals_, dict)
+        and len(globals_) < 4096
+        and all(
+            isinstance(k, str) and _is_int(v, -(1 << 63), (1 << 64) - 1)
+            for k, v in globals_.items()
+        ),
+        "bad globals",
+    )
+    host = header["host"]
+    cwd = host["cwd"]
+    _require(isinstance(cwd, str) and 0 < len(cwd) <= MAX_GUEST_PATH, "bad working folder")
+    count = host["execution_count"]
+    _require(_is_int(count, 0, 1 << 62), "bad execution count")
+    clocks = host["clocks"]
+    _require(
+        isinstance(clocks, dict)
+        and all(k in ("1", "2", "3") and _is_int(v, 0, 1 << 63) for k, v in clocks.items()),
+        "bad clock readings",
+    )
+    packages = host.get("packages", [])  # images from before %pip was carried have none
+    _require(
+        isinstance(packages, list)
+        and len(packages) <= MAX_PACKAGES
+        and all(isinstance(pin, str) and 0 < len(pin) <= 300 for pin in packages),
+        "bad package list",
+    )
+    history_size, scratch_size = header["history"], header["scratch"]
+    _require(_is_int(history_size, 1, len(body) - offset), "history passes the file's end")
+    history = json.loads(_inflate(body[offset : offset + history_size], MAX_HISTORY, exact=False))
+    offset += history_size
+    _require(
+        isinstance(history, list)
+        and len(history) <= MAX_HISTORY_ENTRIES
+        and all(
+            isinstance(item, list)
+            and len(item) == 2
+            and _is_int(item[0], 0, 1 << 62)
+            and isinstance(item[1], str)
+            for item in history
+        ),
+        "bad history",
+    )
+    _require(scratch_size == len(body) - offset, "the archive does not end the file")
+    scratch = _inflate(body[offset:], (scratch_limit or memory_limit) + (16 << 20), exact=False)
+    try:
+        image_archive.check_archive(scratch, scratch_limit)
+    except image_archive.TooLarge as exc:
+        raise ImageError(str(exc)) from None
+    return Image(
+        needs=found,
+        mounts=mounts,
+        memory_size=memory_size,
+        pages=ImagePages(memory_size, frames),
+        globals=globals_,
+        host=HostState(
+            execution_count=count,
+            history=[(line, source) for line, source in history],
+            cwd=cwd,
+            clocks={int(k): v for k, v in clocks.items()},
+            packages=packages,
+        ),
+        scratch=scratch,
+        taken=str(header.get("taken", ""))[:64],
+        memory_elsewhere=separate,
+        live=live,
+    )
+
+
+def _inflate(data: memoryview, size: int, exact: bool = True) -> bytes:
+    """Decompress one frame of at most ``size`` bytes (exactly ``size`` when ``exact``)."""
+    declared = zstandard.frame_content_size(data)
+    _require(0 <= declared <= size, "compressed data of unknown or too large a size")
+    _require(not exact or declared == size, "a memory extent has the wrong size")
+    out = zstandard.ZstdDecompressor().decompress(data)
+    _require(len(out) == declared, "compressed data shorter than it says")
+    return out
+
+
+def unpack_archive(archive: bytes, folder: Path, limit: int) -> None:
+    """Extract a checked archive into ``folder``, within ``limit`` bytes on disk (0: none)."""
+    try:
+        image_archive.unpack(archive, folder, limit)
+    except (OSError, ValueError, tarfile.TarError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ImageError(f"cannot unpack the image's /tmp: {reason}") from None
+
+
+def boot_image_path(entry: Path) -> Path:
+    """Where the boot image of a compiled-runtime cache entry lives: named by the guest code's
+    version, so that a change of guest code needs (and finds) a new one."""
+    return entry / f"boot-{guest_code_version()[:24]}{SUFFIX}"
+
+
+def boot_memory_path(image_path: Path) -> Path:
+    """The raw memory file beside a boot image: every kernel maps it copy-on-write, so a
+    start reads only the pages its guest touches, and the page cache holds them once."""
+    return image_path.with_suffix(MEMORY_SUFFIX)

@@ -1,0 +1,211 @@
+"""The kernel's side of host tools: which tools a cell has, and carrying its calls.
+
+A cell's tools are the operator's (``WasmKernel.tools``, run here, in the kernel process) and
+those its client declares in the execute_request's metadata, ``{"wasm_kernel": {"tools":
+{NAME: DECLARATION}}}``. A client's tool is called the way ``input()`` asks: a
+``tool_request`` on the stdin channel to that client, answered by a ``tool_reply`` carrying
+the same ``call_id``. Every wait ends when the cell is interrupted or reaches its time limit:
+it costs the guest no fuel (it runs nothing) and counts against the time limit. A client
+that declared no tools (JupyterLab, nbclient) is never asked: the guest gets a clear error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..agents.tools import (
+    MAX_TOOLS,
+    METADATA_KEY,
+    REPLY,
+    REQUEST,
+    HostTool,
+    ToolDeclarationError,
+    ToolUnavailable,
+    catalogue,
+    check_declaration,
+    check_name,
+    failure,
+    reply_of,
+)
+from ..guest.modules._wasm_kernel_tools import decode
+from .execute_request import Request
+
+if TYPE_CHECKING:
+    from ..sandbox.interrupts import Interrupts
+
+POLL = 0.02  # seconds between checks for an interrupt while a tool runs
+RESULT_LIMIT = 16 << 20  # bytes of JSON a tool's result may take, in the guest's memory
+INTERRUPTED = {"interrupted": True}
+log = logging.getLogger(__name__)
+
+
+def not_served(name: str, error: str | None) -> dict[str, Any]:
+    why = (
+        f"the client's tool declarations were refused: {error}"
+        if error
+        else "its client serves no tools (wasm_kernel.client's Session(tools=...) and the MCP"
+        " server's upstream tools do; JupyterLab and nbclient do not) and the operator's"
+        " WasmKernel.tools has none of that name"
+    )
+    return failure(ToolUnavailable(f"{name}() is not available to this cell: {why}"))
+
+
+@dataclass(frozen=True)
+class CellTools:
+    """The tools one execute_request has: name -> declaration, who serves each."""
+
+    declarations: dict[str, dict[str, Any]]
+    from_client: frozenset[str]
+    digest: str
+    error: str | None = None  # why the client's declarations were refused
+
+
+class KernelTools:
+    """The kernel's door for ``tools`` and ``tool`` messages (one per kernel)."""
+
+    def __init__(self, operator: dict[str, HostTool]):
+        self.operator = operator
+        self._cell: tuple[str, CellTools] | None = None  # the last request's, by msg_id
+        self._threads: ThreadPoolExecutor | None = None  # the operator's tools run there
+
+    def of(self, request: Request) -> CellTools:
+        msg_id = request.parent.get("header", {}).get("msg_id", "")
+        if self._cell is None or self._cell[0] != msg_id:
+            self._cell = (msg_id, self._declared(request.parent))
+        return self._cell[1]
+
+    def _declared(self, parent: dict) -> CellTools:
+        declarations = catalogue(self.operator)
+        error = None
+        metadata = parent.get("metadata")
+        given = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None
+        offered = given.get("tools") if isinstance(given, dict) else None
+        client: dict[str, dict[str, Any]] = {}
+        try:
+            if offered is not None:
+                if not isinstance(offered, dict) or len(offered) > MAX_TOOLS:
+                    raise ToolDeclarationError(f"tools must be an object of at most {MAX_TOOLS}")
+                for name, declaration in offered.items():
+                    if check_name(name) in self.operator:
+                        raise ToolDeclarationError(f"{name!r} is already an operator's tool")
+                    client[name] = check_declaration(name, declaration)
+        except ToolDeclarationError as exc:
+            error, client = str(exc), {}
+        declarations.update(client)
+        text = json.dumps(declarations, sort_keys=True).encode()
+        digest = hashlib.sha256(text).hexdigest()[:32]
+        return CellTools(declarations, frozenset(client), digest, error)
+
+    def catalogue(self, request: Request, digest: str) -> dict[str, Any]:
+        """The ``tools`` message: the cell's declarations, unless the guest has them."""
+        tools = self.of(request)
+        if digest == tools.digest:
+            return {"digest": tools.digest}
+        return {"digest": tools.digest, "tools": tools.declarations}
+
+    def call(
+        self,
+        request: Request,
+        message: dict,
+        interrupts: Interrupts,
+        stdin: Callable[[], tuple[Any, Any]],
+    ) -> dict[str, Any]:
+        """The ``tool`` message: run it here or ask the client; the reply the guest reads."""
+        tools, name = self.of(request), message["name"]
+        if name in tools.from_client:
+            return self._ask_client(request, name, message["arguments"], interrupts, stdin)
+        if name in self.operator:
+            return self._run_here(self.operator[name], message["arguments"], interrupts)
+        return not_served(name, tools.error)
+
+    # -- the operator's tools, in this process --------------------------------------------
+
+    def _run_here(self, tool: HostTool, wire: dict, interrupts: Interrupts) -> dict[str, Any]:
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(4, thread_name_prefix="wasm-kernel-tool")
+        future: Future = self._threads.submit(_run, tool, wire)
+        while not wait_for([future], timeout=POLL).done:
+            if interrupts.take():
+                future.cancel()  # a sync tool already running goes on; its result is dropped
+                return INTERRUPTED
+        try:
+            return _bounded(reply_of(future.result()))
+        except Exception as exc:
+            return failure(exc)
+
+    # -- a client's tools, over the stdin channel ------------------------------------------
+
+    def _ask_client(
+        self,
+        request: Request,
+        name: str,
+        wire: dict,
+        interrupts: Interrupts,
+        stdin: Callable[[], tuple[Any, Any]],
+    ) -> dict[str, Any]:
+        session, socket = stdin()
+        call_id = uuid.uuid4().hex
+        content = {"call_id": call_id, "name": name, "arguments": wire}
+        session.send(socket, REQUEST, content, request.parent, ident=request.stdin_ident)
+        while True:
+            if interrupts.take():
+                return INTERRUPTED
+            if not socket.poll(int(POLL * 1000)):
+                continue
+            idents, reply = session.recv(socket)
+            if reply is None or reply.get("msg_type") != REPLY or idents != request.stdin_ident:
+                continue  # another client's, or a reply to a call that was given up
+            answer = reply.get("content")
+            if isinstance(answer, dict) and answer.get("call_id") == call_id:
+                return _answer(answer)
+
+
+def for_kernel(kernel: Any) -> KernelTools:
+    """The kernel's door, with the operator's tools imported now; a name that cannot be
+    imported is a refused setting (every cell says so), not a dead kernel."""
+    from ..agents.tools import operator_tools
+
+    try:
+        return KernelTools(operator_tools(kernel.tools))
+    except ToolDeclarationError as exc:
+        kernel.refuse_setting("tools", list(kernel.tools), "the configuration", str(exc))
+        return KernelTools({})
+
+
+def _run(tool: HostTool, wire: dict) -> Any:
+    """One call of an operator's tool, on a worker thread (an async one on a loop of its own)."""
+    result = tool.invoke(decode(wire))
+    if tool.is_async:
+        return asyncio.run(result)
+    return result
+
+
+def _answer(content: dict) -> dict[str, Any]:
+    """A client's tool_reply, checked: a value, or an error with text."""
+    if content.get("status") == "ok" and "value" in content:
+        return _bounded({"value": content["value"]})
+    ename, evalue = content.get("ename"), content.get("evalue")
+    if not (isinstance(ename, str) and ename.isidentifier() and len(ename) < 256):
+        ename = "ToolError"
+    return {"error": {"ename": ename, "evalue": str(evalue)[:16_000]}}
+
+
+def _bounded(reply: dict[str, Any]) -> dict[str, Any]:
+    if "value" in reply:
+        size = len(json.dumps(reply["value"]))
+        if size > RESULT_LIMIT:
+            return failure(
+                ValueError(
+                    f"the tool's result ({size:,} bytes) is over the limit of {RESULT_LIMIT:,}"
+                )
+            )
+    return reply

@@ -1,0 +1,221 @@
+"""A session's images on the kernel's side: ``%snapshot`` and hibernation.
+
+The guest asks (``%snapshot save NAME`` ...); the kernel answers list, delete and forget at
+once and notes save and restore on the cell, to be done between turns on the guest thread. At
+shutdown, a session may hibernate: its image is saved under the notebook's name, within the
+bounds ``hibernation`` keeps, to be resumed by the next kernel started for it (see ``boot``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
+
+from ..files.mounts import SCRATCH, Mount
+from ..images import image_folder, images
+from ..images.image_folder import ImageFolder
+from ..memory.live_memory import LiveMemory
+from ..packages.packages import Packages
+from ..packages.pip_driver import Cancelled
+from ..packages.wheels import PackageError
+from ..sandbox.limits import Limits
+from .hibernation import Hibernation
+from .history import History
+
+if TYPE_CHECKING:
+    from ..sandbox.sandbox import Sandbox
+    from .cell_messages import CellMessages
+
+log = logging.getLogger(__name__)
+IMAGE_PACKAGES_SECONDS = 120  # longest a resume or restore spends installing its %pip packages
+SNAPSHOT_ACTIONS = ("save", "restore", "fork", "list", "delete", "forget")
+LIVE_FORKS = 16  # fork images whose memory this kernel keeps (the oldest is let go past it)
+
+
+class SessionImages:
+    """Saving, restoring and hibernating one kernel's session."""
+
+    def __init__(
+        self,
+        folder: ImageFolder,
+        runtime_sha256: str,
+        limits: Limits,
+        packages: Packages | None,
+        history: History,
+        granted: list[Mount],
+        snapshots: bool,
+        hibernation: Hibernation,
+    ):
+        self.folder = folder
+        self.needs = images.identity(runtime_sha256)
+        self.limits = limits
+        self.packages = packages
+        self.history = history
+        self.granted = granted
+        self.snapshots = snapshots
+        self.hibernation = hibernation
+        self.boot_file: Path | None = None  # the boot memory file a fork's image may map
+        self._live: dict[str, list[int]] = {}  # fork image name -> its frozen memory, open
+
+    def read(self, path: Path, memory_file: Path | None = None) -> images.Image:
+        return images.read_image(
+            path,
+            needs=self.needs,
+            memory_limit=self.limits.memory_limit,
+            scratch_limit=self.limits.scratch_limit,
+            memory_file=memory_file,
+            boot_file=self.boot_file,
+        )
+
+    def snapshot_message(self, cell: CellMessages, action: str, name: str) -> dict:
+        """``%snapshot`` from the guest, during its turn: list, delete and forget at once;
+        save and restore are noted on the cell and done when its turn has ended."""
+        try:
+            if action == "forget":  # this notebook's own hibernation, snapshots or not
+                return {"text": self.hibernation.forget()}
+            if not self.snapshots:
+                raise images.ImageError(
+                    "%snapshot is off in this kernel (--WasmKernel.snapshots, off in the"
+                    " strict profile)"
+                )
+            if action not in SNAPSHOT_ACTIONS:
+                raise images.ImageError(
+                    "usage: %snapshot save NAME | restore NAME | fork NAME | list | delete NAME"
+                    " | forget"
+                )
+            if action == "list":
+                return {"text": self.folder.describe()}
+            if name.startswith(ImageFolder.HIBERNATED):
+                raise images.ImageError(
+                    "hibernated sessions belong to their own notebooks; they cannot be saved,"
+                    " restored or deleted from a cell"
+                )
+            if action == "delete":
+                self.folder.delete(name)
+                self._let_go(name)
+                return {"text": f"Deleted snapshot {name!r}."}
+            path = self.folder.path(name)
+            if action == "restore" and not path.exists():
+                raise images.ImageError(f"there is no snapshot named {name!r}")
+            cell.snapshot = (action, name)
+            return {}
+        except images.ImageError as exc:
+            return {"error": str(exc)}
+
+    def act(self, sandbox: Sandbox, action: str, name: str, execution_count: int) -> str:
+        """Save or restore between turns (on the guest thread); returns what to tell the user."""
+        began = time.perf_counter()
+        if action in ("save", "fork"):
+            fork = action == "fork"
+            live: LiveMemory | None = None  # a fork's frozen memory, once written
+
+            def write(out: BinaryIO) -> None:
+                nonlocal live
+                live = self._write(sandbox, execution_count, out, fork=fork)
+
+            try:
+                path = self.folder.store(name, write)
+            except BaseException:
+                for fd in live.fds if live is not None else ():
+                    os.close(fd)
+                raise
+            self._let_go(name)
+            if live is not None:
+                self._keep(name, live.fds)
+                how = "sharing this session's memory: it lasts while this kernel runs"
+            else:
+                how = "a whole image" if fork else ""
+            size = path.stat().st_size
+            return (
+                f"Saved {'fork image' if fork else 'snapshot'} {name!r}"
+                f" ({size / (1 << 20):.1f} MiB, {time.perf_counter() - began:.2f} s"
+                f"{'; ' + how if how else ''})."
+            )
+        image = self.read(self.folder.path(name))
+        sandbox.restore_image(image)
+        return (
+            f"Restored snapshot {name!r} (taken {image.taken or 'at an unknown time'}) in"
+            f" {time.perf_counter() - began:.2f} s: the interpreter's state and the private"
+            f" {SCRATCH} were replaced in place; what later cells did is gone."
+        ) + "".join(f"\n{line}" for line in self.match_packages(image.host.packages))
+
+    def match_packages(self, pins: list[str]) -> list[str]:
+        """Give a resumed or restored guest the %pip packages its image names, from this
+        kernel's own package source; returns what the user should be told."""
+        if self.packages is None or not (pins or self.packages.pins()):
+            return []
+        deadline = time.monotonic() + IMAGE_PACKAGES_SECONDS  # no cell to interrupt it
+
+        def past_deadline(seconds: float) -> bool:
+            time.sleep(seconds)
+            return time.monotonic() > deadline
+
+        try:
+            return self.packages.match(pins, past_deadline)
+        except PackageError as exc:
+            return [str(exc)]
+        except Cancelled:
+            return [
+                f"installing the image's packages ({', '.join(pins)}) took longer than"
+                f" {IMAGE_PACKAGES_SECONDS} s and was stopped; %pip install them again"
+            ]
+
+    def _write(
+        self,
+        sandbox: Sandbox,
+        execution_count: int,
+        out: BinaryIO,
+        fork: bool = False,
+    ) -> LiveMemory | None:
+        """The session's image into ``out``; returns a fork's frozen memory (see
+        ``Sandbox.save_image``)."""
+        entries = self.history.range(0, 0, None)
+        host = images.HostState(
+            execution_count=execution_count,
+            history=[(line, source) for _, line, source in entries],
+            packages=self.packages.pins() if self.packages is not None else [],
+        )
+        return sandbox.save_image(out, host, [str(mount) for mount in self.granted], fork=fork)
+
+    def _keep(self, name: str, fds: list[int]) -> None:
+        """Keep a fork image's memory open while the image exists, LIVE_FORKS at most."""
+        self._live[name] = fds
+        while len(self._live) > LIVE_FORKS:
+            self._let_go(next(iter(self._live)))
+
+    def _let_go(self, name: str) -> None:
+        for fd in self._live.pop(name, ()):
+            os.close(fd)
+
+    def hibernate(self, sandbox: Sandbox, execution_count: int) -> None:
+        """At shutdown: this notebook's session, for the next kernel started for it."""
+        name = self.hibernation.at_shutdown()
+        if name is None:
+            return
+        try:
+            write = partial(self._write, sandbox, execution_count)
+            self.folder.store(name, write, admit=self.hibernation.make_room)
+        except images.ImageError as exc:
+            log.warning("could not hibernate this session: %s", exc)
+
+    def to_resume(self, resume_from: str, wait: float = 0.0) -> Path | None:
+        """``resume_from`` (a snapshot's name or a path), else this notebook's hibernated image.
+        A named image that does not exist yet is waited for up to ``wait`` seconds: a fork's,
+        which its parent kernel writes while this one starts (see ``Session.fork``)."""
+        if resume_from:
+            try:
+                named = self.folder.path(resume_from)
+            except images.ImageError:
+                named = None
+            given = Path(resume_from).expanduser()
+            if named is not None and image_folder.wait_for(named, 0 if given.exists() else wait):
+                return named
+            return given
+        name = self.hibernation.name
+        if name is not None and self.folder.path(name).exists():
+            return self.folder.path(name)
+        return None

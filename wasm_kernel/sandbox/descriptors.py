@@ -1,0 +1,237 @@
+"""The guest's file descriptors, guarded: what it may close, how many it may hold open, and
+what a rollback must put right.
+
+wasmtime keeps the guest's descriptor table on the host, outside guest memory, so neither a
+checkpoint nor a rollback covers it. Without a guard a cell could close the kernel's own
+plumbing for good (stdout, stderr, the runtime's read-only folders) or open files until the
+kernel process has no descriptors left for its sockets. ``GuestFiles`` shadows the few WASI
+calls that create, close or renumber descriptors, or that change the private /tmp:
+
+- stdio and the pre-opened folders cannot be closed (closing stdio reports success, as
+  closing a real fd 1 does under the native kernel, where output does not go through it);
+  nor can they be renumbered;
+- the guest may hold at most ``limit`` descriptors it opened; one more is ``EMFILE``
+  (``OSError: [Errno 33] Too many open files``), leaving the host room for its own;
+- descriptors opened by a cell that is then rolled back are closed: the restored guest has
+  never heard of them;
+- every call that may grow the private /tmp is reported through ``touched`` (the scratch
+  watch only measures the folder after one), and while /tmp has no room (it is over its size
+  limit) such calls fail with ``EDQUOT`` (``OSError: [Errno 19] Disk quota exceeded``);
+  every call that may shrink it (a file or folder removed, or renamed out) through
+  ``removed``, so that a cell's ``scratch_bytes`` is not the size before it.
+
+The shadows must reach wasmtime's own WASI functions, which read the *calling instance's*
+``memory`` export. A host function has no such instance, so the real calls go through a
+tiny adapter module (wasi_adapter.py) that imports the guest's memory, re-exports it, and
+forwards each call.
+"""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Callable
+
+import wasmtime
+
+from ..runtime.cache import exported
+from ..runtime.wasi_adapter import I64, SIGNATURES, WASI
+
+ERRNO_SUCCESS = 0
+ERRNO_BADF = 8
+ERRNO_DQUOT = 19
+ERRNO_MFILE = 33
+ERRNO_PERM = 63
+OFLAG_CREAT, OFLAG_TRUNC = 1, 8
+RIGHT_FD_WRITE = 1 << 6
+FIRST_PREOPEN = 3
+MAX_GUEST_FILES = 512  # descriptors a guest may hold open (at most half the process's limit)
+
+
+def _valtype(name: str) -> wasmtime.ValType:
+    return wasmtime.ValType.i64() if name == I64 else wasmtime.ValType.i32()
+
+
+def default_limit() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_GUEST_FILES
+    return max(16, min(MAX_GUEST_FILES, soft // 2))
+
+
+class GuestFiles:
+    """Descriptor bookkeeping for one guest interpreter (see the module docstring).
+
+    ``preopens`` counts the folders pre-opened through WASI, in order; ``scratch_index`` is the
+    position of the private /tmp among them.
+    """
+
+    def __init__(
+        self,
+        preopens: int,
+        scratch_index: int,
+        touched: Callable[[], None],
+        room: Callable[[], bool],
+        limit: int | None = None,
+        removed: Callable[[], None] | None = None,
+    ):
+        self.protected = FIRST_PREOPEN + preopens  # descriptors below this are the kernel's
+        self.scratch = FIRST_PREOPEN + scratch_index
+        self.limit = default_limit() if limit is None else limit
+        self._touched = touched
+        self._room = room  # whether /tmp may grow now
+        self._removed = removed or (lambda: None)  # /tmp may have shrunk
+        self._real: dict[str, wasmtime.Func] = {}
+        self._memory: wasmtime.Memory | None = None
+        self.open: dict[int, tuple[bool, bool]] = {}  # fd -> (in the scratch folder, writable)
+        self._kept: set[int] = set()  # what was open at the last checkpoint
+
+    # -- wiring ---------------------------------------------------------------------------------
+
+    def shadow(self, linker: wasmtime.Linker) -> None:
+        """Define the guarded functions; call after ``define_wasi`` with shadowing allowed."""
+        for name, params in SIGNATURES.items():
+            func_type = wasmtime.FuncType([_valtype(p) for p in params], [wasmtime.ValType.i32()])
+            linker.define_func(WASI, name, func_type, getattr(self, f"_{name}"), access_caller=True)
+
+    def bind(
+        self,
+        engine: wasmtime.Engine,
+        adapter: wasmtime.Module,
+        store: wasmtime.Store,
+        memory: wasmtime.Memory,
+    ) -> None:
+        """Connect to the real WASI functions through ``adapter`` (see wasi_adapter.py)."""
+        linker = wasmtime.Linker(engine)
+        linker.define_wasi()
+        linker.define(store, "guest", "memory", memory)
+        exports = linker.instantiate(store, adapter).exports(store)
+        self._real = {}
+        for name in SIGNATURES:
+            self._real[name] = exported(exports, name, wasmtime.Func)
+        self._memory = memory
+
+    # -- checkpoints and rollback --------------------------------------------------------------
+
+    def checkpoint(self) -> None:
+        self._kept = set(self.open)
+
+    def close_newer(self, store: wasmtime.Store) -> None:
+        """After a rollback: close what the rolled-back cell opened (the guest forgot it)."""
+        for fd in [fd for fd in self.open if fd not in self._kept]:
+            self._real["fd_close"](store, fd)
+            del self.open[fd]
+
+    def writing_to_scratch(self) -> bool:
+        """Whether a file in the private /tmp is open for writing (it may grow any time)."""
+        return any(scratch and writable for scratch, writable in self.open.values())
+
+    def _in_scratch(self, fd: int) -> bool:
+        return fd == self.scratch or self.open.get(fd, (False, False))[0]
+
+    # -- the shadowed WASI functions --------------------------------------------------------------
+
+    def _fd_close(self, caller: wasmtime.Caller, fd: int) -> int:
+        if 0 <= fd < self.protected:
+            return ERRNO_SUCCESS if fd < FIRST_PREOPEN else ERRNO_PERM
+        errno = self._real["fd_close"](caller, fd)
+        if errno == ERRNO_SUCCESS:
+            self.open.pop(fd, None)
+        return errno
+
+    def _fd_renumber(self, caller: wasmtime.Caller, fd: int, to: int) -> int:
+        if 0 <= fd < self.protected or 0 <= to < self.protected:
+            return ERRNO_PERM
+        if fd not in self.open:
+            return ERRNO_BADF
+        errno = self._real["fd_renumber"](caller, fd, to)
+        if errno == ERRNO_SUCCESS:
+            self.open[to] = self.open.pop(fd)
+        return errno
+
+    def _path_open(
+        self,
+        caller: wasmtime.Caller,
+        fd: int,
+        dirflags: int,
+        path: int,
+        path_len: int,
+        oflags: int,
+        rights: int,
+        inheriting: int,
+        fdflags: int,
+        opened: int,
+    ) -> int:
+        if len(self.open) >= self.limit:
+            return ERRNO_MFILE
+        writable = bool(rights & RIGHT_FD_WRITE) or bool(oflags & (OFLAG_CREAT | OFLAG_TRUNC))
+        if writable and not self._may_grow(fd):
+            return ERRNO_DQUOT
+        errno = self._real["path_open"](
+            caller, fd, dirflags, path, path_len, oflags, rights, inheriting, fdflags, opened
+        )
+        if errno == ERRNO_SUCCESS:
+            at = opened & 0xFFFFFFFF  # wasm i32 values arrive signed
+            assert self._memory is not None  # bound before the guest runs
+            new_fd = int.from_bytes(self._memory.read(caller, at, at + 4), "little")
+            self.open[new_fd] = (self._in_scratch(fd), writable)
+        return errno
+
+    def _path_create_directory(
+        self, caller: wasmtime.Caller, fd: int, path: int, path_len: int
+    ) -> int:
+        if not self._may_grow(fd):
+            return ERRNO_DQUOT
+        return self._real["path_create_directory"](caller, fd, path, path_len)
+
+    def _path_rename(
+        self,
+        caller: wasmtime.Caller,
+        fd: int,
+        old: int,
+        old_len: int,
+        new_fd: int,
+        new: int,
+        new_len: int,
+    ) -> int:
+        if not (self._may_grow(new_fd) or self._in_scratch(fd)):  # within /tmp: no growth
+            return ERRNO_DQUOT
+        if self._in_scratch(fd):
+            self._removed()
+        return self._real["path_rename"](caller, fd, old, old_len, new_fd, new, new_len)
+
+    def _path_link(
+        self,
+        caller: wasmtime.Caller,
+        fd: int,
+        flags: int,
+        old: int,
+        old_len: int,
+        new_fd: int,
+        new: int,
+        new_len: int,
+    ) -> int:
+        if not self._may_grow(new_fd):
+            return ERRNO_DQUOT
+        return self._real["path_link"](caller, fd, flags, old, old_len, new_fd, new, new_len)
+
+    def _path_unlink_file(self, caller: wasmtime.Caller, fd: int, path: int, path_len: int) -> int:
+        if self._in_scratch(fd):
+            self._removed()
+        return self._real["path_unlink_file"](caller, fd, path, path_len)
+
+    def _path_remove_directory(
+        self, caller: wasmtime.Caller, fd: int, path: int, path_len: int
+    ) -> int:
+        if self._in_scratch(fd):
+            self._removed()
+        return self._real["path_remove_directory"](caller, fd, path, path_len)
+
+    def _may_grow(self, fd: int) -> bool:
+        """For a call that adds to folder ``fd``: report it if that is in /tmp, and refuse it
+        there while /tmp is full."""
+        if not self._in_scratch(fd):
+            return True
+        if not self._room():
+            return False
+        self._touched()
+        return True

@@ -1,0 +1,454 @@
+"""One sandboxed CPython interpreter's life: start, turns, limits, recovery, images.
+
+The sandbox owns everything that touches wasmtime after compilation, each part an object of
+its own: the instance (``interpreter``), the host functions the guest imports
+(``host_functions``), fuel, deadlines and interrupts (``interrupts.Metering``), the private
+/tmp and its size limit (``scratch``), checkpoints (``checkpoints``) and images
+(``image_transfer``), the state kept between turns (``sandbox_state``). It knows nothing
+about Jupyter: a ``Receiver`` supplied per turn gets the guest's output and messages.
+
+When a turn traps (fuel, deadline, hard interrupt, memory, stack, anything), the interpreter
+cannot take further turns as it is: the sandbox writes back the checkpoint taken after the
+last cell, or with rollback off starts a fresh interpreter, and raises ``CellStopped`` with
+what became of the user's state (``stops`` words why).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+
+import wasmtime
+
+from ..files import kernel_folders
+from ..files.mounts import SCRATCH, Mount
+from ..files.notebook_writes import GUEST_LAYER
+from ..files.scratch import ScratchWatch, Usage, usage
+from ..guest.modules import _wasm_kernel_contract as declared
+from ..images import images
+from ..images.image_writer import staged
+from ..runtime import guest_packages
+from ..runtime.cache import CompiledRuntime
+from .contract import guest_call
+from .descriptors import GuestFiles
+from .guest_code import install_source
+from .host_functions import MAX_MESSAGE, Discard, GuestClock, HostCall, Receiver, SymlinkRefusal
+from .interpreter import Interpreter, has_sources, wasi_config
+from .interrupts import Interrupts, Metering
+from .limits import Limits
+from .metrics import CellMeter, CellMetrics
+from .output import OutputPump
+from .sandbox_state import SandboxState
+from .stops import (
+    SCRATCH_FULL,
+    SHUTDOWN,
+    TIME,
+    CellStopped,
+    explain_status,
+    explain_trap,
+    output_notice,
+    scratch_text,
+    time_limit_interrupted,
+)
+
+log = logging.getLogger(__name__)
+
+REPAIR_FUEL = 2_000_000_000  # budget of the kernel's own short turns (after a rollback ...)
+REPAIR_SECONDS = 2.0
+ROLLED_BACK = (
+    "The interpreter was rolled back to its state before this cell: names, imports and"
+    " objects from earlier cells are intact."
+)
+ROLLED_BACK_REINSTALLED = (
+    "The interpreter was rolled back to its state before this cell and the kernel's code"
+    " inside it reinstalled: your names are intact."
+)
+REINSTALLED = (
+    "The kernel's code inside the interpreter was reinstalled: names, imports and objects"
+    " from earlier cells are kept, with this cell's changes."
+)
+FRESH_AGAIN = (
+    "The interpreter was rolled back to its fresh state: no earlier cell had finished, so"
+    " nothing was lost."
+)
+RESTARTED = (
+    "The interpreter was restarted: variables, imports and objects from earlier cells are gone."
+)
+UNDONE = (ROLLED_BACK, ROLLED_BACK_REINSTALLED, FRESH_AGAIN)  # the state is as before the cell
+
+
+class Sandbox(SandboxState):
+    """One guest interpreter. With a restorable runtime, a trap rolls it back to the state
+    checkpointed after the last cell; otherwise it is replaced by a fresh one."""
+
+    def __init__(
+        self,
+        compiled: CompiledRuntime,
+        limits: Limits,
+        rollback: bool = True,
+        mounts: Sequence[Mount] = (),
+        cwd: str = SCRATCH,
+        layered: Sequence[str] = (),
+        import_paths: Sequence[str] = (),
+        image: images.Image | None = None,
+        checkpoint_mode: str = "auto",
+        plain_tracebacks: bool = False,
+        network: bool = False,
+    ):
+        self.compiled = compiled
+        self.network = network  # the guest's HTTP goes through the kernel (see network.py)
+        self.checkpoint_mode = checkpoint_mode
+        # raises if not installed; whether they are as built is checked beside the start
+        self.packages, self._packages_checked = guest_packages.site_mount(compiled)
+        self.plain_tracebacks = plain_tracebacks
+        self.limits = limits
+        self.mounts = tuple(mounts)
+        self.import_paths = tuple(import_paths)  # guest folders appended to sys.path at boot
+        self.cwd = cwd
+        self.layered = tuple(layered)  # read-only mounts whose writes go to a private layer
+        self.rollback = rollback and compiled.runtime.restorable
+        self._metering = Metering(compiled.engine, compiled.interrupt_cells, limits.interrupt_grace)
+        self.interrupts: Interrupts = self._metering.interrupts
+        self._output = OutputPump()
+        self._memory_at_start = 0
+        self._host_call = HostCall(
+            self._output,
+            self.interrupts,
+            self._metering.paused,
+            lambda caller: self._hit_memory_limit(caller, self._memory_at_start),
+        )
+        self._clock = GuestClock(self.interrupts)
+        self._turn_lock = threading.Lock()
+        kernel_folders.sweep_beside()  # folders of killed kernels hold their guests' files
+        self._tmp = kernel_folders.create()
+        self._scratch = ScratchWatch(
+            self._tmp,
+            limits.scratch_limit,
+            partial(self.interrupts.request_stop, SCRATCH_FULL),
+            touches=True,  # GuestFiles reports every call that may grow /tmp
+            writing=lambda: self._interpreter.files.writing_to_scratch(),  # noqa: PLW0108
+        )
+        self._changed = False  # turns ran since the last checkpoint
+        self._closing = False
+        self.last_cell: CellMetrics | None = None  # what the last cell that ran cost
+        # a boot image (memory mapped from the cache) also serves restarts: no second boot
+        self._boot_image = image if image is not None and image.memory_file is not None else None
+        try:
+            self._interpreter = self._start(image)
+        except BaseException:
+            self._release()  # no interpreter: remove the private /tmp, stop the helper threads
+            raise
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    def _start(self, image: images.Image | None = None) -> Interpreter:
+        """A new interpreter, booted, or resumed from ``image``."""
+        sources = has_sources(self.compiled.runtime)
+        wasi = wasi_config(
+            self.compiled,
+            self._tmp,
+            self.packages,
+            self.mounts,
+            self.cwd,
+            self._guest_output,
+            sources,
+        )
+        # the runtime's two folders, /tmp, the guest's packages, the libraries' sources where
+        # installed, the mounts (see wasi_config)
+        files = GuestFiles(
+            preopens=4 + sources + len(self.mounts),
+            scratch_index=2,
+            touched=self._scratch.touched,
+            room=self._scratch.has_room,
+            removed=self._scratch.removed,
+        )
+        host_functions = (self._host_call, self._clock, SymlinkRefusal())
+        interpreter = Interpreter(
+            self.compiled, wasi, self.limits.memory_limit, files, host_functions
+        )
+        self._host_call.bind(interpreter.guest_memory, interpreter.alloc)
+        self._clock.memory = interpreter.guest_memory
+        try:
+            self._packages_checked.result()  # before the guest runs, and reads them
+            if image is not None:
+                self._resume(interpreter, image)
+                self._changed = True  # a checkpoint now keeps the resumed state
+                # a boot image (no cell ever ran in it) is as fresh as a boot
+                interpreter.fresh = image.host.execution_count == 0
+            else:
+                interpreter.initialize()
+                if interpreter.call_turn(self._install_source()) != 0:
+                    raise RuntimeError("the guest's kernel module failed to load")
+            layer = guest_call(declared.LAYER_WRITES, list(self.layered), GUEST_LAYER)
+            if self._repair_turn(interpreter, layer, "the guest could not set its layer") != 0:
+                raise RuntimeError("the guest could not set up writes beside the notebook")
+            if self.network:
+                allow = guest_call(declared.ALLOW_NETWORK)
+                if self._repair_turn(interpreter, allow, "the network adapter trapped") != 0:
+                    raise RuntimeError("the guest's network adapter failed to load")
+        except BaseException:
+            interpreter.close()
+            raise
+        if self.rollback:
+            interpreter.keep_checkpoints(self.checkpoint_mode)
+        return interpreter
+
+    @property
+    def scratch_folder(self) -> Path:
+        """The host folder that is the guest's /tmp (for %sandbox's list of written files)."""
+        return self._tmp
+
+    def _guest_output(self, name: str, data: bytes) -> int:
+        try:
+            self._output.write(name, data)
+        except Exception:  # a raising callback would abort the process inside wasmtime
+            log.exception("dropping guest %s output", name)
+        return len(data)
+
+    def _install_source(self) -> str:
+        return install_source(self.packages.guest, list(self.import_paths), self.plain_tracebacks)
+
+    def restart(self) -> None:
+        """Replace the interpreter with a fresh one (same private /tmp)."""
+        self._interpreter.close()
+        if self._boot_image is not None:
+            try:
+                self._interpreter = self._start(self._boot_image)
+                return
+            except images.ImageError as exc:
+                log.warning("restarting without the boot image: %s", exc)
+        self._interpreter = self._start()
+
+    def stop_running_turn(self) -> None:
+        """At shutdown: end the running turn, if any, at once (rolled back like any stopped
+        cell), so that what follows it need not wait."""
+        self.interrupts.request_stop(SHUTDOWN)
+
+    def close(self) -> None:
+        """Stop any running turn, then free the interpreter and its private /tmp."""
+        self._closing = True
+        self.interrupts.request_stop(SHUTDOWN)
+        with self._turn_lock:
+            self._interpreter.close()
+            self._release()
+
+    def _release(self) -> None:
+        self._output.close()
+        self._metering.close()
+        self._scratch.close()
+        kernel_folders.remove(self._tmp)
+
+    def interrupt(self) -> None:
+        """Jupyter interrupt: KeyboardInterrupt in the cell, or a hard stop after the grace time."""
+        self._metering.interrupt()
+
+    def _hit_memory_limit(
+        self, store: wasmtime.Store | wasmtime.Caller, memory_at_start: int
+    ) -> bool:
+        """Did the turn fail to get memory? Exact with rollback (sbrk records failures),
+        otherwise judged by growth to near the limit."""
+        interpreter = self._interpreter
+        if interpreter.state is not None:
+            return interpreter.state.growth_failed(store)
+        size = interpreter.memory.data_len(store)
+        return size > memory_at_start and size + (64 << 20) >= self.limits.memory_limit
+
+    # -- turns ----------------------------------------------------------------------------------
+
+    def run_cell(
+        self,
+        source: str,
+        execution_count: int,
+        receiver: Receiver,
+        store_history: bool = True,
+        silent: bool = False,
+    ) -> CellMetrics:
+        """Run a notebook cell; output and messages go to ``receiver``; returns what it cost.
+        Raises CellStopped (with what it cost)."""
+        call = guest_call(
+            declared.RUN_CELL, source, int(execution_count), bool(store_history), bool(silent)
+        )
+        measured = self._turn(call, receiver, self.limits, cell=True)
+        assert measured is not None
+        return measured
+
+    def comm_received(self, message: str, receiver: Receiver) -> None:
+        """A front end's comm message (JSON text), run as a cell is. Raises CellStopped."""
+        self._turn(guest_call(declared.COMM_RECEIVED, message), receiver, self.limits, cell=True)
+
+    def request(self, service: str, *args: object) -> dict:
+        """Run a guest service (completion, inspection...) and return its answer; what it
+        prints or displays is not shown."""
+        self._host_call.reply = None
+        call = guest_call(declared.SERVE, service, *args)
+        self._turn(call, Discard(), self.limits.for_service(MAX_MESSAGE))
+        return self._host_call.reply or {}
+
+    def _turn(
+        self, source: str, receiver: Receiver, limits: Limits, cell: bool = False
+    ) -> CellMetrics | None:
+        """One guest turn (a cell or a request: every one can write to /tmp, so every one is
+        measured), and the recovery from a trap; a cell's costs (see ``metrics``)."""
+        with self._turn_lock:
+            interpreter = self._interpreter
+            store = interpreter.store
+            self._host_call.begin(receiver, limits)
+            self._changed = True
+            self._metering.watch_signals(interpreter.memory, store)
+            memory_at_start = self._memory_at_start = interpreter.size
+            if interpreter.state is not None:
+                interpreter.state.growth_failed(store, reset=True)
+            with self._metering.turn(store, limits.fuel, limits.time_limit) as turn:
+                self._scratch.begin(turn)
+                if self._scratch.over_limit:  # no growth until files are deleted, not even
+                    self._scratch.stop_writers()  # through files kept open from earlier cells
+                notice = output_notice(limits.output_limit)
+                self._output.begin(receiver.stream, limits.output_limit, notice)
+                meter = CellMeter(limits.fuel, self._checkpoint_held(interpreter)) if cell else None
+                try:
+                    stopped = self._outcome(interpreter, source, limits, memory_at_start)
+                finally:
+                    if meter is not None:
+                        meter.stop(store.get_fuel(), interpreter.heap_end)
+                    grown = self._scratch.end()
+                    self._output.end()
+                    self._host_call.end()
+            stopped = stopped or self._kept_stop(grown, limits)
+            if cell and (stopped is None or stopped.recovered):
+                interpreter.fresh = False  # this cell's changes stand
+            rolled_back = False
+            if stopped is not None and not (self._closing or stopped.recovered):
+                recovery = self._recover(stopped.fresh)
+                stopped.evalue += " " + recovery
+                rolled_back = recovery in UNDONE
+            if meter is not None:
+                self.last_cell = meter.metrics(self._scratch.size(), rolled_back)
+            if stopped is not None:
+                stopped.metrics = self.last_cell if cell else None
+                raise stopped
+            return self.last_cell if cell else None
+
+    def _outcome(
+        self, interpreter: Interpreter, source: str, limits: Limits, memory_at_start: int
+    ) -> CellStopped | None:
+        """Run the turn's source; how it stopped, if it did not finish."""
+        store = interpreter.store
+        try:
+            status = interpreter.call_turn(source)
+        except wasmtime.ExitTrap as exit_trap:
+            return CellStopped(
+                "GuestExited", f"the interpreter exited with status {exit_trap.code}."
+            )
+        except wasmtime.Trap as trap:
+            return explain_trap(
+                trap,
+                limits,
+                self.interrupts.stop_reason,
+                self.interrupts.soft_reason,
+                lambda: self._scratch.stopped or usage(self._tmp),
+                lambda: self._hit_memory_limit(store, memory_at_start),
+            )
+        memory_hit = status != 0 and self._hit_memory_limit(store, memory_at_start)
+        return explain_status(status, limits, memory_hit)
+
+    def _kept_stop(self, grown: Usage | None, limits: Limits) -> CellStopped | None:
+        """A turn that finished but went past a limit first: its changes are kept."""
+        if grown is not None:  # it finished before a check of /tmp caught it
+            return CellStopped("ScratchLimitExceeded", scratch_text(grown, limits), recovered=True)
+        if self.interrupts.soft_reason == TIME and not self._host_call.time_limit_reported:
+            # it caught the time limit's interrupt and finished: what it did is kept
+            return CellStopped("TimeLimitExceeded", time_limit_interrupted(limits), recovered=True)
+        return None
+
+    # -- recovery -------------------------------------------------------------------------------
+
+    def _recover(self, fresh: bool) -> str:
+        """Make the interpreter usable after a failed turn; returns what became of the user's
+        state, for the error. Roll back to the checkpoint where there is one; if even the
+        checkpoint cannot run the kernel's code, reinstall that code; else start afresh."""
+        interpreter = self._interpreter
+        state = interpreter.state
+        if fresh:
+            pass  # only a new interpreter will do
+        elif state is not None and state.taken:
+            state.restore(interpreter.store)
+            if self._after_rollback(interpreter):
+                return ROLLED_BACK
+            state.restore(interpreter.store)
+            if self._reinstall(interpreter):
+                return ROLLED_BACK_REINSTALLED
+        elif not interpreter.fresh and self._reinstall(interpreter):  # rollback off: an
+            return REINSTALLED  # interpreter that did not trap takes its code again
+        was_fresh = interpreter.fresh
+        self.restart()
+        return FRESH_AGAIN if was_fresh else RESTARTED
+
+    def _repair_turn(
+        self,
+        interpreter: Interpreter,
+        source: str,
+        failure: str | None = None,
+        before: Callable[[], None] | None = None,
+    ) -> int | None:
+        """One of the kernel's own short turns (after ``before``, host work that runs guest
+        code too), bounded like a cell and not interruptible by the user; a trap raises an
+        ImageError saying ``failure``, or (None) returns None."""
+        self._metering.watch_signals(interpreter.memory, interpreter.store)
+        with self._metering.turn(
+            interpreter.store, REPAIR_FUEL, REPAIR_SECONDS, interruptible=False
+        ):
+            try:
+                if before is not None:
+                    before()
+                return interpreter.call_turn(source)
+            except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:  # any trap, or an exit
+                if failure is not None:
+                    raise images.ImageError(f"{failure}: {exc}") from None
+                return None
+
+    def _after_rollback(self, interpreter: Interpreter) -> bool:
+        """Close the descriptors the rolled-back cell opened, and let the restored guest close
+        file objects whose descriptor that cell closed (the host's descriptor table is not
+        part of the checkpoint). False if the kernel's guest code cannot run even there; if
+        this trapped, the checkpoint is restored again and the file check skipped."""
+        status = self._repair_turn(
+            interpreter,
+            guest_call(declared.CLOSE_STALE_FILES),
+            before=lambda: interpreter.files.close_newer(interpreter.store),
+        )
+        if status is None:
+            assert interpreter.state is not None
+            interpreter.state.restore(interpreter.store)
+            return True  # the checkpoint stands; only the file check was skipped
+        self._changed = True  # the next checkpoint keeps the files closed
+        return status == 0
+
+    def _reinstall(self, interpreter: Interpreter) -> bool:
+        """Load the kernel's guest code again (names in __main__ stay); True if it worked."""
+        if self._repair_turn(interpreter, self._install_source()) != 0:
+            return False
+        if interpreter.state is not None:
+            self._take_checkpoint(interpreter)
+        return True
+
+
+def build_boot_image(compiled: CompiledRuntime, limits: Limits, path: Path) -> int:
+    """Boot a guest and save it as the image kernels start from; returns its size in bytes.
+
+    The image holds nothing of any session: no mounts, an empty /tmp, no history."""
+    sandbox = Sandbox(compiled, limits, rollback=False)
+    memory_file = images.boot_memory_path(path)
+    try:
+        sandbox._host_call.making_boot_image = True
+        sandbox.request(declared.WARM_UP)
+        # shared by every user of the cache, as the compiled module is; renamed after the
+        # memory file: a kernel that finds the image finds both
+        with staged(path, 0o644) as out:
+            sandbox.save_image(out, images.HostState(), [], memory_file=memory_file)
+            size = out.tell()
+    finally:
+        sandbox.close()
+    return size + memory_file.stat().st_blocks * 512

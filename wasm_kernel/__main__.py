@@ -151,7 +151,9 @@ def chosen_profiles(args: argparse.Namespace) -> list[Profile]:
 def install(args: argparse.Namespace) -> None:
     """Register one kernelspec per chosen profile (each fixes its profile in its argv)."""
     from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_core.paths import jupyter_path
+    from jupyter_core.paths import jupyter_config_dir, jupyter_path
+
+    from .server.server_config import write_server_config
 
     profiles = chosen_profiles(args)
     single = len(profiles) == 1
@@ -180,6 +182,10 @@ def install(args: argparse.Namespace) -> None:
             f"Installed kernelspec {name} ({spec['display_name']!r}, profile {profile.name})"
             f" in {path}"
         )
+    config = write_server_config(
+        Path(prefix) / "etc" / "jupyter" if prefix is not None else Path(jupyter_config_dir())
+    )
+    print(f"Jupyter Server: renamed notebooks keep their hibernated sessions ({config})")
     searched = {str(Path(folder).resolve()) for folder in jupyter_path("kernels")}
     if str(Path(path).parent.resolve()) not in searched:
         share = Path(path).parent.parent.resolve()

@@ -60,6 +60,9 @@ MIN_HIBERNATION_DAYS = 0.01  # about a quarter of an hour: shorter is a unit sli
 MAX_HIBERNATION_DAYS = 3650.0
 MAX_RESUME_WAIT = 600.0  # seconds: longer than any image takes to write, so a unit slip
 SESSION_ENV = "JPY_SESSION_NAME"  # the notebook's path, set by Jupyter Server
+# the notebook's file ID, which a rename keeps, set by our session manager in Jupyter Server
+# (server/notebook_sessions.py); where it is set, hibernation follows it instead of the path
+NOTEBOOK_ID_ENV = "WASM_KERNEL_NOTEBOOK_ID"
 # config sections the settings are read from (the second, as the class they are declared on)
 SECTIONS = ("WasmKernel", "KernelSettings")
 

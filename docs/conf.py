@@ -19,7 +19,7 @@ from wasm_kernel import __version__  # noqa: E402
 
 project = "wasm-kernel"
 author = "the wasm-kernel developers"
-copyright = "the wasm-kernel developers, Apache License 2.0"  # noqa: A001
+copyright = "the wasm-kernel developers, Apache License 2.0"
 release = version = __version__
 
 extensions = ["myst_parser", "wasm_kernel_docs"]

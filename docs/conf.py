@@ -44,4 +44,4 @@ html_theme_options = {
     "footer_start": ["copyright"],
     "footer_end": [],
 }
-html_sidebars = {"**": ["sidebar-nav-bs"]}
+html_sidebars = {"**": []}  # the header and the page's own contents suffice

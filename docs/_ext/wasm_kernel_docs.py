@@ -34,7 +34,7 @@ PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")  # ASCII punctuation: CommonMark 
 
 def plain(text: str) -> str:
     """``text`` as Markdown that shows it literally."""
-    return PUNCTUATION.sub(r"\\\1", " ".join(text.split()))
+    return PUNCTUATION.sub(r"\\\1", re.sub(r"\s+", " ", text))
 
 
 def code(text: str) -> str:
@@ -46,7 +46,9 @@ def code(text: str) -> str:
 def docstring_markdown(text: str) -> str:
     """A docstring paragraph in Markdown: its ``literals`` as code, everything else literal."""
     parts = " ".join(text.split()).split("``")
-    return "".join(code(part) if odd else plain(part) for odd, part in enumerate(parts) if part)
+    return "".join(
+        code(part) if index % 2 else plain(part) for index, part in enumerate(parts) if part
+    )
 
 
 # -- settings ---------------------------------------------------------------------------------
@@ -181,9 +183,17 @@ def splice(app: Sphinx, docname: str, source: list[str]) -> None:
     source[0] = MARKER.sub(generated, source[0])
 
 
+def generated_pages(app: Sphinx, env: Any, added: set, changed: set, removed: set) -> list[str]:
+    """Pages with generated parts are read again at every build: the code may have changed."""
+    return [
+        name for name in env.found_docs if MARKER.search(Path(env.doc2path(name)).read_text())
+    ]
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     # defaults as a reader's account has them, not as the builder's environment sets them
     for variable in [v for v in os.environ if v.startswith(("WASM_KERNEL_", "XDG_"))]:
         del os.environ[variable]
     app.connect("source-read", splice)
+    app.connect("env-get-outdated", generated_pages)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -185,9 +185,7 @@ def splice(app: Sphinx, docname: str, source: list[str]) -> None:
 
 def generated_pages(app: Sphinx, env: Any, added: set, changed: set, removed: set) -> list[str]:
     """Pages with generated parts are read again at every build: the code may have changed."""
-    return [
-        name for name in env.found_docs if MARKER.search(Path(env.doc2path(name)).read_text())
-    ]
+    return [name for name in env.found_docs if MARKER.search(Path(env.doc2path(name)).read_text())]
 
 
 def setup(app: Sphinx) -> dict[str, Any]:

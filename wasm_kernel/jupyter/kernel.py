@@ -81,6 +81,23 @@ def _log_to_process_stderr() -> None:
         package.propagate = False
 
 
+def _tenant_folders(settings: Any) -> tuple[str | None, str, Path]:
+    """The tenant a gateway names (or None), and the history file and snapshot folder that
+    are this user's, or this tenant's own (see files.tenancy). Where a tenant's folder cannot
+    be trusted, the setting is refused: no cell runs rather than sharing."""
+    tenant = tenancy.tenant()
+    snapshot_dir = Path(settings.snapshot_dir).expanduser()
+    try:
+        return (
+            tenant,
+            tenancy.keyed_file(settings.history_file, tenant),
+            tenancy.keyed(snapshot_dir, tenant),
+        )
+    except OSError as exc:
+        settings.refuse_setting("snapshot_dir", str(snapshot_dir), "the tenant's folder", str(exc))
+        return tenant, ":memory:", snapshot_dir / tenancy.TENANTS / "refused"
+
+
 class WasmKernel(
     KernelSettings,
     KernelInfo,
@@ -124,7 +141,7 @@ class WasmKernel(
         self._settings_error = InvalidSettings(self.refused) if self.refused else None
         self.runtime = runtime
         self.limits = Limits.of(self)
-        tenant, history_file, snapshot_dir = self._tenant_folders()
+        tenant, history_file, snapshot_dir = _tenant_folders(self)
         self.history = History(history_file)
         self.grants = Grants(
             self, runtime, configured, valid=self._settings_error is None, tenant=tenant
@@ -168,22 +185,6 @@ class WasmKernel(
         problems = [p for p in (self._settings_error, self.grants.mount_error) if p is not None]
         self._boot: Future[Sandbox] = self._worker.submit(self._start.run, problems)
         self._worker.submit(self._start.checkpoint_resumed, self._boot)
-
-    def _tenant_folders(self) -> tuple[str | None, str, Path]:
-        """The tenant a gateway names (or None), and the history file and snapshot folder
-        that are this user's, or this tenant's own (see files.tenancy). Where a tenant's
-        folder cannot be trusted, the setting is refused: no cell runs rather than sharing."""
-        tenant = tenancy.tenant()
-        snapshot_dir = Path(self.snapshot_dir).expanduser()
-        try:
-            return (
-                tenant,
-                tenancy.keyed_file(self.history_file, tenant),
-                tenancy.keyed(snapshot_dir, tenant),
-            )
-        except OSError as exc:
-            self.refuse_setting("snapshot_dir", str(snapshot_dir), "the tenant's folder", str(exc))
-            return tenant, ":memory:", snapshot_dir / tenancy.TENANTS / "refused"
 
     def start(self) -> None:
         """A served kernel tells its launcher that clients may connect once its "starting"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ok
+from wheelmaker import make_wheel
 
 from wasm_kernel.files import tenancy
 from wasm_kernel.runtime.cache import default_cache_dir
@@ -81,3 +82,21 @@ def test_the_process_own_user_keeps_its_folders(tmp_path: Path, start_kernel) ->
     assert (data / "snapshots" / "mine.wkimg").is_file()
     assert (data / "history.sqlite").is_file()
     assert not list(tmp_path.rglob(tenancy.TENANTS))
+
+
+def test_each_tenant_has_its_own_package_quota(tmp_path: Path, start_kernel) -> None:
+    """packages_user_quota counts one tenant's kernels together, and no other tenant's."""
+    house = tmp_path / "house"
+    house.mkdir()
+    make_wheel(house, "wkt-big", files={"wkt_big.bin": os.urandom(3 << 19)})  # 1.5 MiB
+    settings = [f"--WasmKernel.packages={house}", f"--WasmKernel.packages_user_quota={2 << 20}"]
+    alice = start_kernel(settings, env=data_env(tmp_path, "alice"), cwd=tmp_path)
+    ok(alice.execute("%pip install wkt-big"))  # 1.5 MiB of alice's 2 MiB
+    bob = start_kernel(settings, env=data_env(tmp_path, "bob"), cwd=tmp_path)
+    ok(bob.execute("%pip install wkt-big"))  # bob's own 2 MiB
+    again = start_kernel(settings, env=data_env(tmp_path, "alice"), cwd=tmp_path)
+    refused = again.execute("%pip install wkt-big")
+    assert refused.content["status"] == "error"
+    assert f"per-user quota of {2 << 20:,} bytes" in refused.content["evalue"]
+    held = tmp_path / "cache" / "wasm-kernel" / tenancy.TENANTS
+    assert len(list(held.glob("*/packages/wasm-kernel-packages-*"))) == 3  # theirs, apart

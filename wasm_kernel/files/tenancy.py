@@ -34,6 +34,10 @@ TENANTS = "tenants"
 READABLE_CHARS = 40  # of the tenant's name in its folder's name; the hash tells them apart
 
 
+class ForeignFolder(OSError):
+    """Where a tenant's folder goes there is a link, or a folder of another user's."""
+
+
 def under_gateway(environ: Mapping[str, str] | None = None) -> bool:
     environ = os.environ if environ is None else environ
     return any(environ.get(name) for name in GATEWAY_ENV)
@@ -63,7 +67,7 @@ def folder_name(name: str) -> str:
 def keyed(folder: Path, name: str | None) -> Path:
     """``folder`` itself for the process's own user; else the tenant's own folder below it,
     made (0700, as is ``tenants``) when possible. A link or someone else's folder there is
-    never used: OSError."""
+    never used: ForeignFolder."""
     if name is None:
         return folder
     place = folder / TENANTS / folder_name(name)
@@ -76,7 +80,7 @@ def keyed(folder: Path, name: str | None) -> Path:
             return place
         status = path.lstat()
         if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.geteuid():
-            raise OSError(f"{path} is not a folder of this user's; remove it")
+            raise ForeignFolder(f"{path} is not a folder of this user's; remove it")
         if status.st_mode & 0o077:
             path.chmod(0o700)
     return place

@@ -100,11 +100,19 @@ class Grants:
         if settings.packages != OFF:
             source = Source(None if settings.packages == INDEX else Path(settings.packages))
         cache = Path(platformdirs.user_cache_dir("wasm-kernel"))
+        own = cache / tenancy.TENANTS / "refused"
+        running = None  # a tenant's kernels' package folders: theirs, counted apart
         try:  # per user, and per tenant behind a gateway
-            wheels = tenancy.keyed(cache, self.tenant) / "wheels"
-        except OSError as exc:  # refused (no cell runs) rather than shared
+            own = tenancy.keyed(cache, self.tenant)
+            if self.tenant is not None:
+                running = own / "packages"
+                running.mkdir(mode=0o700, exist_ok=True)
+        except tenancy.ForeignFolder as exc:  # refused (no cell runs) rather than shared
             settings.refuse_setting("packages", settings.packages, "the tenant's folder", str(exc))
-            wheels = cache / tenancy.TENANTS / "refused"
+            running = None
+        except OSError as exc:  # a read-only cache: no quota of the tenant's to count in
+            log.warning("%%pip is off: the tenant's package folder cannot be made (%s)", exc)
+            source, running = None, None
         runtime = self.runtime
         return Packages(
             source,
@@ -112,8 +120,9 @@ class Grants:
             settings.packages_user_quota,
             runtime.stdlib.path,
             runtime.stdlib_guest_path,
-            WheelCache(wheels),
+            WheelCache(own / "wheels"),
             runtime.python_version,
+            running,
         )
 
     def pip(self, message: dict, interrupts: Interrupts) -> dict:

@@ -93,7 +93,7 @@ def _tenant_folders(settings: Any) -> tuple[str | None, str, Path]:
             tenancy.keyed_file(settings.history_file, tenant),
             tenancy.keyed(snapshot_dir, tenant),
         )
-    except OSError as exc:
+    except tenancy.ForeignFolder as exc:
         settings.refuse_setting("snapshot_dir", str(snapshot_dir), "the tenant's folder", str(exc))
         return tenant, ":memory:", snapshot_dir / tenancy.TENANTS / "refused"
 

@@ -127,6 +127,12 @@ def parser() -> argparse.ArgumentParser:
         " --env WASM_KERNEL_FUEL 1e11",
     )
     cmd.add_argument(
+        "--gateway",
+        action="store_true",
+        help="write kernelspecs that Jupyter Enterprise Gateway 3.x runs as they are, on its"
+        " own host (its LocalProcessProxy); see docs/deployment.md",
+    )
+    cmd.add_argument(
         "--no-precompile",
         action="store_true",
         help="skip downloading and compiling the runtime (run precompile before a kernel)",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 
+from ..files import tenancy
 from ..images.image_folder import Entry, ImageFolder
 from ..images.images import ImageError
 from ..settings.kernel_settings import NOTEBOOK_ID_ENV, SESSION_ENV
@@ -50,6 +51,17 @@ def notebook_key() -> str:
         return "file-id:" + file_id
     path = os.environ.get(SESSION_ENV, "")
     return path if len(path) <= MAX_KEY else ""
+
+
+def no_session_reason() -> str:
+    """Why no notebook names this kernel's session, as the user can act on it."""
+    if not tenancy.under_gateway():
+        return f"Jupyter Server names one in {SESSION_ENV}"
+    return (
+        f"behind a gateway, {SESSION_ENV} reaches the kernel only when the Jupyter server"
+        f" forwards it (--GatewayClient.allowed_envs={SESSION_ENV}) and the gateway lets it"
+        f" through (EG_CLIENT_ENVS={SESSION_ENV})"
+    )
 
 
 def _mib(size: int) -> str:
@@ -136,7 +148,7 @@ class Hibernation:
         if not self.enabled:
             return "off"
         if not self.session:
-            return f"off (no notebook: Jupyter Server names one in {SESSION_ENV})"
+            return f"off (no notebook: {no_session_reason()})"
         if self.forgotten:
             return "off for this kernel (%snapshot forget)"
         bounds = [f"kept {self.days:g} days" if self.days else "kept until reopened"]

@@ -63,10 +63,11 @@ def user_lock(folder: Path, cancelled: Callable[[float], bool]) -> Iterator[None
 
 
 def others_held(own: Path) -> int:
-    """Disk bytes in the package folders of this user's other running kernels (allocated
-    blocks, at least an entry's worth per file and folder)."""
+    """Disk bytes in the package folders of this user's (or tenant's) other running kernels,
+    which are beside ``own`` (allocated blocks, at least an entry's worth per file and
+    folder)."""
     held = 0
-    for root in kernel_folders.running(kernel_folders.PACKAGES_PREFIX):
+    for root in kernel_folders.running(kernel_folders.PACKAGES_PREFIX, str(own.parent)):
         if root == own:
             continue
         taken = scratch.usage(root)

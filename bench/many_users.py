@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-from memory_use import process_kib
+from memory_use import process_kib, unmapped_checkpoint_kib
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # real-user helpers
-from local_users import LocalUser, local_users
+from local_users import LocalUser, end_processes, local_users
 
 WASM, NATIVE = "wasm-python", "python3"
 SERVER_MODULE = "wasm_kernel.server.kernel_server"
@@ -134,8 +134,9 @@ def wait_ready(holder: Holder) -> None:
 
 def release(holder: Holder) -> None:
     assert holder.process.stdin is not None
-    holder.process.stdin.write("\n")
-    holder.process.stdin.close()
+    with contextlib.suppress(OSError):  # a holder that already ended
+        holder.process.stdin.write("\n")
+        holder.process.stdin.close()
     try:
         holder.process.wait(timeout=120)
     except subprocess.TimeoutExpired:
@@ -164,9 +165,9 @@ def memory_of(holder: Holder, runtimes: set[str]) -> dict[str, dict[str, int]]:
         try:
             kib = process_kib(process.pid)
             kib["Private"] = private_kib(process.pid)
-        except OSError:
+            runtimes.update(mapped_runtimes(process.pid))
+        except OSError:  # ended meanwhile
             continue
-        runtimes.update(mapped_runtimes(process.pid))
         bucket = totals.setdefault(kind, {"count": 0, "Pss": 0, "Private": 0, "Rss": 0})
         bucket["count"] += 1
         for key in ("Pss", "Private", "Rss"):
@@ -182,27 +183,12 @@ def mapped_runtimes(pid: int) -> set[str]:
 
 def private_kib(pid: int) -> int:
     """Pages only this process maps (its USS), plus the wasm checkpoint's unmapped pages."""
-    from memory_use import unmapped_checkpoint_kib
-
     private = 0
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
         key, _, value = line.partition(":")
         if key in ("Private_Clean", "Private_Dirty"):
             private += int(value.split()[0])
     return private + unmapped_checkpoint_kib(pid)
-
-
-def end_processes(user: LocalUser) -> None:
-    """What outlives the holder (the kernel server waits out its idle time) ended, so that
-    the next measure starts from nothing of this user's."""
-    for _ in range(50):
-        left = [p for p in psutil.process_iter(["uids"]) if p.info["uids"].real == user.uid]
-        if not left:
-            return
-        for process in left:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-        time.sleep(0.1)
 
 
 def measure(
@@ -226,7 +212,7 @@ def measure(
     finally:
         for holder in holders:
             release(holder)
-            end_processes(holder.user)
+            end_processes(holder.user)  # the kernel server, before the next measure
     kernels = len(users) * per_user
     everything = {key: sum(b[key] for b in kinds.values()) for key in ("Pss", "Private", "Rss")}
     return {

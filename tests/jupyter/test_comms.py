@@ -18,7 +18,7 @@ import psutil
 import pytest
 from conftest import CellRun, Kernel, ok
 
-from wasm_kernel.jupyter import comms
+from wasm_kernel.guest.modules._wasm_kernel_contract import COMM_RECEIVED_LIMIT
 
 pytestmark = pytest.mark.slow  # kernels, and a native one beside each
 
@@ -304,11 +304,31 @@ def test_a_flood_of_comm_messages_from_the_guest_ends_in_a_clear_error(limited):
 
 
 def test_a_huge_buffer_from_the_client_is_refused(limited):
-    huge = b"\0" * (comms.MESSAGE_LIMIT + 1)
+    huge = b"\0" * (COMM_RECEIVED_LIMIT + 1)
     message = {"comm_id": "w" * 32, "data": {"do": "count"}}
     run = collect(limited, send(limited, "comm_msg", message, [huge]))
     assert [e["ename"] for e in errors(run)] == ["CommRefused"]
     assert comm_messages(work(limited, "count"), "comm_msg")
+
+
+@pytest.mark.parametrize(
+    "split",
+    [
+        pytest.param((17 << 20, 0), id="a 17 MiB string in the JSON"),
+        pytest.param((COMM_RECEIVED_LIMIT // 2, COMM_RECEIVED_LIMIT // 2 + 1), id="JSON + buffer"),
+    ],
+)
+def test_a_comm_message_over_the_bound_is_refused_before_the_guest(limited, split):
+    """The bound is on the whole message (JSON text and buffers together), as the README says:
+    the handler never sees it, and the front end's error names the bound."""
+    text, binary = split
+    before = comm_messages(work(limited, "count"), "comm_msg")[0]["data"]["n"]
+    message = {"comm_id": "w" * 32, "data": {"do": "count", "padding": "x" * text}}
+    run = collect(limited, send(limited, "comm_msg", message, [b"\0" * binary] if binary else []))
+    [error] = errors(run)
+    assert error["ename"] == "CommRefused"
+    assert f"{COMM_RECEIVED_LIMIT:,} bytes" in error["evalue"]
+    assert comm_messages(work(limited, "count"), "comm_msg")[0]["data"]["n"] == before + 1
 
 
 @pytest.mark.parametrize(

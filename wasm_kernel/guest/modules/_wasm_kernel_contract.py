@@ -289,6 +289,9 @@ CLOSE_STALE_FILES = EntryPoint("close_stale_files")
 INSTALL_MODULES = EntryPoint("install_modules", "sources")
 # a comm_open, comm_msg or comm_close from the front end, as JSON text, buffers in base64
 COMM_RECEIVED = EntryPoint("comm_received", "message")
+# bytes of one comm message from the front end, its content and metadata as JSON text and its
+# buffers together; the kernel refuses a larger one before it reaches the guest (CommRefused)
+COMM_RECEIVED_LIMIT = 16 << 20
 BOOT = EntryPoint("boot", "packages", "import_paths", "plain_tracebacks")
 ALLOW_NETWORK = EntryPoint("allow_network")  # the guest's HTTP libraries use HTTP messages
 # after a boot or a resume: the read-only folders whose writes go to a private layer, and

@@ -448,6 +448,45 @@ def test_widget_state_passes_the_policy(start_kernel):
     assert comm_messages(ok(allowed.execute(custom)), "comm_open")
 
 
+ESM = "export default { render() { document.body.dataset.pwned = 1 } }"
+
+
+def test_an_update_may_not_switch_a_widget_to_front_end_code_the_policy_refuses(start_kernel):
+    """Under block, what is refused at a widget's comm_open is refused in its updates too: a
+    module outside jupyterlab_widgets' (traitlets set as ipywidgets does, or a raw update
+    crafted here) or anywidget's front-end code (``_esm``) on a standard widget. Nothing of it
+    leaves the kernel; the widget's ordinary updates still go out. Under allow it goes out.
+    (No front end here could run anywidget's code, so the messages are what is checked.)"""
+    blocked = start_kernel()
+    allowed = start_kernel(["--WasmKernel.active_output=allow"])
+    setup = "import ipywidgets as w\ns = w.IntSlider()"
+    switches = {
+        "traitlets": "s._view_module = 'anywidget'",
+        "update": (
+            "s.comm.send({'method': 'update', 'buffer_paths': [], 'state': {"
+            f"'_model_module': 'anywidget', '_view_module': 'anywidget', '_esm': {ESM!r}}}}})"
+        ),
+        "esm only": (
+            "s.comm.send({'method': 'update', 'buffer_paths': [], 'state': "
+            f"{{'_esm': {ESM!r}}}}})"
+        ),
+    }
+    ok(blocked.execute(setup))
+    ok(allowed.execute(setup))
+    for how, code in switches.items():
+        run = blocked.execute(code)
+        assert run.content["status"] == "error", how
+        assert run.content["ename"] == "CommNotSent", how
+        sent = [c["data"].get("state", {}) for c in comm_messages(run, "comm_msg")]
+        assert not any("_esm" in state or "anywidget" in state.values() for state in sent), (
+            how,
+            sent,
+        )
+        assert comm_messages(ok(allowed.execute(code)), "comm_msg"), how
+    moved = comm_messages(ok(blocked.execute("s.value = 7")), "comm_msg")
+    assert [c["data"]["state"] for c in moved] == [{"value": 7}]
+
+
 # -- hibernation -------------------------------------------------------------------------------
 
 

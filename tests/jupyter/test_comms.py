@@ -467,8 +467,7 @@ def test_an_update_may_not_switch_a_widget_to_front_end_code_the_policy_refuses(
             f"'_model_module': 'anywidget', '_view_module': 'anywidget', '_esm': {ESM!r}}}}})"
         ),
         "esm only": (
-            "s.comm.send({'method': 'update', 'buffer_paths': [], 'state': "
-            f"{{'_esm': {ESM!r}}}}})"
+            f"s.comm.send({{'method': 'update', 'buffer_paths': [], 'state': {{'_esm': {ESM!r}}}}})"
         ),
     }
     ok(blocked.execute(setup))

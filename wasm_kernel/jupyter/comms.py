@@ -42,7 +42,6 @@ from .iopub import GuestPublisher
 LIMIT = declared.COMM_RECEIVED_LIMIT  # bytes of one comm message from the front end
 QUEUED = 5.0  # seconds a comm message may wait behind others before it is dropped
 TELL_EVERY = 10.0  # seconds between notices that comm messages are dropped
-COMM_ID_LIMIT = 256
 OVER_BUDGET = (
     "the comm message was not sent: this cell's (or comm handler's) output went past its"
     " output limit (WasmKernel.output_limit)"
@@ -99,8 +98,9 @@ def checked(parent: dict) -> tuple[str, str]:
     if not isinstance(content, dict):
         return "", "the comm message's content is not an object"
     comm_id = content.get("comm_id")
-    if not isinstance(comm_id, str) or not 0 < len(comm_id) <= COMM_ID_LIMIT:
-        return "", f"the comm message needs a comm_id of at most {COMM_ID_LIMIT} characters"
+    limit = declared.COMM_ID_LIMIT
+    if not isinstance(comm_id, str) or not 0 < len(comm_id) <= limit:
+        return "", f"the comm message needs a comm_id of at most {limit} characters"
     msg_type = header.get("msg_type")
     if msg_type == "comm_open" and not isinstance(content.get("target_name"), str):
         return "", "comm_open needs a target_name"

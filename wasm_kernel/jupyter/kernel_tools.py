@@ -36,6 +36,7 @@ from ..agents.tools import (
     failure,
     reply_of,
 )
+from ..guest.modules import _wasm_kernel_contract as declared
 from ..guest.modules._wasm_kernel_tools import MAX_DEPTH, decode, too_deep
 from .execute_request import Request
 
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from ..sandbox.interrupts import Interrupts
 
 POLL = 0.02  # seconds between checks for an interrupt while a tool runs
-RESULT_LIMIT = 16 << 20  # bytes of JSON a tool's result may take, in the guest's memory
+RESULT_LIMIT = declared.TOOL_RESULT_LIMIT  # bytes of JSON of a tool's result
 INTERRUPTED = {"interrupted": True}
 log = logging.getLogger(__name__)
 

@@ -228,6 +228,7 @@ TOOL = Message(  # a call of one of them, its arguments by parameter name (see s
     reply=(Field("value", JSON), Field("error", OBJECT), Field("interrupted", FLAG)),
     limit=64 << 20,  # the call with its arguments, as JSON (bytes as base64)
 )
+TOOL_RESULT_LIMIT = 16 << 20  # bytes of a tool's value as JSON, in the reply to a TOOL message
 HTTP = Message(  # a request the host makes for the cell, if WasmKernel.network_allow lets it
     "http",
     Field("method", TEXT, limit=32),
@@ -248,6 +249,7 @@ HTTP = Message(  # a request the host makes for the cell, if WasmKernel.network_
 # comms (see the guest's _wasm_kernel_comms): what a comm in the guest sends the front end
 COMM_MESSAGE_TYPES = ("comm_open", "comm_msg", "comm_close")
 COMM_BUFFERS = 64  # binary buffers one comm message may carry
+COMM_ID_LIMIT = 256  # characters of a comm_id, both ways
 COMM = Message(  # comm_open, comm_msg or comm_close on IOPub; the reply's error: not sent
     "comm",
     Field("msg_type", CHOICE, choices=COMM_MESSAGE_TYPES),
@@ -256,8 +258,8 @@ COMM = Message(  # comm_open, comm_msg or comm_close on IOPub; the reply's error
     Field("buffers", BUFFERS, limit=COMM_BUFFERS, default=[]),
     rules=(
         (
-            "a comm message needs a comm_id of at most 256 characters",
-            lambda message: len(message["content"].get("comm_id") or "") in range(1, 257),
+            f"a comm message needs a comm_id of at most {COMM_ID_LIMIT} characters",
+            lambda message: 0 < len(message["content"].get("comm_id") or "") <= COMM_ID_LIMIT,
         ),
     ),
     reply=(Field("error", TEXT),),

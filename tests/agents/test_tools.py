@@ -166,6 +166,24 @@ def test_an_argument_over_the_bound_of_a_call_says_so(served: Session) -> None:
 
 
 @pytest.mark.slow
+def test_the_host_refuses_a_call_over_the_bound_that_the_guest_did_not_check(
+    served: Session,
+) -> None:
+    """A cell that skips sandbox_tools and writes its own tool message to the host: the host
+    reads none over its bound, and answers with the bound named, not silence."""
+    limit = TOOL.limit
+    sent = served.run(
+        "import _host, json\n"
+        "message = json.dumps({'op': 'tool', 'name': 'checksum',"
+        f" 'arguments': {{'data': 'x' * {limit}}}}}).encode()\n"
+        "json.loads(_host.call(message))"
+    )
+    assert sent.error is None, sent.error
+    assert f"over the bound of {limit:,} bytes on one tool message" in sent.text, sent.text
+    assert "ValueError" in sent.text
+
+
+@pytest.mark.slow
 def test_a_reply_nested_deeper_than_the_bound_says_so(start_kernel) -> None:
     """A client's tool_reply 100,000 lists deep (its JSON written here: json.dumps would not
     write it) fails the call with the bound named, and the kernel goes on."""

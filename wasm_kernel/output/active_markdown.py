@@ -66,12 +66,18 @@ _NOT_IN_URLS = frozenset(map(chr, range(0x21))) | {"\\", "\x7f"}
 MAX_ROUNDS = 8
 # Where marked reads a link's URL: after "](" (an inline link or image) or "]:" (a reference
 # definition), past spaces and one line break (and a blockquote's markers), or an autolink.
-_URL_START = re.compile(
-    r"\](\(|:)[ \t]*(?:(?:\r\n|\r|\n)(?:[ \t]*>)*[ \t]*)?|(<)(?=[A-Za-z][A-Za-z0-9+.\-]{1,31}:)"
+_BEFORE_URL = r"\](\(|:)[ \t]*(?:(?:\r\n|\r|\n)(?:[ \t]*>)*[ \t]*)?"
+_AUTOLINK_START = r"(<)(?=[A-Za-z][A-Za-z0-9+.\-]{1,31}:)"
+_URL_START = re.compile(f"{_BEFORE_URL}|{_AUTOLINK_START}")
+# What any URL the rule could refuse matches (one not a web or relative URL): most Markdown
+# has none, and is left as it is after a search for each (each starts with a literal: fast)
+_MAY_BE_REFUSED = (
+    re.compile(_BEFORE_URL + r"(?!<?https?://)(?:<[^\n>]*?|[^\x00-\x20]*?)[:&]"),
+    re.compile(_AUTOLINK_START),
 )
 _BRACKETED_URL = re.compile(r"<((?:\\.|[^\n<>\\])*)>")
 _AUTOLINK = re.compile(r"<([^\x00-\x20<>]*)>")
-_BRACKET = re.compile(r"(\\.)|(!?\[)|(\])", re.DOTALL)
+_BRACKET = re.compile(r"[\\\[\]]")
 _ESCAPE = re.compile(r"\\([!-/:-@\[-`{-~])")
 
 
@@ -213,6 +219,8 @@ def _start_tag(text: str, tag: re.Match[str], removed: list[str]) -> tuple[str |
 def _remove_refused_urls(text: str, removed: list[str]) -> str:
     """``text`` less every link URL that text/html's rule for ``href`` and ``src`` refuses
     (an autolink's becomes text)."""
+    if not any(pattern.search(text) for pattern in _MAY_BE_REFUSED):
+        return text
     out: list[str] = []
     done = 0
     image_ends: set[int] | None = None  # found when first needed
@@ -231,13 +239,17 @@ def _remove_refused_urls(text: str, removed: list[str]) -> str:
             raw = url.group(1)
             if raw.startswith(("https://", "http://")) or not (":" in raw or "&" in raw):
                 continue  # a web or relative URL, whichever the tag (no entity hides a colon)
+            tag, attribute = "a", "href"
             end, replacement = url.end(), "<>" if bracketed else ""
-            if start.group(1) == "(" and image_ends is None:
-                image_ends = _image_ends(text)
-            image = start.group(1) == "(" and start.start() in (image_ends or ())
-            tag, attribute = ("img", "src") if image else ("a", "href")
         destination = html.unescape(_ESCAPE.sub(r"\1", url.group(1)))
         problem = attribute_problem(tag, attribute, destination)
+        if start.group(1) == "(":  # an inline link, or an image: judged as an img's src too
+            as_image = attribute_problem("img", "src", destination)
+            if as_image != problem:  # which it is decides, or names what is removed
+                if image_ends is None:
+                    image_ends = _image_ends(text)
+                if start.start() in image_ends:
+                    problem = as_image
         if problem is None:
             continue
         removed.append(problem)
@@ -263,11 +275,18 @@ def _image_ends(text: str) -> set[int]:
     escaped ones left out): one pass over the text."""
     ends: set[int] = set()
     opened: list[bool] = []  # for each '[' still open: whether it opens an image
+    escaped = -1  # the last character a backslash escapes
     for bracket in _BRACKET.finditer(text):
-        if bracket.group(2):
-            opened.append(bracket.group(2) == "![")
-        elif bracket.group(3) and opened and opened.pop():
-            ends.add(bracket.start())
+        at = bracket.start()
+        if at == escaped:
+            continue
+        char = text[at]
+        if char == "\\":
+            escaped = at + 1
+        elif char == "[":
+            opened.append(at > 0 and text[at - 1] == "!" and escaped != at - 1)
+        elif opened and opened.pop():
+            ends.add(at)
     return ends
 
 

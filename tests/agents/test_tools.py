@@ -21,7 +21,7 @@ from nbclient import NotebookClient
 
 from wasm_kernel.agents.tools import ToolDeclarationError, python_tool
 from wasm_kernel.client import AsyncSession, Session, SessionError
-from wasm_kernel.guest.modules._wasm_kernel_contract import TOOL
+from wasm_kernel.guest.modules._wasm_kernel_contract import TOOL, TOOL_RESULT_LIMIT
 from wasm_kernel.guest.modules._wasm_kernel_tools import MAX_DEPTH, decode, encode
 
 TESTS = str(Path(__file__).resolve().parents[1])
@@ -163,6 +163,15 @@ def test_an_argument_over_the_bound_of_a_call_says_so(served: Session) -> None:
     assert f"bound of {limit:,} bytes" in refused.stdout
     assert "output limit" not in refused.stderr  # it was refused, not left out as output
     assert served.run("sandbox_tools.checksum(b'ab')['size']").text == "2"
+
+
+@pytest.mark.slow
+def test_a_result_over_its_bound_says_so(served: Session) -> None:
+    """13 MiB of bytes come back as more than 16 MiB of base64: the error names the bound."""
+    refused = served.run("import sandbox_tools\nsandbox_tools.checksum(bytes(13 << 20))")
+    assert refused.error is not None and refused.error.name == "ValueError", refused.error
+    assert "the tool's result is too big" in refused.error.value
+    assert f"over the bound of {TOOL_RESULT_LIMIT:,} bytes" in refused.error.value
 
 
 @pytest.mark.slow

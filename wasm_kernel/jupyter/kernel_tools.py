@@ -241,7 +241,8 @@ def _bounded(reply: dict[str, Any]) -> dict[str, Any]:
         if size > RESULT_LIMIT:
             return failure(
                 ValueError(
-                    f"the tool's result ({size:,} bytes) is over the limit of {RESULT_LIMIT:,}"
+                    f"the tool's result is too big: {size:,} bytes as JSON, over the bound of"
+                    f" {RESULT_LIMIT:,} bytes ({RESULT_LIMIT >> 20} MiB) on a tool's result"
                 )
             )
     return reply

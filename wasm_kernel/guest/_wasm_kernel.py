@@ -52,8 +52,19 @@ def call_host(message, **fields):
     return _send(message, fields)
 
 
+class MessageTooLarge(ValueError):
+    """A message over the bound its declaration sets (``limit``), so never sent; output
+    (droppable) is not refused here: the host leaves it out with a notice."""
+
+
 def _send(message, fields):
-    reply = _host.call(json.dumps({"op": message.op, **fields}).encode())
+    data = json.dumps({"op": message.op, **fields})  # ASCII: one byte a character
+    if len(data) > message.limit and not message.droppable:
+        raise MessageTooLarge(
+            f"{len(data):,} bytes as sent to the host, over the bound of {message.limit:,}"
+            f" bytes ({message.limit >> 20} MiB) on one {message.op} message"
+        )
+    reply = _host.call(data.encode())
     return json.loads(reply) if reply else {}
 
 

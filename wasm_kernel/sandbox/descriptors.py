@@ -14,6 +14,8 @@ calls that create, close or renumber descriptors, or that change the private /tm
   (``OSError: [Errno 33] Too many open files``), leaving the host room for its own;
 - descriptors opened by a cell that is then rolled back are closed: the restored guest has
   never heard of them;
+- every descriptor's guest path and open flags are kept, so that an image can carry them
+  and a resumed guest finds its files open again at the same numbers (``held_files``);
 - every call that may grow the private /tmp is reported through ``touched`` (the scratch
   watch only measures the folder after one), and while /tmp has no room (it is over its size
   limit) such calls fail with ``EDQUOT`` (``OSError: [Errno 19] Disk quota exceeded``);
@@ -28,8 +30,10 @@ forwards each call.
 
 from __future__ import annotations
 
+import posixpath
 import resource
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import wasmtime
 
@@ -45,6 +49,21 @@ OFLAG_CREAT, OFLAG_TRUNC = 1, 8
 RIGHT_FD_WRITE = 1 << 6
 FIRST_PREOPEN = 3
 MAX_GUEST_FILES = 512  # descriptors a guest may hold open (at most half the process's limit)
+MAX_KEPT_PATH = 1024  # bytes of a path kept for an image (longer: the file cannot come back)
+
+
+@dataclass(frozen=True)
+class OpenFile:
+    """What the host knows of a descriptor the guest opened: enough to open it again."""
+
+    in_scratch: bool
+    writable: bool
+    path: str | None  # the guest path; None: opened where the host cannot name it
+    oflags: int
+    rights: int
+    inheriting: int
+    fdflags: int
+    lookup: int
 
 
 def _valtype(name: str) -> wasmtime.ValType:
@@ -61,20 +80,21 @@ def default_limit() -> int:
 class GuestFiles:
     """Descriptor bookkeeping for one guest interpreter (see the module docstring).
 
-    ``preopens`` counts the folders pre-opened through WASI, in order; ``scratch_index`` is the
-    position of the private /tmp among them.
+    ``folders`` are the guest paths of the folders pre-opened through WASI, in order;
+    ``scratch_index`` is the position of the private /tmp among them.
     """
 
     def __init__(
         self,
-        preopens: int,
+        folders: Sequence[str],
         scratch_index: int,
         touched: Callable[[], None],
         room: Callable[[], bool],
         limit: int | None = None,
         removed: Callable[[], None] | None = None,
     ):
-        self.protected = FIRST_PREOPEN + preopens  # descriptors below this are the kernel's
+        self.folders = list(folders)
+        self.protected = FIRST_PREOPEN + len(folders)  # descriptors below this are the kernel's
         self.scratch = FIRST_PREOPEN + scratch_index
         self.limit = default_limit() if limit is None else limit
         self._touched = touched
@@ -82,7 +102,7 @@ class GuestFiles:
         self._removed = removed or (lambda: None)  # /tmp may have shrunk
         self._real: dict[str, wasmtime.Func] = {}
         self._memory: wasmtime.Memory | None = None
-        self.open: dict[int, tuple[bool, bool]] = {}  # fd -> (in the scratch folder, writable)
+        self.open: dict[int, OpenFile] = {}
         self._kept: set[int] = set()  # what was open at the last checkpoint
 
     # -- wiring ---------------------------------------------------------------------------------
@@ -123,10 +143,32 @@ class GuestFiles:
 
     def writing_to_scratch(self) -> bool:
         """Whether a file in the private /tmp is open for writing (it may grow any time)."""
-        return any(scratch and writable for scratch, writable in self.open.values())
+        return any(held.in_scratch and held.writable for held in self.open.values())
 
     def _in_scratch(self, fd: int) -> bool:
-        return fd == self.scratch or self.open.get(fd, (False, False))[0]
+        held = self.open.get(fd)
+        return fd == self.scratch or (held is not None and held.in_scratch)
+
+    def folder_path(self, fd: int) -> str | None:
+        """The guest path of folder descriptor ``fd``, if the host knows it."""
+        if FIRST_PREOPEN <= fd < self.protected:
+            return self.folders[fd - FIRST_PREOPEN]
+        held = self.open.get(fd)
+        return held.path if held is not None else None
+
+    def real(self, name: str) -> wasmtime.Func:
+        """wasmtime's own WASI function ``name`` (one of those shadowed), for held_files."""
+        return self._real[name]
+
+    def _opened_path(self, caller: wasmtime.Caller, fd: int, path: int, length: int) -> str | None:
+        folder = self.folder_path(fd)
+        if folder is None or not 0 < length <= MAX_KEPT_PATH:
+            return None
+        assert self._memory is not None  # bound before the guest runs
+        at = path & 0xFFFFFFFF
+        name = bytes(self._memory.read(caller, at, at + length)).decode("utf-8", "surrogateescape")
+        joined = posixpath.normpath(posixpath.join(folder, name))
+        return joined if len(joined) <= MAX_KEPT_PATH and "\0" not in joined else None
 
     # -- the shadowed WASI functions --------------------------------------------------------------
 
@@ -173,7 +215,16 @@ class GuestFiles:
             at = opened & 0xFFFFFFFF  # wasm i32 values arrive signed
             assert self._memory is not None  # bound before the guest runs
             new_fd = int.from_bytes(self._memory.read(caller, at, at + 4), "little")
-            self.open[new_fd] = (self._in_scratch(fd), writable)
+            self.open[new_fd] = OpenFile(
+                in_scratch=self._in_scratch(fd),
+                writable=writable,
+                path=self._opened_path(caller, fd, path, path_len),
+                oflags=oflags,
+                rights=rights,
+                inheriting=inheriting,
+                fdflags=fdflags,
+                lookup=dirflags,
+            )
         return errno
 
     def _path_create_directory(

@@ -37,7 +37,7 @@ from .contract import guest_call
 from .descriptors import GuestFiles
 from .guest_code import install_source
 from .host_functions import MAX_MESSAGE, Discard, GuestClock, HostCall, Receiver, SymlinkRefusal
-from .interpreter import Interpreter, has_sources, wasi_config
+from .interpreter import Interpreter, has_sources, preopened, wasi_config
 from .interrupts import Interrupts, Metering
 from .limits import Limits
 from .metrics import CellMeter, CellMetrics
@@ -125,19 +125,10 @@ class Sandbox(SandboxRecovery):
     def _start(self, image: images.Image | None = None) -> Interpreter:
         """A new interpreter, booted, or resumed from ``image``."""
         sources = has_sources(self.compiled.runtime)
-        wasi = wasi_config(
-            self.compiled,
-            self._tmp,
-            self.packages,
-            self.mounts,
-            self.cwd,
-            self._guest_output,
-            sources,
-        )
-        # the runtime's two folders, /tmp, the guest's packages, the libraries' sources where
-        # installed, the mounts (see wasi_config)
+        folders = preopened(self.compiled, self.packages, self.mounts, sources)
+        wasi = wasi_config(folders, self._tmp, self.cwd, self._guest_output)
         files = GuestFiles(
-            preopens=4 + sources + len(self.mounts),
+            folders=[guest for _, guest, _ in folders],
             scratch_index=2,
             touched=self._scratch.touched,
             room=self._scratch.has_room,

@@ -9,6 +9,7 @@ into one by the caller).
 from __future__ import annotations
 
 import json
+import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -242,7 +243,7 @@ def checked_held_files(entries: object) -> list[HeldFile]:
             isinstance(path, str) and path.startswith("/") and len(path) <= MAX_HELD_PATH,
             "bad open file's path",
         )
-        require("\0" not in path, "bad open file's path")
+        require("\0" not in path and posixpath.normpath(path) == path, "bad open file's path")
         require(offset is None or is_int(offset, 0, 1 << 62), "bad open file's offset")
         require(entry.get("oflags") in (0, OFLAG_DIRECTORY), "bad open file's flags")
         require(is_int(entry.get("rights"), 0, MAX_RIGHTS), "bad open file's rights")

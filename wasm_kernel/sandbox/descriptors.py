@@ -14,6 +14,8 @@ calls that create, close or renumber descriptors, or that change the private /tm
   (``OSError: [Errno 33] Too many open files``), leaving the host room for its own;
 - descriptors opened by a cell that is then rolled back are closed: the restored guest has
   never heard of them;
+- a file of /tmp removed while the guest holds it open is moved aside instead, and removed
+  when its last descriptor is closed (``unlinked_files``);
 - every descriptor's guest path and open flags are kept, so that an image can carry them
   and a resumed guest finds its files open again at the same numbers (``held_files``);
 - every call that may grow the private /tmp is reported through ``touched`` (the scratch
@@ -33,19 +35,21 @@ from __future__ import annotations
 import posixpath
 import resource
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import wasmtime
 
 from ..runtime.cache import exported
 from ..runtime.wasi_adapter import I64, SIGNATURES, WASI
+from .unlinked_files import UnlinkedFiles
 
 ERRNO_SUCCESS = 0
 ERRNO_BADF = 8
 ERRNO_DQUOT = 19
 ERRNO_MFILE = 33
 ERRNO_PERM = 63
-OFLAG_CREAT, OFLAG_TRUNC = 1, 8
+OFLAG_CREAT, OFLAG_DIRECTORY, OFLAG_TRUNC = 1, 2, 8
 RIGHT_FD_WRITE = 1 << 6
 FIRST_PREOPEN = 3
 MAX_GUEST_FILES = 512  # descriptors a guest may hold open (at most half the process's limit)
@@ -92,6 +96,7 @@ class GuestFiles:
         room: Callable[[], bool],
         limit: int | None = None,
         removed: Callable[[], None] | None = None,
+        scratch_folder: Path | None = None,
     ):
         self.folders = list(folders)
         self.protected = FIRST_PREOPEN + len(folders)  # descriptors below this are the kernel's
@@ -104,6 +109,7 @@ class GuestFiles:
         self._memory: wasmtime.Memory | None = None
         self.open: dict[int, OpenFile] = {}
         self._kept: set[int] = set()  # what was open at the last checkpoint
+        self._unlinked = UnlinkedFiles(scratch_folder) if scratch_folder is not None else None
 
     # -- wiring ---------------------------------------------------------------------------------
 
@@ -139,7 +145,15 @@ class GuestFiles:
         """After a rollback: close what the rolled-back cell opened (the guest forgot it)."""
         for fd in [fd for fd in self.open if fd not in self._kept]:
             self._real["fd_close"](store, fd)
-            del self.open[fd]
+            self._forget(fd)
+
+    def _forget(self, fd: int) -> None:
+        """``fd`` is closed: a held file goes with the last descriptor on it."""
+        held = self.open.pop(fd, None)
+        if held is None or held.path is None or self._unlinked is None:
+            return
+        if all(other.path != held.path for other in self.open.values()):
+            self._unlinked.release(held.path)
 
     def writing_to_scratch(self) -> bool:
         """Whether a file in the private /tmp is open for writing (it may grow any time)."""
@@ -177,7 +191,7 @@ class GuestFiles:
             return ERRNO_SUCCESS if fd < FIRST_PREOPEN else ERRNO_PERM
         errno = self._real["fd_close"](caller, fd)
         if errno == ERRNO_SUCCESS:
-            self.open.pop(fd, None)
+            self._forget(fd)
         return errno
 
     def _fd_renumber(self, caller: wasmtime.Caller, fd: int, to: int) -> int:
@@ -187,7 +201,9 @@ class GuestFiles:
             return ERRNO_BADF
         errno = self._real["fd_renumber"](caller, fd, to)
         if errno == ERRNO_SUCCESS:
-            self.open[to] = self.open.pop(fd)
+            moved = self.open.pop(fd)
+            self._forget(to)
+            self.open[to] = moved
         return errno
 
     def _path_open(
@@ -246,9 +262,24 @@ class GuestFiles:
     ) -> int:
         if not (self._may_grow(new_fd) or self._in_scratch(fd)):  # within /tmp: no growth
             return ERRNO_DQUOT
+        before = self._opened_path(caller, fd, old, old_len)
+        after = self._opened_path(caller, new_fd, new, new_len)
         if self._in_scratch(fd):
             self._removed()
-        return self._real["path_rename"](caller, fd, old, old_len, new_fd, new, new_len)
+            if self._in_scratch(new_fd) and before != after:
+                self._hold(after)  # a file held open that the rename replaces
+        errno = self._real["path_rename"](caller, fd, old, old_len, new_fd, new, new_len)
+        if errno == ERRNO_SUCCESS and before is not None:
+            self._renamed(before, after)
+        return errno
+
+    def _renamed(self, before: str, after: str | None) -> None:
+        """Files held open keep up with their names (None: a name the host cannot tell)."""
+        for number, held in list(self.open.items()):
+            path = held.path
+            if path is not None and (path == before or path.startswith(before + "/")):
+                moved = None if after is None else after + path[len(before) :]
+                self.open[number] = replace(held, path=moved)
 
     def _path_link(
         self,
@@ -268,7 +299,25 @@ class GuestFiles:
     def _path_unlink_file(self, caller: wasmtime.Caller, fd: int, path: int, path_len: int) -> int:
         if self._in_scratch(fd):
             self._removed()
+            if self._hold(self._opened_path(caller, fd, path, path_len)):
+                return ERRNO_SUCCESS
         return self._real["path_unlink_file"](caller, fd, path, path_len)
+
+    def _hold(self, target: str | None) -> bool:
+        """A /tmp file removed while open is moved aside (see unlinked_files)."""
+        holders = [
+            number
+            for number, held in self.open.items()
+            if held.path == target and not held.oflags & OFLAG_DIRECTORY
+        ]
+        if target is None or not holders or self._unlinked is None:
+            return False
+        moved = self._unlinked.hold(target)
+        if moved is None:
+            return False
+        for number in holders:
+            self.open[number] = replace(self.open[number], path=moved)
+        return True
 
     def _path_remove_directory(
         self, caller: wasmtime.Caller, fd: int, path: int, path_len: int

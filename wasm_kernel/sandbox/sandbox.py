@@ -133,6 +133,7 @@ class Sandbox(SandboxRecovery):
             touched=self._scratch.touched,
             room=self._scratch.has_room,
             removed=self._scratch.removed,
+            scratch_folder=self._tmp,
         )
         host_functions = (self._host_call, self._clock, SymlinkRefusal())
         interpreter = Interpreter(

@@ -14,6 +14,9 @@ calls that create, close or renumber descriptors, or that change the private /tm
   (``OSError: [Errno 33] Too many open files``), leaving the host room for its own;
 - descriptors opened by a cell that is then rolled back are closed: the restored guest has
   never heard of them;
+- an open or removal of a file in a layered folder (the notebook's, under
+  ``notebook_writes = "overlay"``) goes to the private layer in /tmp (``files/layer_opens``):
+  whatever code opens it, Python's or C's, the host folder is never written;
 - a file of /tmp removed while the guest holds it open is moved aside instead, and removed
   when its last descriptor is closed (``unlinked_files``);
 - every descriptor's guest path and open flags are kept, so that an image can carry them
@@ -40,6 +43,7 @@ from pathlib import Path
 
 import wasmtime
 
+from ..files.layer_opens import LayerOpens, LayerRefusal
 from ..runtime.cache import exported
 from ..runtime.wasi_adapter import I64, SIGNATURES, WASI
 from .unlinked_files import UnlinkedFiles
@@ -49,11 +53,13 @@ ERRNO_BADF = 8
 ERRNO_DQUOT = 19
 ERRNO_MFILE = 33
 ERRNO_PERM = 63
-OFLAG_CREAT, OFLAG_DIRECTORY, OFLAG_TRUNC = 1, 2, 8
+OFLAG_CREAT, OFLAG_DIRECTORY, OFLAG_EXCL, OFLAG_TRUNC = 1, 2, 4, 8
 RIGHT_FD_WRITE = 1 << 6
 FIRST_PREOPEN = 3
 MAX_GUEST_FILES = 512  # descriptors a guest may hold open (at most half the process's limit)
 MAX_KEPT_PATH = 1024  # bytes of a path kept for an image (longer: the file cannot come back)
+LAYER_ONLY = ("path_filestat_get",)  # shadowed only where a layer needs it (called very often)
+REDIRECT_ROOM = 4096  # guest stack bytes below its pointer that a redirected path may use
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,7 @@ class GuestFiles:
         limit: int | None = None,
         removed: Callable[[], None] | None = None,
         scratch_folder: Path | None = None,
+        layer: LayerOpens | None = None,
     ):
         self.folders = list(folders)
         self.protected = FIRST_PREOPEN + len(folders)  # descriptors below this are the kernel's
@@ -110,12 +117,16 @@ class GuestFiles:
         self.open: dict[int, OpenFile] = {}
         self._kept: set[int] = set()  # what was open at the last checkpoint
         self._unlinked = UnlinkedFiles(scratch_folder) if scratch_folder is not None else None
+        self._layer = layer
+        self._stack_pointer = ""  # the guest's stack pointer's export name, once bound
 
     # -- wiring ---------------------------------------------------------------------------------
 
     def shadow(self, linker: wasmtime.Linker) -> None:
         """Define the guarded functions; call after ``define_wasi`` with shadowing allowed."""
         for name, params in SIGNATURES.items():
+            if name in LAYER_ONLY and self._layer is None:
+                continue  # wasmtime's own, at no cost per call
             func_type = wasmtime.FuncType([_valtype(p) for p in params], [wasmtime.ValType.i32()])
             linker.define_func(WASI, name, func_type, getattr(self, f"_{name}"), access_caller=True)
 
@@ -125,8 +136,11 @@ class GuestFiles:
         adapter: wasmtime.Module,
         store: wasmtime.Store,
         memory: wasmtime.Memory,
+        stack_pointer: str = "",
     ) -> None:
-        """Connect to the real WASI functions through ``adapter`` (see wasi_adapter.py)."""
+        """Connect to the real WASI functions through ``adapter`` (see wasi_adapter.py);
+        ``stack_pointer`` names the guest's stack pointer's export (a redirected path is
+        written below it, in stack the call does not use)."""
         linker = wasmtime.Linker(engine)
         linker.define_wasi()
         linker.define(store, "guest", "memory", memory)
@@ -135,6 +149,9 @@ class GuestFiles:
         for name in SIGNATURES:
             self._real[name] = exported(exports, name, wasmtime.Func)
         self._memory = memory
+        self._stack_pointer = stack_pointer
+        if not stack_pointer:  # a runtime that cannot say where its stack is: no redirects
+            self._layer = None
 
     # -- checkpoints and rollback --------------------------------------------------------------
 
@@ -173,6 +190,25 @@ class GuestFiles:
     def real(self, name: str) -> wasmtime.Func:
         """wasmtime's own WASI function ``name`` (one of those shadowed), for held_files."""
         return self._real[name]
+
+    def _layered(self, fd: int) -> LayerOpens | None:
+        """The layer, if paths from folder ``fd`` may lead into a layered folder (WASI keeps
+        every path inside the folder it starts from)."""
+        folder = self.folder_path(fd)
+        layer = self._layer
+        if layer is None or folder is None or layer.folder_of(folder + "/") is None:
+            return None
+        return layer
+
+    def _redirected(self, caller: wasmtime.Caller, inner: str) -> tuple[int, int]:
+        """``inner`` (a path in /tmp) written below the caller's stack pointer, for the real
+        call: (pointer, length)."""
+        pointer = caller.get(self._stack_pointer)
+        assert isinstance(pointer, wasmtime.Global) and self._memory is not None
+        data = inner.encode("utf-8", "surrogateescape")
+        at = (pointer.value(caller) & 0xFFFFFFFF) - REDIRECT_ROOM
+        self._memory.write(caller, data, at)
+        return at, len(data)
 
     def _opened_path(self, caller: wasmtime.Caller, fd: int, path: int, length: int) -> str | None:
         folder = self.folder_path(fd)
@@ -222,6 +258,18 @@ class GuestFiles:
         if len(self.open) >= self.limit:
             return ERRNO_MFILE
         writable = bool(rights & RIGHT_FD_WRITE) or bool(oflags & (OFLAG_CREAT | OFLAG_TRUNC))
+        layer = None if oflags & OFLAG_DIRECTORY else self._layered(fd)
+        if layer is not None:
+            guest_path = self._opened_path(caller, fd, path, path_len)
+            exclusive = oflags & OFLAG_CREAT and oflags & OFLAG_EXCL
+            try:
+                upper = layer.open_target(
+                    guest_path or "", writable, bool(oflags & OFLAG_TRUNC), bool(exclusive)
+                )
+            except LayerRefusal as refusal:
+                return refusal.wasi_errno
+            if upper is not None:
+                fd, path, path_len = self.scratch, *self._redirected(caller, upper)
         if writable and not self._may_grow(fd):
             return ERRNO_DQUOT
         errno = self._real["path_open"](
@@ -246,6 +294,15 @@ class GuestFiles:
     def _path_create_directory(
         self, caller: wasmtime.Caller, fd: int, path: int, path_len: int
     ) -> int:
+        layer = self._layered(fd)
+        if layer is not None:
+            guest_path = self._opened_path(caller, fd, path, path_len) or ""
+            if layer.folder_of(guest_path) is not None:
+                try:
+                    upper = layer.folder_target(guest_path)
+                except LayerRefusal as refusal:
+                    return refusal.wasi_errno
+                fd, path, path_len = self.scratch, *self._redirected(caller, upper)
         if not self._may_grow(fd):
             return ERRNO_DQUOT
         return self._real["path_create_directory"](caller, fd, path, path_len)
@@ -297,6 +354,11 @@ class GuestFiles:
         return self._real["path_link"](caller, fd, flags, old, old_len, new_fd, new, new_len)
 
     def _path_unlink_file(self, caller: wasmtime.Caller, fd: int, path: int, path_len: int) -> int:
+        layer = self._layered(fd)
+        if layer is not None:
+            upper = layer.removal_target(self._opened_path(caller, fd, path, path_len) or "")
+            if upper is not None:
+                fd, path, path_len = self.scratch, *self._redirected(caller, upper)
         if self._in_scratch(fd):
             self._removed()
             if self._hold(self._opened_path(caller, fd, path, path_len)):
@@ -322,9 +384,27 @@ class GuestFiles:
     def _path_remove_directory(
         self, caller: wasmtime.Caller, fd: int, path: int, path_len: int
     ) -> int:
+        layer = self._layered(fd)
+        if layer is not None:
+            upper = layer.removal_target(self._opened_path(caller, fd, path, path_len) or "")
+            if upper is not None:
+                fd, path, path_len = self.scratch, *self._redirected(caller, upper)
         if self._in_scratch(fd):
             self._removed()
         return self._real["path_remove_directory"](caller, fd, path, path_len)
+
+    def _path_filestat_get(
+        self, caller: wasmtime.Caller, fd: int, flags: int, path: int, path_len: int, out: int
+    ) -> int:
+        layer = self._layered(fd)
+        if layer is not None:
+            try:
+                upper = layer.look_target(self._opened_path(caller, fd, path, path_len) or "")
+            except LayerRefusal as refusal:
+                return refusal.wasi_errno
+            if upper is not None:
+                fd, path, path_len = self.scratch, *self._redirected(caller, upper)
+        return self._real["path_filestat_get"](caller, fd, flags, path, path_len, out)
 
     def _may_grow(self, fd: int) -> bool:
         """For a call that adds to folder ``fd``: report it if that is in /tmp, and refuse it

@@ -110,14 +110,14 @@ class Interpreter:
         exports = linker.instantiate(store, compiled.module).exports(store)
         self.store = store
         self.memory = exported(exports, "memory", wasmtime.Memory)
-        files.bind(engine, compiled.adapter, store, self.memory)
+        self.named: dict[str, Any] = {
+            export.name: exports[export.name] for export in compiled.module.exports
+        }
+        files.bind(engine, compiled.adapter, store, self.memory, self._stack_pointer_name())
         self.files = files
         self.guest_memory = GuestMemory(self.memory)
         self.alloc = exported(exports, "host_alloc", wasmtime.Func)
         self._turn = exported(exports, "turn", wasmtime.Func)
-        self.named: dict[str, Any] = {
-            export.name: exports[export.name] for export in compiled.module.exports
-        }
         self.state: GuestState | None = None
         self.fresh = True
         self._closed = False
@@ -146,17 +146,22 @@ class Interpreter:
             if name.startswith(GLOBAL_EXPORT_PREFIX) or name == BRK_EXPORT
         }
 
-    def stack_pointer(self) -> int:
-        """Where the guest's stack is, between turns: below it, stack nobody uses now. The
-        runtime has one mutable global of its own, the stack pointer (wasm-ld's layout)."""
+    def _stack_pointer_name(self) -> str:
+        """The export of the guest's stack pointer: the runtime has one mutable global of its
+        own (wasm-ld's layout), exported by the rewrite; "" where it is not."""
         found = [
-            value
+            name
             for name, value in self.named.items()
             if name.startswith(GLOBAL_EXPORT_PREFIX) and isinstance(value, wasmtime.Global)
         ]
-        if len(found) != 1:
+        return found[0] if len(found) == 1 else ""
+
+    def stack_pointer(self) -> int:
+        """Where the guest's stack is, between turns: below it, stack nobody uses now."""
+        name = self._stack_pointer_name()
+        if not name:
             raise ValueError("this runtime's stack pointer cannot be told apart")
-        pointer = found[0].value(self.store)
+        pointer = self.named[name].value(self.store)
         if not isinstance(pointer, int):
             raise ValueError("this runtime's stack pointer is not an address")
         return pointer & 0xFFFFFFFF

@@ -24,6 +24,7 @@ from pathlib import Path
 import wasmtime
 
 from ..files import kernel_folders
+from ..files.layer_opens import LayerOpens
 from ..files.mounts import SCRATCH, Mount
 from ..files.notebook_writes import GUEST_LAYER
 from ..files.scratch import ScratchWatch, Usage, usage
@@ -134,6 +135,7 @@ class Sandbox(SandboxRecovery):
             room=self._scratch.has_room,
             removed=self._scratch.removed,
             scratch_folder=self._tmp,
+            layer=self._layer_opens(),
         )
         host_functions = (self._host_call, self._clock, SymlinkRefusal())
         interpreter = Interpreter(
@@ -165,6 +167,13 @@ class Sandbox(SandboxRecovery):
         if self.rollback:
             interpreter.keep_checkpoints(self.checkpoint_mode)
         return interpreter
+
+    def _layer_opens(self) -> LayerOpens | None:
+        """The host's half of the layer over the notebook's folder (see layer_opens)."""
+        folders = {mount.guest: mount.host for mount in self.mounts if mount.guest in self.layered}
+        if not folders:
+            return None
+        return LayerOpens(folders, self._tmp, self.limits.scratch_limit)
 
     @property
     def scratch_folder(self) -> Path:

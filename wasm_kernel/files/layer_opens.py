@@ -96,6 +96,22 @@ class LayerOpens:
             self._copy_up(folder, guest_path, upper)
         return upper
 
+    def folder_open_target(self, guest_path: str) -> str | None:
+        """Where a folder is opened (to list it): the host's where it has the folder (the
+        guest's layer merges the layer's entries in), else the layer's."""
+        folder = self.folder_of(guest_path)
+        if folder is None:
+            return None
+        hidden = self._hidden(guest_path, folder)
+        if not hidden and _entry(self.folders[folder], guest_path[len(folder) + 1 :]) is not None:
+            return None
+        upper = LAYER_FILES + guest_path
+        if _entry(self.scratch, upper) is not None:
+            return upper
+        if hidden:
+            raise LayerRefusal(errno.ENOENT)
+        return None
+
     def look_target(self, guest_path: str) -> str | None:
         """Where a stat of ``guest_path`` looks: the layer's copy if it has one, else the
         path as asked (None); a hidden host entry is missing (LayerRefusal)."""

@@ -258,14 +258,16 @@ class GuestFiles:
         if len(self.open) >= self.limit:
             return ERRNO_MFILE
         writable = bool(rights & RIGHT_FD_WRITE) or bool(oflags & (OFLAG_CREAT | OFLAG_TRUNC))
-        layer = None if oflags & OFLAG_DIRECTORY else self._layered(fd)
+        layer = self._layered(fd)
         if layer is not None:
-            guest_path = self._opened_path(caller, fd, path, path_len)
-            exclusive = oflags & OFLAG_CREAT and oflags & OFLAG_EXCL
+            guest_path = self._opened_path(caller, fd, path, path_len) or ""
+            exclusive = bool(oflags & OFLAG_CREAT and oflags & OFLAG_EXCL)
             try:
-                upper = layer.open_target(
-                    guest_path or "", writable, bool(oflags & OFLAG_TRUNC), bool(exclusive)
-                )
+                if oflags & OFLAG_DIRECTORY:
+                    upper = layer.folder_open_target(guest_path)
+                else:
+                    truncates = bool(oflags & OFLAG_TRUNC)
+                    upper = layer.open_target(guest_path, writable, truncates, exclusive)
             except LayerRefusal as refusal:
                 return refusal.wasi_errno
             if upper is not None:

@@ -44,6 +44,13 @@ WASI_ERRNO = {  # host errno -> WASI errno (wasi-libc's numbering)
 WASI_EIO = 29
 
 
+def wasi_errno(error: OSError | LayerRefusal) -> int:
+    """The WASI errno the guest gets for an open or look-up the layer could not do."""
+    if isinstance(error, LayerRefusal):
+        return error.wasi_errno
+    return WASI_ERRNO.get(error.errno or 0, WASI_EIO)
+
+
 class LayerRefusal(Exception):
     """The open or removal fails with this WASI errno, as the guest's layer would fail it."""
 

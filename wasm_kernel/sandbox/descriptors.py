@@ -35,17 +35,24 @@ forwards each call.
 
 from __future__ import annotations
 
-import posixpath
 import resource
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import wasmtime
 
-from ..files.layer_opens import LayerOpens, LayerRefusal
+from ..files.layer_opens import LayerOpens
 from ..runtime.cache import exported
 from ..runtime.wasi_adapter import I64, SIGNATURES, WASI
+from .guest_paths import (
+    FIRST_PREOPEN,
+    OFLAG_CREAT,
+    OFLAG_DIRECTORY,
+    OFLAG_TRUNC,
+    GuestPaths,
+    OpenFile,
+)
 from .unlinked_files import UnlinkedFiles
 
 ERRNO_SUCCESS = 0
@@ -53,27 +60,9 @@ ERRNO_BADF = 8
 ERRNO_DQUOT = 19
 ERRNO_MFILE = 33
 ERRNO_PERM = 63
-OFLAG_CREAT, OFLAG_DIRECTORY, OFLAG_EXCL, OFLAG_TRUNC = 1, 2, 4, 8
 RIGHT_FD_WRITE = 1 << 6
-FIRST_PREOPEN = 3
 MAX_GUEST_FILES = 512  # descriptors a guest may hold open (at most half the process's limit)
-MAX_KEPT_PATH = 1024  # bytes of a path kept for an image (longer: the file cannot come back)
 LAYER_ONLY = ("path_filestat_get",)  # shadowed only where a layer needs it (called very often)
-REDIRECT_ROOM = 4096  # guest stack bytes below its pointer that a redirected path may use
-
-
-@dataclass(frozen=True)
-class OpenFile:
-    """What the host knows of a descriptor the guest opened: enough to open it again."""
-
-    in_scratch: bool
-    writable: bool
-    path: str | None  # the guest path; None: opened where the host cannot name it
-    oflags: int
-    rights: int
-    inheriting: int
-    fdflags: int
-    lookup: int
 
 
 def _valtype(name: str) -> wasmtime.ValType:
@@ -87,7 +76,7 @@ def default_limit() -> int:
     return max(16, min(MAX_GUEST_FILES, soft // 2))
 
 
-class GuestFiles:
+class GuestFiles(GuestPaths):
     """Descriptor bookkeeping for one guest interpreter (see the module docstring).
 
     ``folders`` are the guest paths of the folders pre-opened through WASI, in order;
@@ -180,45 +169,9 @@ class GuestFiles:
         held = self.open.get(fd)
         return fd == self.scratch or (held is not None and held.in_scratch)
 
-    def folder_path(self, fd: int) -> str | None:
-        """The guest path of folder descriptor ``fd``, if the host knows it."""
-        if FIRST_PREOPEN <= fd < self.protected:
-            return self.folders[fd - FIRST_PREOPEN]
-        held = self.open.get(fd)
-        return held.path if held is not None else None
-
     def real(self, name: str) -> wasmtime.Func:
         """wasmtime's own WASI function ``name`` (one of those shadowed), for held_files."""
         return self._real[name]
-
-    def _layered(self, fd: int) -> LayerOpens | None:
-        """The layer, if paths from folder ``fd`` may lead into a layered folder (WASI keeps
-        every path inside the folder it starts from)."""
-        folder = self.folder_path(fd)
-        layer = self._layer
-        if layer is None or folder is None or layer.folder_of(folder + "/") is None:
-            return None
-        return layer
-
-    def _redirected(self, caller: wasmtime.Caller, inner: str) -> tuple[int, int]:
-        """``inner`` (a path in /tmp) written below the caller's stack pointer, for the real
-        call: (pointer, length)."""
-        pointer = caller.get(self._stack_pointer)
-        assert isinstance(pointer, wasmtime.Global) and self._memory is not None
-        data = inner.encode("utf-8", "surrogateescape")
-        at = (pointer.value(caller) & 0xFFFFFFFF) - REDIRECT_ROOM
-        self._memory.write(caller, data, at)
-        return at, len(data)
-
-    def _opened_path(self, caller: wasmtime.Caller, fd: int, path: int, length: int) -> str | None:
-        folder = self.folder_path(fd)
-        if folder is None or not 0 < length <= MAX_KEPT_PATH:
-            return None
-        assert self._memory is not None  # bound before the guest runs
-        at = path & 0xFFFFFFFF
-        name = bytes(self._memory.read(caller, at, at + length)).decode("utf-8", "surrogateescape")
-        joined = posixpath.normpath(posixpath.join(folder, name))
-        return joined if len(joined) <= MAX_KEPT_PATH and "\0" not in joined else None
 
     # -- the shadowed WASI functions --------------------------------------------------------------
 
@@ -258,20 +211,13 @@ class GuestFiles:
         if len(self.open) >= self.limit:
             return ERRNO_MFILE
         writable = bool(rights & RIGHT_FD_WRITE) or bool(oflags & (OFLAG_CREAT | OFLAG_TRUNC))
-        layer = self._layered(fd)
-        if layer is not None:
-            guest_path = self._opened_path(caller, fd, path, path_len) or ""
-            exclusive = bool(oflags & OFLAG_CREAT and oflags & OFLAG_EXCL)
-            try:
-                if oflags & OFLAG_DIRECTORY:
-                    upper = layer.folder_open_target(guest_path)
-                else:
-                    truncates = bool(oflags & OFLAG_TRUNC)
-                    upper = layer.open_target(guest_path, writable, truncates, exclusive)
-            except LayerRefusal as refusal:
-                return refusal.wasi_errno
-            if upper is not None:
-                fd, path, path_len = self.scratch, *self._redirected(caller, upper)
+        if self._layered(fd) is not None:
+            if writable and not self._may_grow(self.scratch):  # before any copy-up
+                return ERRNO_DQUOT
+            redirect = self._open_redirect(caller, fd, path, path_len, oflags, writable)
+            if isinstance(redirect, int):
+                return redirect
+            fd, path, path_len = redirect
         if writable and not self._may_grow(fd):
             return ERRNO_DQUOT
         errno = self._real["path_open"](
@@ -296,15 +242,10 @@ class GuestFiles:
     def _path_create_directory(
         self, caller: wasmtime.Caller, fd: int, path: int, path_len: int
     ) -> int:
-        layer = self._layered(fd)
-        if layer is not None:
-            guest_path = self._opened_path(caller, fd, path, path_len) or ""
-            if layer.folder_of(guest_path) is not None:
-                try:
-                    upper = layer.folder_target(guest_path)
-                except LayerRefusal as refusal:
-                    return refusal.wasi_errno
-                fd, path, path_len = self.scratch, *self._redirected(caller, upper)
+        redirect = self._redirect(caller, fd, path, path_len, LayerOpens.folder_target)
+        if isinstance(redirect, int):
+            return redirect
+        fd, path, path_len = redirect
         if not self._may_grow(fd):
             return ERRNO_DQUOT
         return self._real["path_create_directory"](caller, fd, path, path_len)
@@ -356,11 +297,10 @@ class GuestFiles:
         return self._real["path_link"](caller, fd, flags, old, old_len, new_fd, new, new_len)
 
     def _path_unlink_file(self, caller: wasmtime.Caller, fd: int, path: int, path_len: int) -> int:
-        layer = self._layered(fd)
-        if layer is not None:
-            upper = layer.removal_target(self._opened_path(caller, fd, path, path_len) or "")
-            if upper is not None:
-                fd, path, path_len = self.scratch, *self._redirected(caller, upper)
+        redirect = self._redirect(caller, fd, path, path_len, LayerOpens.removal_target)
+        if isinstance(redirect, int):
+            return redirect
+        fd, path, path_len = redirect
         if self._in_scratch(fd):
             self._removed()
             if self._hold(self._opened_path(caller, fd, path, path_len)):
@@ -386,11 +326,10 @@ class GuestFiles:
     def _path_remove_directory(
         self, caller: wasmtime.Caller, fd: int, path: int, path_len: int
     ) -> int:
-        layer = self._layered(fd)
-        if layer is not None:
-            upper = layer.removal_target(self._opened_path(caller, fd, path, path_len) or "")
-            if upper is not None:
-                fd, path, path_len = self.scratch, *self._redirected(caller, upper)
+        redirect = self._redirect(caller, fd, path, path_len, LayerOpens.removal_target)
+        if isinstance(redirect, int):
+            return redirect
+        fd, path, path_len = redirect
         if self._in_scratch(fd):
             self._removed()
         return self._real["path_remove_directory"](caller, fd, path, path_len)
@@ -398,14 +337,10 @@ class GuestFiles:
     def _path_filestat_get(
         self, caller: wasmtime.Caller, fd: int, flags: int, path: int, path_len: int, out: int
     ) -> int:
-        layer = self._layered(fd)
-        if layer is not None:
-            try:
-                upper = layer.look_target(self._opened_path(caller, fd, path, path_len) or "")
-            except LayerRefusal as refusal:
-                return refusal.wasi_errno
-            if upper is not None:
-                fd, path, path_len = self.scratch, *self._redirected(caller, upper)
+        redirect = self._redirect(caller, fd, path, path_len, LayerOpens.look_target)
+        if isinstance(redirect, int):
+            return redirect
+        fd, path, path_len = redirect
         return self._real["path_filestat_get"](caller, fd, flags, path, path_len, out)
 
     def _may_grow(self, fd: int) -> bool:

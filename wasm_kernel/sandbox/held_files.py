@@ -19,7 +19,8 @@ from collections.abc import Sequence
 import wasmtime
 
 from ..images.image_fields import MAX_RIGHTS, OFLAG_DIRECTORY, HeldFile
-from .descriptors import ERRNO_SUCCESS, FIRST_PREOPEN, RIGHT_FD_WRITE, GuestFiles, OpenFile
+from .descriptors import ERRNO_SUCCESS, RIGHT_FD_WRITE, GuestFiles
+from .guest_paths import FIRST_PREOPEN, OpenFile
 from .host_functions import GuestMemory
 
 # what a reopen never does again: create, truncate, insist on creating (O_CREAT|O_TRUNC|O_EXCL)

@@ -12,7 +12,9 @@ deleted (listed in ``<layer>/deleted``, one JSON string a line) reads as missing
 
 The host's folder is only ever read, and only through descriptors opened without following
 links, one folder at a time from the mount's root; only regular files are copied. The
-layer is written the same way, inside the kernel's own /tmp folder.
+layer is written the same way, inside the kernel's own /tmp folder, which never holds a
+link (the guest cannot make one, and an image's archive holds plain files and folders
+only): a look there is one ``lstat``, since a stat of the notebook's folder asks first.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ class LayerOpens:
         if folder is None:
             return None
         upper = LAYER_FILES + guest_path
-        if _entry(self.scratch, upper) is not None:
+        if self._in_layer(upper) is not None:
             if exclusive:
                 raise LayerRefusal(errno.EEXIST)
             return upper
@@ -113,7 +115,7 @@ class LayerOpens:
         if not hidden and _entry(self.folders[folder], guest_path[len(folder) + 1 :]) is not None:
             return None
         upper = LAYER_FILES + guest_path
-        if _entry(self.scratch, upper) is not None:
+        if self._in_layer(upper) is not None:
             return upper
         if hidden:
             raise LayerRefusal(errno.ENOENT)
@@ -126,7 +128,7 @@ class LayerOpens:
         if folder is None:
             return None
         upper = LAYER_FILES + guest_path
-        if _entry(self.scratch, upper) is not None:
+        if self._in_layer(upper) is not None:
             return upper
         if self._hidden(guest_path, folder):
             raise LayerRefusal(errno.ENOENT)
@@ -139,7 +141,7 @@ class LayerOpens:
         assert folder is not None
         upper = LAYER_FILES + guest_path
         below = _entry(self.folders[folder], guest_path[len(folder) + 1 :])
-        if _entry(self.scratch, upper) is not None or (
+        if self._in_layer(upper) is not None or (
             below is not None and not self._hidden(guest_path, folder)
         ):
             raise LayerRefusal(errno.EEXIST)
@@ -154,7 +156,7 @@ class LayerOpens:
         if folder is None:
             return None
         upper = LAYER_FILES + guest_path
-        if _entry(self.scratch, upper) is None:
+        if self._in_layer(upper) is None:
             return None
         below = _entry(self.folders[folder], guest_path[len(folder) + 1 :])
         if below is not None and not self._hidden(guest_path, folder):
@@ -162,6 +164,12 @@ class LayerOpens:
         return upper
 
     # -- the merged view ---------------------------------------------------------------------
+
+    def _in_layer(self, upper: str) -> os.stat_result | None:
+        try:
+            return os.lstat(self.scratch / upper)
+        except (OSError, ValueError):
+            return None
 
     def _hidden(self, guest_path: str, folder: str) -> bool:
         deleted = self._deleted()
@@ -174,6 +182,11 @@ class LayerOpens:
 
     def _deleted(self) -> frozenset[str]:
         """The guest's record of hidden host entries, read again when it changed."""
+        found = self._in_layer(RECORD)
+        if found is None:
+            return frozenset()
+        if (found.st_size, found.st_mtime_ns) == self._record[0]:
+            return self._record[1]
         try:
             fd = _open_beneath(self.scratch, RECORD, os.O_RDONLY)
         except OSError:
@@ -181,8 +194,6 @@ class LayerOpens:
         try:
             status = os.fstat(fd)
             key = (status.st_size, status.st_mtime_ns)
-            if key == self._record[0]:
-                return self._record[1]
             data = os.read(fd, RECORD_LIMIT) if stat.S_ISREG(status.st_mode) else b""
         finally:
             os.close(fd)
@@ -200,7 +211,7 @@ class LayerOpens:
     def _make_folder(self, guest_folder: str, folder: str) -> None:
         """The layer's copy of ``guest_folder``, made where the merged view has the folder."""
         upper = LAYER_FILES + guest_folder
-        found = _entry(self.scratch, upper)
+        found = self._in_layer(upper)
         if found is not None:
             if not stat.S_ISDIR(found.st_mode):
                 raise LayerRefusal(errno.ENOTDIR)

@@ -124,6 +124,7 @@ def run_cell(source, execution_count, store_history=True, silent=False):
     _reported = False
     try:
         shell.execution_count = execution_count
+        sys.modules["_wasm_kernel_sandbox"].tell_lost_files()
         _refresh_tools()
         result = shell.run_cell(source, store_history=store_history, silent=silent)
         error = result.error_before_exec or result.error_in_exec
@@ -298,10 +299,11 @@ def close_stale_files():
         layer.reload()
 
 
-def settle(cwd, start, paths):
+def settle(cwd, start, paths, offsets, lost):
     """After the host resumed an image: this kernel's import paths and folders (the image's
-    working folder if this kernel has it, else the starting one), fresh random seeds, and
-    files of the image's session that this kernel's descriptors no longer hold."""
+    working folder if this kernel has it, else the starting one), fresh random seeds, the
+    open files the host opened again put back at their offsets, and those it could not
+    (``lost``: [fd, path]) told to the next cell."""
     import random
 
     sys.path += [path for path in paths if path not in sys.path]
@@ -317,7 +319,16 @@ def settle(cwd, start, paths):
     random.seed()
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
-    close_stale_files()
+    for fd, offset in offsets:
+        if offset is not None:
+            try:
+                os.lseek(fd, offset, os.SEEK_SET)
+            except OSError:
+                pass
+    sys.modules["_wasm_kernel_sandbox"].files_resumed(dict(lost))
+    layer = sys.modules.get("_wasm_kernel_layer")
+    if layer is not None:
+        layer.reload()
 
 
 def layer_writes(folders, layer):

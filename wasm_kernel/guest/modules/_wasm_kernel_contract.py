@@ -302,7 +302,8 @@ MESSAGES = {
 # -- entry points the host calls ----------------------------------------------------------------
 RUN_CELL = EntryPoint("run_cell", "source", "execution_count", "store_history", "silent")
 SERVE = EntryPoint("serve", "service", "*arguments")
-SETTLE = EntryPoint("settle", "cwd", "start", "paths")  # after an image is resumed
+# after an image is resumed: its open files' offsets ([fd, offset]), and those lost ([fd, path])
+SETTLE = EntryPoint("settle", "cwd", "start", "paths", "offsets", "lost")
 CLOSE_STALE_FILES = EntryPoint("close_stale_files")
 INSTALL_MODULES = EntryPoint("install_modules", "sources")
 # a comm_open, comm_msg or comm_close from the front end, as JSON text, buffers in base64
@@ -321,7 +322,7 @@ COMPLETE = "complete"
 INSPECT = "inspect_object"
 IS_COMPLETE = "is_complete"
 EVALUATE_EXPRESSIONS = "evaluate_expressions"
-WORKING_FOLDER = "working_folder"
+IMAGE_STATE = "image_state"  # the working folder and open files' offsets, for an image
 WARM_UP = "warm_up"  # boot image only
 COMM_INFO = "comm_info"  # the open comms, for comm_info_request
 SERVICES = (
@@ -329,7 +330,7 @@ SERVICES = (
     INSPECT,
     IS_COMPLETE,
     EVALUATE_EXPRESSIONS,
-    WORKING_FOLDER,
+    IMAGE_STATE,
     WARM_UP,
     COMM_INFO,
 )

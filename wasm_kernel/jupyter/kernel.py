@@ -28,7 +28,6 @@ from ipykernel._version import kernel_protocol_version
 from traitlets import Float
 
 from .. import __version__
-from ..files import kernel_folders
 from ..images import images
 from ..images.image_folder import ImageFolder
 from ..network.network import Network, NetworkLimits
@@ -38,7 +37,7 @@ from ..sandbox.sandbox import Sandbox
 from ..sandbox.stops import CellStopped
 from ..settings.kernel_settings import KernelSettings, screened
 from ..settings.settings import InvalidSettings
-from . import debug_requests, iopub, lifeline
+from . import debug_requests, iopub, lifeline, termination
 from .accounting import CellAccounting
 from .boot import SandboxStart
 from .cell_messages import CellMessages, KernelDoors
@@ -54,9 +53,6 @@ from .request_checks import CheckedRequests
 from .session_images import SessionImages
 
 BACKLOG_FLOOR = 64 << 20  # bytes of cell output that may wait for slow IOPub clients
-# Longest a shutdown waits for the hibernation: clients kill a kernel that has not exited
-# 5 s after its shutdown_request (jupyter_client's shutdown_wait_time).
-HIBERNATE_SECONDS = 4.0
 BANNER_WAIT = 2.0  # seconds kernel_info waits for the interpreter's start (a compile: minutes)
 
 
@@ -118,7 +114,7 @@ class WasmKernel(
         _keep_working_folder_off_sys_path()
         _log_to_process_stderr()
         if threading.current_thread() is threading.main_thread():
-            kernel_folders.remove_on_sigterm()  # SIGTERM would leave the guest's files
+            termination.hibernate_on_sigterm(self._end_from_outside)
         configured = self.read_settings()
         runtime = configured_runtime(self)
         self.host_tools = kernel_tools(self)  # the operator's, imported now
@@ -394,13 +390,27 @@ class WasmKernel(
     def _end_after_reply(self) -> None:
         """exit() or quit() in a cell: as ipykernel does, the kernel process ends just after
         the cell's reply is sent. The user ended the session, so it does not hibernate."""
+        self._ending = asyncio.ensure_future(self._end(hibernate=False, delay=0.1))
 
-        async def end() -> None:
-            await asyncio.sleep(0.1)  # ipykernel's delay: the reply is sent meanwhile
-            await self._close(hibernate=False)
-            self.io_loop.add_callback(self.io_loop.stop)
+    def _end_from_outside(self) -> bool:
+        """SIGTERM (a stopped server, a gone launcher): end as a closed notebook does, its
+        session hibernated; False when the kernel is ending already."""
+        if self._closed or self._ending is not None:
+            return False
+        if getattr(self, "io_loop", None) is None:  # not serving yet: nothing to keep
+            termination.end_now()
+        # threadsafe even on the loop's own thread: a signal handler must wake the loop's select
+        self.io_loop.asyncio_loop.call_soon_threadsafe(self._end_soon)
+        return True
 
-        self._ending = asyncio.ensure_future(end())
+    def _end_soon(self) -> None:
+        if self._ending is None:
+            self._ending = asyncio.ensure_future(self._end(hibernate=True, delay=0.0))
+
+    async def _end(self, hibernate: bool, delay: float) -> None:
+        await asyncio.sleep(delay)  # ipykernel's delay after exit(): the reply is sent meanwhile
+        await self._close(hibernate=hibernate)
+        self.io_loop.add_callback(self.io_loop.stop)
 
     async def do_shutdown(self, restart: bool) -> dict:
         await self._close(hibernate=not restart)
@@ -419,9 +429,10 @@ class WasmKernel(
                 count = self.execution_count
                 save = partial(self.session_images.hibernate, sandbox, count)
                 hibernation = asyncio.wrap_future(self._worker.submit(save))
-                done, _ = await asyncio.wait([hibernation], timeout=HIBERNATE_SECONDS)
+                limit = termination.HIBERNATE_SECONDS
+                done, _ = await asyncio.wait([hibernation], timeout=limit)
                 if not done:
-                    self.log.warning("the session could not hibernate in %g s", HIBERNATE_SECONDS)
+                    self.log.warning("the session could not hibernate in %g s", limit)
             sandbox.close()
             sandbox.compiled.close()
         self._worker.shutdown(wait=False, cancel_futures=True)

@@ -45,6 +45,7 @@ import wasmtime
 
 from . import rewrite
 from .runtime import CACHE_DIR_ENV, Runtime, default_cache_dir, sha256_file, verify
+from .shared_cache import UntrustedCache, check_entry, check_folder
 from .wasi_adapter import adapter_digest, adapter_wat
 
 log = logging.getLogger(__name__)
@@ -194,6 +195,7 @@ class RuntimeCache:
         try:
             if not (entry / self.RECORD).exists():
                 return None, None
+            self._check_trusted(entry, runtime)
             record = self._check(entry, runtime)
             if (preloaded := _PRELOADED.get(_memo(entry, record))) is not None:
                 return preloaded, None
@@ -222,6 +224,23 @@ class RuntimeCache:
             interrupt_cells,
         )
         return compiled, None
+
+    def _check_trusted(self, entry: Path, runtime: Runtime) -> None:
+        """UntrustedCache (never deleted, never built over) when anyone but root, this user
+        or the owner of the kernel's code could have changed the native code about to run."""
+        try:
+            check_folder(self.directory)
+            check_entry(entry, self.LIB)
+            files = runtime.module.path.parent
+            if files.exists():
+                check_entry(files)
+        except (UntrustedCache, OSError) as exc:
+            raise UntrustedCache(
+                f"the compiled-runtime cache {self.directory} is not safe to load: {exc}. Have"
+                f" its owner (root for an install for every user) make it writable by nobody"
+                f" else (`python -m wasm_kernel install` does), or set {CACHE_DIR_ENV} to a"
+                " folder of your own."
+            ) from None
 
     def preload(self, runtime: Runtime) -> CompiledRuntime | None:
         """Keep ``runtime``'s entry loaded for the processes this one forks (the server)."""

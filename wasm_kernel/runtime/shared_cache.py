@@ -33,6 +33,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SHARED_FOLDER = ("share", "wasm-kernel", "cache")
+CACHE_DIR_ENV = "WASM_KERNEL_CACHE_DIR"  # a cache folder of the user's choosing
 FOLDER_MODE = 0o755
 FILE_MODE = 0o644
 _GROUP_OTHERS_WRITE = 0o022
@@ -98,6 +99,28 @@ def check_entry(entry: Path, *inside: str) -> None:
             raise UntrustedCache(f"{path} belongs to uid {status.st_uid}")
         if status.st_mode & _GROUP_OTHERS_WRITE:
             _narrow_own(path, status)
+
+
+def check_cache(directory: Path, entry: Path, inside: str, files: Path) -> None:
+    """UntrustedCache (never deleted, never built over) when anyone but root, this user or
+    the owner of the kernel's code could have changed the cache entry ``entry`` of
+    ``directory`` about to be run (its folder ``inside`` too), or the runtime's ``files``
+    (the sources the guest reads) when they are kept in ``directory``."""
+    try:
+        check_folder(directory)
+        real = entry.resolve()  # a link put there by the cache's owner: where it leads
+        if real != entry.absolute():
+            check_folder(real.parent)
+        check_entry(real, inside)
+        if files.parent == directory and files.is_dir():
+            check_entry(files)
+    except (UntrustedCache, OSError) as exc:
+        raise UntrustedCache(
+            f"the compiled-runtime cache {directory} is not safe to load: {exc}. Have its"
+            " owner (root for an install for every user) make it writable by nobody else"
+            f" (`python -m wasm_kernel install` does), or set {CACHE_DIR_ENV} to a folder"
+            " of your own."
+        ) from None
 
 
 def _top_of(entry: Path, inside: Iterable[str]) -> Iterator[Path]:

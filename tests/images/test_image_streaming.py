@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import ok, plain
 
-from wasm_kernel.images import image_writer, images
+from wasm_kernel.images import image_fields, image_writer, images
 
 STATE = """
 import hashlib, os
@@ -75,9 +75,9 @@ def write(path: Path, memory: bytes, scratch: Path, **host: object) -> None:
             needs=NEEDS,
             mounts=[],
             memory=memory,
-            base=bytes(images.PAGE),
+            base=bytes(image_fields.PAGE),
             globals_={"__stack_pointer": 1234},
-            host=images.HostState(**host),  # type: ignore[arg-type]
+            host=image_fields.HostState(**host),  # type: ignore[arg-type]
             scratch=archive,
             taken="now",
         )
@@ -85,7 +85,7 @@ def write(path: Path, memory: bytes, scratch: Path, **host: object) -> None:
 
 @pytest.mark.nokernel
 def test_a_streamed_image_reads_back_whole(tmp_path):
-    page = images.PAGE
+    page = image_fields.PAGE
     memory = bytearray(64 * page)
     memory[page : 3 * page] = os.urandom(2 * page)  # an extent of two pages
     memory[10 * page] = 7  # and one of a page
@@ -127,7 +127,7 @@ def test_a_staging_link_is_replaced_not_followed(tmp_path):
     (folder / (".image" + images.SUFFIX + ".partial")).symlink_to(outside)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    write(folder / ("image" + images.SUFFIX), bytes(images.PAGE), scratch)
+    write(folder / ("image" + images.SUFFIX), bytes(image_fields.PAGE), scratch)
     assert outside.read_bytes() == b"keep"
     assert (folder / ("image" + images.SUFFIX)).stat().st_mode & 0o777 == 0o600
     assert [p.name for p in folder.iterdir()] == ["image" + images.SUFFIX]

@@ -26,7 +26,7 @@ import zstandard
 from conftest import Kernel, ok, plain
 from interrupting import MARKER, run_and_interrupt
 
-from wasm_kernel.images import images
+from wasm_kernel.images import image_fields, images
 
 SETUP = """
 import numpy as np, pandas as pd, random, time
@@ -304,7 +304,7 @@ def _garbled_memory(data: bytes) -> bytes:
     packer = zstandard.ZstdCompressor()
     blobs = []
     for extent in header["memory"]["extents"]:
-        blob = packer.compress(b"\xff" * (extent[1] * images.PAGE))
+        blob = packer.compress(b"\xff" * (extent[1] * image_fields.PAGE))
         offset += extent[2]
         extent[2] = len(blob)
         blobs.append(blob)

@@ -29,7 +29,9 @@ from typing import Any, BinaryIO, cast
 import zstandard
 
 from ..memory.live_memory import LiveMemory
-from .images import FORMAT, MAGIC, PAGE, HostState, ImageError
+from .image_fields import PAGE, HostState
+from .images import FORMAT, MAGIC
+from .names import ImageError
 
 COMPRESSION = 1  # zstd level: saving fast matters more than the last few per cent
 # Memory that level 1 shrinks by less than an eighth (floating-point data, random bytes) is

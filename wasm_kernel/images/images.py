@@ -38,7 +38,6 @@ import platform
 import struct
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -46,24 +45,26 @@ import zstandard
 
 from ..files import host_files
 from ..files.host_files import read_exactly
-from ..memory.live_memory import LiveMemory
 from ..runtime import guest_packages, rewrite
 from ..runtime.cache import wasmtime_version
 from ..runtime.runtime import manifest_dir
 from . import image_archive
-from .image_archive import MAX_GUEST_PATH
-from .image_pages import ImagePages
+from .image_fields import (
+    IDENTITY_WORDS,
+    MAX_HISTORY,
+    Image,
+    check_memory_size,
+    checked_image,
+    is_int,
+    require,
+)
 from .names import SUFFIX, ImageError
 
 MAGIC = b"WKIMAGE\n"
 FORMAT = 1
-PAGE = rewrite.PAGE
 CHECKSUM = 32  # bytes of the trailing sha256
 PREFIX = len(MAGIC) + 8  # the mark, the format version and the header's length
 MAX_HEADER = 1 << 20
-MAX_HISTORY = 64 << 20  # bytes of input history carried (uncompressed)
-MAX_HISTORY_ENTRIES = 1_000_000
-MAX_PACKAGES = 1000  # %pip pins an image may name (the host parses each again)
 Buffer = bytes | bytearray | mmap.mmap  # an image file read whole
 POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux's
 # what a malformed image raises while it is checked
@@ -101,48 +102,6 @@ def identity(runtime_sha256: str) -> dict[str, object]:
         "wasmtime": wasmtime_version(),
         "machine": platform.machine(),
     }
-
-
-_IDENTITY_WORDS = {
-    "runtime_sha256": "runtime (sha256)",
-    "rewrite": "version of the runtime rewrite",
-    "guest_code": "version of the kernel's guest code (sha256)",
-    "wasmtime": "wasmtime version",
-    "machine": "machine type",
-}
-
-
-@dataclass
-class HostState:
-    """The host's part of a session, carried in the image."""
-
-    execution_count: int = 0
-    history: list[tuple[int, str]] = field(default_factory=list)
-    cwd: str = "/tmp"
-    clocks: dict[int, int] = field(default_factory=dict)  # clock id -> guest reading, ns
-    packages: list[str] = field(default_factory=list)  # %pip pins, "name==version"
-
-
-@dataclass
-class Image:
-    """A checked image, ready to resume: pages are decompressed, the archive is listed."""
-
-    needs: dict[str, object]
-    mounts: list[str]
-    memory_size: int
-    pages: ImagePages  # the stored pages, decompressed (image_pages)
-    globals: dict[str, int]
-    host: HostState
-    scratch: bytes  # a tar archive of /tmp
-    taken: str = ""
-    memory_elsewhere: bool = False  # a boot image's: raw pages in a file beside it
-    memory_file: Path | None = None  # that file, in this kernel's cache (see boot_memory_path)
-    live: LiveMemory | None = None  # a fork's: its memory is where this says (live_memory)
-    boot_file: Path | None = None  # where this kernel's boot memory file is, for ``live``
-
-    @property
-    def stored_pages(self) -> int:
-        return self.pages.size // PAGE
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -248,26 +207,15 @@ def _check_declared(header: dict, header_end: int, size: int, memory_limit: int)
         memory = header["memory"]
         lengths = [extent[2] for extent in memory["extents"]]
         lengths += [header["history"], header["scratch"]]
-        _require(all(_is_int(length, 0, size) for length in lengths), "bad blob sizes")
+        require(all(is_int(length, 0, size) for length in lengths), "bad blob sizes")
         declared = header_end + sum(lengths) + CHECKSUM
-        _check_memory_size(memory["size"], memory_limit)
+        check_memory_size(memory["size"], memory_limit)
     except (ValueError, TypeError, KeyError, IndexError) as exc:
         raise ImageError(f"the image is malformed: {exc}") from None
     if declared != size:
         raise ImageError(
             f"the image is damaged or truncated: its header declares {declared} bytes, the"
             f" file holds {size}"
-        )
-
-
-def _check_memory_size(memory_size: object, memory_limit: int) -> None:
-    if not isinstance(memory_size, int):
-        raise ValueError("bad memory size")
-    _require(_is_int(memory_size, PAGE, 1 << 32) and memory_size % PAGE == 0, "bad memory size")
-    if memory_size > memory_limit:
-        raise ImageError(
-            f"the image holds {memory_size >> 20} MiB of memory, more than this kernel's memory"
-            f" limit of {memory_limit >> 20} MiB (--WasmKernel.memory_limit)"
         )
 
 
@@ -282,7 +230,7 @@ def parse_image(
     with ThreadPoolExecutor(1, thread_name_prefix="image-checksum") as pool:
         sound = pool.submit(_checksum_matches, data)
         try:
-            image = _checked(header, body, offset, needs, memory_limit, scratch_limit)
+            image = checked_image(header, body, offset, needs, memory_limit, scratch_limit)
         except (ImageError, *MALFORMED) as exc:
             if not sound.result():
                 raise _damaged() from None
@@ -376,142 +324,8 @@ def describe_file(path: Path, needs: dict[str, object]) -> str:
     for key, wanted in needs.items():
         have = found.get(key)
         verdict = "ok" if have == wanted else f"differs: this installation has {wanted}"
-        lines.append(f"needs {_IDENTITY_WORDS[key]}: {str(have)[:80]} ({verdict})")
+        lines.append(f"needs {IDENTITY_WORDS[key]}: {str(have)[:80]} ({verdict})")
     return "\n".join(lines)
-
-
-def _require(condition: bool, what: str) -> None:
-    if not condition:
-        raise ValueError(what)
-
-
-def _is_int(value: object, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
-
-def _checked(
-    header: dict,
-    body: memoryview,
-    offset: int,
-    needs: dict[str, object],
-    memory_limit: int,
-    scratch_limit: int,
-) -> Image:
-    found = header["needs"]
-    _require(isinstance(found, dict), "'needs' is not an object")
-    for key, wanted in needs.items():
-        if found.get(key) != wanted:
-            raise ImageError(
-                f"the image was taken with another {_IDENTITY_WORDS.get(key, key)},"
-                f" {str(found.get(key))[:80]!r}; this kernel has {str(wanted)[:80]!r}"
-            )
-    mounts = header["mounts"]
-    _require(
-        isinstance(mounts, list) and all(isinstance(m, str) for m in mounts) and len(mounts) < 256,
-        "'mounts' is not a list of strings",
-    )
-    memory = header["memory"]
-    memory_size = memory["size"]
-    _check_memory_size(memory_size, memory_limit)
-    separate = memory.get("separate", False)  # images from before boot images were mapped
-    _require(isinstance(separate, bool) and not (separate and memory["extents"]), "bad memory")
-    live = None
-    if "live" in memory:  # a fork's, whose memory stays in the kernel that forked
-        _require(not separate and not memory["extents"], "bad memory")
-        try:
-            live = LiveMemory.from_header(memory["live"], memory_size)
-        except ValueError as exc:
-            raise ImageError(str(exc)) from None
-    frames: list[tuple[int, int, memoryview]] = []  # decompressed once all else is checked
-    next_free = 0
-    for entry in memory["extents"]:
-        _require(isinstance(entry, list) and len(entry) == 3, "bad memory extent")
-        first, count, length = entry
-        pages = memory_size // PAGE
-        _require(_is_int(first, next_free, pages - 1), "memory extents overlap or are unordered")
-        _require(_is_int(count, 1, pages - first), "a memory extent passes the memory's end")
-        _require(_is_int(length, 1, len(body) - offset), "a memory extent passes the file's end")
-        frames.append((first * PAGE, (first + count) * PAGE, body[offset : offset + length]))
-        offset += length
-        next_free = first + count
-    globals_ = header["globals"]
-    _require(
-        isinstance(globals_, dict)
-        and len(globals_) < 4096
-        and all(
-            isinstance(k, str) and _is_int(v, -(1 << 63), (1 << 64) - 1)
-            for k, v in globals_.items()
-        ),
-        "bad globals",
-    )
-    host = header["host"]
-    cwd = host["cwd"]
-    _require(isinstance(cwd, str) and 0 < len(cwd) <= MAX_GUEST_PATH, "bad working folder")
-    count = host["execution_count"]
-    _require(_is_int(count, 0, 1 << 62), "bad execution count")
-    clocks = host["clocks"]
-    _require(
-        isinstance(clocks, dict)
-        and all(k in ("1", "2", "3") and _is_int(v, 0, 1 << 63) for k, v in clocks.items()),
-        "bad clock readings",
-    )
-    packages = host.get("packages", [])  # images from before %pip was carried have none
-    _require(
-        isinstance(packages, list)
-        and len(packages) <= MAX_PACKAGES
-        and all(isinstance(pin, str) and 0 < len(pin) <= 300 for pin in packages),
-        "bad package list",
-    )
-    history_size, scratch_size = header["history"], header["scratch"]
-    _require(_is_int(history_size, 1, len(body) - offset), "history passes the file's end")
-    history = json.loads(_inflate(body[offset : offset + history_size], MAX_HISTORY, exact=False))
-    offset += history_size
-    _require(
-        isinstance(history, list)
-        and len(history) <= MAX_HISTORY_ENTRIES
-        and all(
-            isinstance(item, list)
-            and len(item) == 2
-            and _is_int(item[0], 0, 1 << 62)
-            and isinstance(item[1], str)
-            for item in history
-        ),
-        "bad history",
-    )
-    _require(scratch_size == len(body) - offset, "the archive does not end the file")
-    scratch = _inflate(body[offset:], (scratch_limit or memory_limit) + (16 << 20), exact=False)
-    try:
-        image_archive.check_archive(scratch, scratch_limit)
-    except image_archive.TooLarge as exc:
-        raise ImageError(str(exc)) from None
-    return Image(
-        needs=found,
-        mounts=mounts,
-        memory_size=memory_size,
-        pages=ImagePages(memory_size, frames),
-        globals=globals_,
-        host=HostState(
-            execution_count=count,
-            history=[(line, source) for line, source in history],
-            cwd=cwd,
-            clocks={int(k): v for k, v in clocks.items()},
-            packages=packages,
-        ),
-        scratch=scratch,
-        taken=str(header.get("taken", ""))[:64],
-        memory_elsewhere=separate,
-        live=live,
-    )
-
-
-def _inflate(data: memoryview, size: int, exact: bool = True) -> bytes:
-    """Decompress one frame of at most ``size`` bytes (exactly ``size`` when ``exact``)."""
-    declared = zstandard.frame_content_size(data)
-    _require(0 <= declared <= size, "compressed data of unknown or too large a size")
-    _require(not exact or declared == size, "a memory extent has the wrong size")
-    out = zstandard.ZstdDecompressor().decompress(data)
-    _require(len(out) == declared, "compressed data shorter than it says")
-    return out
 
 
 def unpack_archive(archive: bytes, folder: Path, limit: int) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..images import images
+from ..images.image_fields import HostState
 from ..images.image_folder import ImageFolder
 from ..images.names import NOT_RESUMED
 from ..packages.packages import GUEST_FOLDER
@@ -53,7 +54,7 @@ class SandboxStart:
         # the boot image, a saved image or a fresh boot; None until the start is done
         self.started_from: str | None = None
         self.resume_note = ""  # why an image could not be resumed, told on the first cell
-        self.resumed: images.HostState | None = None  # host state to apply before cell 1
+        self.resumed: HostState | None = None  # host state to apply before cell 1
         self.checkpoint_due = False  # resumed: the image is what a trap in cell 1 returns to
 
     def checkpoint_resumed(self, started: Future[Sandbox]) -> None:

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from ipykernel._version import kernel_protocol_version
 from traitlets import Float
 
 from .. import __version__
@@ -37,23 +36,22 @@ from ..sandbox.sandbox import Sandbox
 from ..sandbox.stops import CellStopped
 from ..settings.kernel_settings import KernelSettings, screened
 from ..settings.settings import InvalidSettings
-from . import debug_requests, iopub, lifeline, termination
+from . import iopub, lifeline, termination
 from .accounting import CellAccounting
 from .boot import SandboxStart
 from .cell_messages import CellMessages, KernelDoors
 from .comms import HostComms
-from .describe import describe
 from .execute_request import Request
 from .grants import Grants, configured_runtime
 from .guest_services import GuestServices
 from .hibernation import Hibernation
 from .history import History
+from .kernel_info import KernelInfo
 from .kernel_tools import for_kernel as kernel_tools
 from .request_checks import CheckedRequests
 from .session_images import SessionImages
 
 BACKLOG_FLOOR = 64 << 20  # bytes of cell output that may wait for slow IOPub clients
-BANNER_WAIT = 2.0  # seconds kernel_info waits for the interpreter's start (a compile: minutes)
 
 
 def _keep_working_folder_off_sys_path() -> None:
@@ -81,6 +79,7 @@ def _log_to_process_stderr() -> None:
 
 class WasmKernel(
     KernelSettings,
+    KernelInfo,
     GuestServices,
     RelayedInterrupts,
     CheckedRequests,
@@ -177,63 +176,6 @@ class WasmKernel(
     def _publish_guest_output(self, msg_type: str, content: dict, parent: dict) -> bool:
         """A cell's output on IOPub; False if left out: too much waits for slow clients."""
         return self.guest_output.publish(msg_type, content, parent, self._topic(msg_type))
-
-    @property
-    def kernel_info(self) -> dict[str, Any]:
-        """ipykernel's version imports its debugger to offer it whenever debugpy is installed:
-        the guest has none, and importing debugpy prints a warning about frozen modules that
-        reaches clients as stderr output (``jupyter console`` shows it after the banner)."""
-        return {
-            "protocol_version": kernel_protocol_version,
-            "implementation": self.implementation,
-            "implementation_version": self.implementation_version,
-            "language_info": self.language_info,
-            "banner": self.banner,
-            "help_links": self.help_links,
-            "supported_features": ["kernel subshells"] if self._supports_kernel_subshells else [],
-        }
-
-    async def do_debug_request(self, msg: Any) -> dict:
-        return debug_requests.refusal(msg)
-
-    @property
-    def language_info(self) -> dict[str, Any]:  # type: ignore[override]
-        return {
-            "name": "python",
-            "version": self.runtime.python_version,
-            "mimetype": "text/x-python",
-            "file_extension": ".py",
-            "pygments_lexer": "ipython3",
-            "codemirror_mode": {"name": "ipython", "version": 3},
-            "nbconvert_exporter": "python",
-        }
-
-    async def kernel_info_request(self, stream: Any, ident: Any, parent: dict) -> None:
-        """The banner says how the interpreter started: a start from the boot image takes a
-        fraction of a second, worth waiting for rather than answering "still starting"."""
-        with contextlib.suppress(Exception):  # not started in time, or failed: it says so
-            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._boot)), BANNER_WAIT)
-        await super().kernel_info_request(stream, ident, parent)
-
-    @property
-    def banner(self) -> str:  # type: ignore[override]
-        return self.describe_sandbox(last_cell=False)
-
-    def describe_sandbox(self, last_cell: bool = True) -> str:
-        """The running configuration, for the banner and ``%sandbox`` (which also says what
-        the last cell cost); or why there is none."""
-        sandbox = self._boot.result() if self._boot.done() and not self._boot.exception() else None
-        return describe(
-            self,
-            self._settings_error,
-            self.grants,
-            self.limits,
-            self._start.started_from,
-            sandbox,
-            self.session_images.hibernation.describe(),
-            self.audit.describe() if self.audit is not None else "off",
-            sandbox.last_cell if sandbox is not None and last_cell else None,
-        )
 
     # -- execution --------------------------------------------------------------------------------
 

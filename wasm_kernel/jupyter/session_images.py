@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from ..files.mounts import SCRATCH, Mount
 from ..images import image_folder, images
+from ..images.image_fields import HostState
 from ..images.image_folder import ImageFolder
 from ..memory.live_memory import LiveMemory
 from ..packages.packages import Packages
@@ -174,7 +175,7 @@ class SessionImages:
         """The session's image into ``out``; returns a fork's frozen memory (see
         ``Sandbox.save_image``)."""
         entries = self.history.range(0, 0, None)
-        host = images.HostState(
+        host = HostState(
             execution_count=execution_count,
             history=[(line, source) for _, line, source in entries],
             packages=self.packages.pins() if self.packages is not None else [],

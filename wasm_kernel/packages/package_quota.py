@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..files import kernel_folders, scratch
+from ..files.private_files import private_folder
 from .pip_driver import Cancelled
 from .wheels import PackageError
 
@@ -29,7 +30,7 @@ WAIT_STEP = 0.1  # seconds between attempts to take the lock, while an interrupt
 def user_lock(folder: Path, cancelled: Callable[[float], bool]) -> Iterator[None]:
     """Hold the user's package lock (in ``folder``) for the block; raises Cancelled if the
     user interrupts the wait."""
-    folder.mkdir(parents=True, exist_ok=True)
+    private_folder(folder)
     path = folder / LOCK_NAME
     try:
         descriptor = os.open(

@@ -18,11 +18,9 @@ other kernels are measured, and wheels unpacked and moved in, under one per-user
 
 from __future__ import annotations
 
-import re
 import tempfile
 import zipfile
 from collections.abc import Callable
-from email.message import Message
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
@@ -37,6 +35,7 @@ if TYPE_CHECKING:
 from .package_quota import others_held, user_lock
 from .pip_answers import Planned, explain, read_plan
 from .pip_driver import Pip, Source, parse_requests, requirement_text
+from .pip_text import pip_list, pip_show
 from .wheel_cache import WheelCache, file_sha256
 from .wheel_folder import WheelFolder
 from .wheels import (
@@ -160,12 +159,7 @@ class Packages:
         return {**self.shipped, **self.folder.installed}
 
     def listing(self) -> str:
-        rows = sorted(((d.name, d.version) for d in self._all().values()), key=_lower_first)
-        width = max([len("Package")] + [len(name) for name, _ in rows])
-        version_width = max([len("Version")] + [len(version) for _, version in rows])
-        lines = [f"{'Package':<{width}} Version", f"{'-' * width} {'-' * version_width}"]
-        lines += [f"{name:<{width}} {version}" for name, version in rows]
-        return "\n".join(lines)
+        return pip_list(self._all().values())
 
     def show(self, args: list[str]) -> str:
         if not args:
@@ -177,46 +171,12 @@ class Packages:
             if dist is None:
                 missing.append(text)
             else:
-                found.append(self._shown(dist, everything))
+                found.append(pip_show(dist, everything, self.markers))
         if missing:
             raise PackageError(
                 "\n---\n".join(found + [f"Package(s) not found: {', '.join(missing)}"])
             )
         return "\n---\n".join(found)
-
-    def _shown(self, dist: Distribution, everything: dict[str, Distribution]) -> str:
-        """One distribution as ``pip show`` prints it."""
-        meta = dist.metadata
-        homepage = meta.get("Home-page", "")
-        for url in meta.get_all("Project-URL") or []:
-            label, _, address = url.partition(",")
-            if not homepage and re.sub(r"[^a-z]", "", label.lower()) == "homepage":
-                homepage = address.strip()
-        license_line = f"License: {meta.get('License', '')}"
-        if _metadata_version(meta) >= (2, 4) and meta.get("License-Expression"):
-            license_line = f"License-Expression: {meta['License-Expression']}"
-        required_by = sorted(
-            (
-                other.name
-                for other in everything.values()
-                if dist.key in {canonicalize_name(name) for name in other.requires(self.markers)}
-            ),
-            key=str.lower,
-        )
-        return "\n".join(
-            [
-                f"Name: {dist.name}",
-                f"Version: {dist.version}",
-                f"Summary: {meta.get('Summary', '')}",
-                f"Home-page: {homepage}",
-                f"Author: {meta.get('Author', '')}",
-                f"Author-email: {meta.get('Author-email', '')}",
-                license_line,
-                f"Location: {dist.location}",
-                f"Requires: {', '.join(dist.requires(self.markers))}",
-                f"Required-by: {', '.join(required_by)}",
-            ]
-        )
 
     def uninstall(self, args: list[str]) -> str:
         if not args:
@@ -404,14 +364,3 @@ class Packages:
             wheel.check_tags()
             wheels.append(wheel)
         return wheels
-
-
-def _metadata_version(metadata: Message) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in str(metadata.get("Metadata-Version", "")).split("."))
-    except ValueError:
-        return ()
-
-
-def _lower_first(row: tuple[str, str]) -> str:
-    return row[0].lower()

@@ -17,6 +17,7 @@ from typing import BinaryIO
 import wasmtime
 
 from ..images import image_writer, images
+from ..images.image_fields import PAGE, HostState
 from ..memory import live_memory
 from ..memory.checkpoints import memory_address
 from ..memory.cow import map_copy_on_write
@@ -41,7 +42,7 @@ def load(interpreter: Interpreter, image: images.Image, memory_limit: int) -> No
     if image.memory_size < current:
         raise images.ImageError("the image's memory is smaller than a fresh interpreter's")
     try:
-        memory.grow(store, (image.memory_size - current) // images.PAGE)
+        memory.grow(store, (image.memory_size - current) // PAGE)
     except wasmtime.WasmtimeError:
         raise images.ImageError(memory_limit_text(memory_limit)) from None
     if image.memory_file is not None:
@@ -93,7 +94,7 @@ def _map_live_memory(base: int, live: LiveMemory, boot_file: Path | None) -> Non
 def capture(
     interpreter: Interpreter,
     out: BinaryIO,
-    host: images.HostState,
+    host: HostState,
     mounts: list[str],
     scratch: image_writer.ScratchArchive,
     memory_file: Path | None = None,

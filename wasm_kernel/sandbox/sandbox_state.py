@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from ..guest.modules import _wasm_kernel_contract as declared
 from ..images import images
+from ..images.image_fields import HostState
 from ..images.image_writer import ScratchArchive
 from ..memory.checkpoints import CheckpointStats
 from ..memory.live_memory import LiveMemory
@@ -63,7 +64,7 @@ class SandboxState:
     def save_image(
         self,
         out: BinaryIO,
-        host: images.HostState,
+        host: HostState,
         mounts: list[str],
         memory_file: Path | None = None,
         fork: bool = False,

@@ -48,6 +48,7 @@ from typing import Any
 
 import setproctitle
 
+from ..files import private_files
 from ..files.host_files import file_stamps
 from ..jupyter import lifeline as lifeline_module
 
@@ -68,7 +69,7 @@ def code_fingerprint(python: str) -> str:
     upgrade must never hand out kernels of the old code, so its folder is named by this.
     The code counts by content, so that a launcher importing a source tree and one importing
     the same release installed agree on the server."""
-    package = Path(__file__).parent.parent  # all of wasm_kernel, not only this subpackage
+    package = Path(__file__).parents[1]  # wasm_kernel: every subpackage's code counts
     digest = hashlib.sha256(os.path.realpath(python).encode())
     sources = file_stamps(package, ".py")  # every served start asks: a stat per file
     files = tuple(sorted((name, size, mtime) for name, (size, mtime) in sources.items()))
@@ -112,8 +113,10 @@ def socket_path(folder: Path) -> Path:
 
 
 def private_folder(folder: Path) -> Path:
-    """``folder``, made if absent, refused unless it is this user's and no one else's."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    """``folder``, made if absent (missing parents 0700, whatever the umask), refused unless
+    it is this user's and no one else's (in a shared place such as /tmp, one that was open
+    to others may hold what they put there: it is not narrowed)."""
+    private_files.make_parents(folder)
     with contextlib.suppress(FileExistsError):
         folder.mkdir(mode=0o700)
     status = os.lstat(folder)

@@ -60,6 +60,9 @@ MIN_HIBERNATION_DAYS = 0.01  # about a quarter of an hour: shorter is a unit sli
 MAX_HIBERNATION_DAYS = 3650.0
 MAX_RESUME_WAIT = 600.0  # seconds: longer than any image takes to write, so a unit slip
 SESSION_ENV = "JPY_SESSION_NAME"  # the notebook's path, set by Jupyter Server
+# the notebook's file ID, which a rename keeps, set by our session manager in Jupyter Server
+# (server/notebook_sessions.py); where it is set, hibernation follows it instead of the path
+NOTEBOOK_ID_ENV = "WASM_KERNEL_NOTEBOOK_ID"
 # config sections the settings are read from (the second, as the class they are declared on)
 SECTIONS = ("WasmKernel", "KernelSettings")
 
@@ -92,7 +95,37 @@ def _cache_dir() -> str:
     return repr(str(default_cache_dir()))
 
 
-class KernelSettings(Configurable):
+class SettingsRecord(Configurable):
+    """What became of a kernel's settings as they were read: the values refused, and which
+    were set explicitly. The declarations are ``KernelSettings``', below."""
+
+    profile: str
+
+    def __init__(self, **kwargs: Any):
+        self.refused: list[str] = []  # settings refused at start, reported by every cell
+        super().__init__(**kwargs)
+
+    @property
+    def profile_settings(self) -> Profile:
+        return PROFILES[self.profile]
+
+    def refuse_setting(self, name: str, value: Any, source: str, reason: str) -> None:
+        """Record a refused value (the first one per setting: argv and config win over the
+        environment, so a refused argv value is what the user meant to set)."""
+        if not any(problem.startswith(f"WasmKernel.{name} = ") for problem in self.refused):
+            self.refused.append(describe_refusal(name, value, source, reason))
+
+    def read_settings(self) -> set[str]:
+        """Read (and so check) every setting now, environment variables included; returns the
+        names set explicitly (config or argv)."""
+        names = setting_names()
+        configured = {name for name in names if self.trait_has_value(name)}
+        for name in names:
+            getattr(self, name)
+        return configured
+
+
+class KernelSettings(SettingsRecord):
     """The sandbox's settings (section ``WasmKernel`` of the config, which inherits them).
     Each refuses values outside its range (see settings.py for why these bounds)."""
 
@@ -372,29 +405,6 @@ class KernelSettings(Configurable):
         " mounted into the sandbox.",
         shown=lambda: "none: no audit log (every profile)",
     ).tag(config=True)
-
-    def __init__(self, **kwargs: Any):
-        self.refused: list[str] = []  # settings refused at start, reported by every cell
-        super().__init__(**kwargs)
-
-    @property
-    def profile_settings(self) -> Profile:
-        return PROFILES[self.profile]
-
-    def refuse_setting(self, name: str, value: Any, source: str, reason: str) -> None:
-        """Record a refused value (the first one per setting: argv and config win over the
-        environment, so a refused argv value is what the user meant to set)."""
-        if not any(problem.startswith(f"WasmKernel.{name} = ") for problem in self.refused):
-            self.refused.append(describe_refusal(name, value, source, reason))
-
-    def read_settings(self) -> set[str]:
-        """Read (and so check) every setting now, environment variables included; returns the
-        names set explicitly (config or argv)."""
-        names = setting_names()
-        configured = {name for name in names if self.trait_has_value(name)}
-        for name in names:
-            getattr(self, name)
-        return configured
 
 
 def setting_names() -> tuple[str, ...]:

@@ -1,0 +1,212 @@
+"""An image's header and blobs checked field by field, the hostile-input half of reading an
+image (``images`` reads the file and its checksum first), and what a checked image is.
+
+Every field's type and bound is checked before anything reaches a guest; what is refused
+raises ``ImageError`` with a sentence saying why (a ``ValueError`` from ``_require`` is turned
+into one by the caller).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zstandard
+
+from ..memory.live_memory import LiveMemory
+from ..runtime import rewrite
+from . import image_archive
+from .image_archive import MAX_GUEST_PATH
+from .image_pages import ImagePages
+from .names import ImageError
+
+PAGE = rewrite.PAGE
+MAX_HISTORY = 64 << 20  # bytes of input history carried (uncompressed)
+MAX_HISTORY_ENTRIES = 1_000_000
+MAX_PACKAGES = 1000  # %pip pins an image may name (the host parses each again)
+
+IDENTITY_WORDS = {
+    "runtime_sha256": "runtime (sha256)",
+    "rewrite": "version of the runtime rewrite",
+    "guest_code": "version of the kernel's guest code (sha256)",
+    "wasmtime": "wasmtime version",
+    "machine": "machine type",
+}
+
+
+@dataclass
+class HostState:
+    """The host's part of a session, carried in the image."""
+
+    execution_count: int = 0
+    history: list[tuple[int, str]] = field(default_factory=list)
+    cwd: str = "/tmp"
+    clocks: dict[int, int] = field(default_factory=dict)  # clock id -> guest reading, ns
+    packages: list[str] = field(default_factory=list)  # %pip pins, "name==version"
+
+
+@dataclass
+class Image:
+    """A checked image, ready to resume: pages are decompressed, the archive is listed."""
+
+    needs: dict[str, object]
+    mounts: list[str]
+    memory_size: int
+    pages: ImagePages  # the stored pages, decompressed (image_pages)
+    globals: dict[str, int]
+    host: HostState
+    scratch: bytes  # a tar archive of /tmp
+    taken: str = ""
+    memory_elsewhere: bool = False  # a boot image's: raw pages in a file beside it
+    memory_file: Path | None = None  # that file, in this kernel's cache (see boot_memory_path)
+    live: LiveMemory | None = None  # a fork's: its memory is where this says (live_memory)
+    boot_file: Path | None = None  # where this kernel's boot memory file is, for ``live``
+
+    @property
+    def stored_pages(self) -> int:
+        return self.pages.size // PAGE
+
+
+def require(condition: bool, what: str) -> None:
+    if not condition:
+        raise ValueError(what)
+
+
+def is_int(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def checked_image(
+    header: dict,
+    body: memoryview,
+    offset: int,
+    needs: dict[str, object],
+    memory_limit: int,
+    scratch_limit: int,
+) -> Image:
+    found = header["needs"]
+    require(isinstance(found, dict), "'needs' is not an object")
+    for key, wanted in needs.items():
+        if found.get(key) != wanted:
+            raise ImageError(
+                f"the image was taken with another {IDENTITY_WORDS.get(key, key)},"
+                f" {str(found.get(key))[:80]!r}; this kernel has {str(wanted)[:80]!r}"
+            )
+    mounts = header["mounts"]
+    require(
+        isinstance(mounts, list) and all(isinstance(m, str) for m in mounts) and len(mounts) < 256,
+        "'mounts' is not a list of strings",
+    )
+    memory = header["memory"]
+    memory_size = memory["size"]
+    check_memory_size(memory_size, memory_limit)
+    separate = memory.get("separate", False)  # images from before boot images were mapped
+    require(isinstance(separate, bool) and not (separate and memory["extents"]), "bad memory")
+    live = None
+    if "live" in memory:  # a fork's, whose memory stays in the kernel that forked
+        require(not separate and not memory["extents"], "bad memory")
+        try:
+            live = LiveMemory.from_header(memory["live"], memory_size)
+        except ValueError as exc:
+            raise ImageError(str(exc)) from None
+    frames: list[tuple[int, int, memoryview]] = []  # decompressed once all else is checked
+    next_free = 0
+    for entry in memory["extents"]:
+        require(isinstance(entry, list) and len(entry) == 3, "bad memory extent")
+        first, count, length = entry
+        pages = memory_size // PAGE
+        require(is_int(first, next_free, pages - 1), "memory extents overlap or are unordered")
+        require(is_int(count, 1, pages - first), "a memory extent passes the memory's end")
+        require(is_int(length, 1, len(body) - offset), "a memory extent passes the file's end")
+        frames.append((first * PAGE, (first + count) * PAGE, body[offset : offset + length]))
+        offset += length
+        next_free = first + count
+    globals_ = header["globals"]
+    require(
+        isinstance(globals_, dict)
+        and len(globals_) < 4096
+        and all(
+            isinstance(k, str) and is_int(v, -(1 << 63), (1 << 64) - 1) for k, v in globals_.items()
+        ),
+        "bad globals",
+    )
+    host = header["host"]
+    cwd = host["cwd"]
+    require(isinstance(cwd, str) and 0 < len(cwd) <= MAX_GUEST_PATH, "bad working folder")
+    count = host["execution_count"]
+    require(is_int(count, 0, 1 << 62), "bad execution count")
+    clocks = host["clocks"]
+    require(
+        isinstance(clocks, dict)
+        and all(k in ("1", "2", "3") and is_int(v, 0, 1 << 63) for k, v in clocks.items()),
+        "bad clock readings",
+    )
+    packages = host.get("packages", [])  # images from before %pip was carried have none
+    require(
+        isinstance(packages, list)
+        and len(packages) <= MAX_PACKAGES
+        and all(isinstance(pin, str) and 0 < len(pin) <= 300 for pin in packages),
+        "bad package list",
+    )
+    history_size, scratch_size = header["history"], header["scratch"]
+    require(is_int(history_size, 1, len(body) - offset), "history passes the file's end")
+    history = json.loads(inflate(body[offset : offset + history_size], MAX_HISTORY, exact=False))
+    offset += history_size
+    require(
+        isinstance(history, list)
+        and len(history) <= MAX_HISTORY_ENTRIES
+        and all(
+            isinstance(item, list)
+            and len(item) == 2
+            and is_int(item[0], 0, 1 << 62)
+            and isinstance(item[1], str)
+            for item in history
+        ),
+        "bad history",
+    )
+    require(scratch_size == len(body) - offset, "the archive does not end the file")
+    scratch = inflate(body[offset:], (scratch_limit or memory_limit) + (16 << 20), exact=False)
+    try:
+        image_archive.check_archive(scratch, scratch_limit)
+    except image_archive.TooLarge as exc:
+        raise ImageError(str(exc)) from None
+    return Image(
+        needs=found,
+        mounts=mounts,
+        memory_size=memory_size,
+        pages=ImagePages(memory_size, frames),
+        globals=globals_,
+        host=HostState(
+            execution_count=count,
+            history=[(line, source) for line, source in history],
+            cwd=cwd,
+            clocks={int(k): v for k, v in clocks.items()},
+            packages=packages,
+        ),
+        scratch=scratch,
+        taken=str(header.get("taken", ""))[:64],
+        memory_elsewhere=separate,
+        live=live,
+    )
+
+
+def inflate(data: memoryview, size: int, exact: bool = True) -> bytes:
+    """Decompress one frame of at most ``size`` bytes (exactly ``size`` when ``exact``)."""
+    declared = zstandard.frame_content_size(data)
+    require(0 <= declared <= size, "compressed data of unknown or too large a size")
+    require(not exact or declared == size, "a memory extent has the wrong size")
+    out = zstandard.ZstdDecompressor().decompress(data)
+    require(len(out) == declared, "compressed data shorter than it says")
+    return out
+
+
+def check_memory_size(memory_size: object, memory_limit: int) -> None:
+    if not isinstance(memory_size, int):
+        raise ValueError("bad memory size")
+    require(is_int(memory_size, PAGE, 1 << 32) and memory_size % PAGE == 0, "bad memory size")
+    if memory_size > memory_limit:
+        raise ImageError(
+            f"the image holds {memory_size >> 20} MiB of memory, more than this kernel's memory"
+            f" limit of {memory_limit >> 20} MiB (--WasmKernel.memory_limit)"
+        )

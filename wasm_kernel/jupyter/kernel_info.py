@@ -1,0 +1,100 @@
+"""What a kernel says of itself: kernel_info (the language, the banner describing the
+sandbox), ``%sandbox``'s description, and the answer to the visual debugger.
+
+A mixin of ``WasmKernel``, which owns the sandbox's start and the settings it describes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from ipykernel._version import kernel_protocol_version
+from ipykernel.kernelbase import Kernel
+
+from . import debug_requests
+from .describe import describe
+
+if TYPE_CHECKING:
+    from ..runtime.runtime import Runtime
+    from ..sandbox.limits import Limits
+    from ..sandbox.sandbox import Sandbox
+    from ..settings.settings import InvalidSettings
+    from .audit import AuditLog
+    from .boot import SandboxStart
+    from .grants import Grants
+    from .session_images import SessionImages
+
+BANNER_WAIT = 2.0  # seconds kernel_info waits for the interpreter's start (a compile: minutes)
+
+
+class KernelInfo(Kernel):
+    """kernel_info and the sandbox's description, read from the kernel's parts."""
+
+    runtime: Runtime
+    limits: Limits
+    grants: Grants
+    audit: AuditLog | None
+    session_images: SessionImages
+    _boot: Future[Sandbox]
+    _start: SandboxStart
+    _settings_error: InvalidSettings | None
+
+    @property
+    def kernel_info(self) -> dict[str, Any]:
+        """ipykernel's version imports its debugger to offer it whenever debugpy is installed:
+        the guest has none, and importing debugpy prints a warning about frozen modules that
+        reaches clients as stderr output (``jupyter console`` shows it after the banner)."""
+        return {
+            "protocol_version": kernel_protocol_version,
+            "implementation": self.implementation,
+            "implementation_version": self.implementation_version,
+            "language_info": self.language_info,
+            "banner": self.banner,
+            "help_links": self.help_links,
+            "supported_features": ["kernel subshells"] if self._supports_kernel_subshells else [],
+        }
+
+    async def do_debug_request(self, msg: Any) -> dict:
+        return debug_requests.refusal(msg)
+
+    @property
+    def language_info(self) -> dict[str, Any]:  # type: ignore[override]
+        return {
+            "name": "python",
+            "version": self.runtime.python_version,
+            "mimetype": "text/x-python",
+            "file_extension": ".py",
+            "pygments_lexer": "ipython3",
+            "codemirror_mode": {"name": "ipython", "version": 3},
+            "nbconvert_exporter": "python",
+        }
+
+    async def kernel_info_request(self, stream: Any, ident: Any, parent: dict) -> None:
+        """The banner says how the interpreter started: a start from the boot image takes a
+        fraction of a second, worth waiting for rather than answering "still starting"."""
+        with contextlib.suppress(Exception):  # not started in time, or failed: it says so
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._boot)), BANNER_WAIT)
+        await super().kernel_info_request(stream, ident, parent)
+
+    @property
+    def banner(self) -> str:  # type: ignore[override]
+        return self.describe_sandbox(last_cell=False)
+
+    def describe_sandbox(self, last_cell: bool = True) -> str:
+        """The running configuration, for the banner and ``%sandbox`` (which also says what
+        the last cell cost); or why there is none."""
+        sandbox = self._boot.result() if self._boot.done() and not self._boot.exception() else None
+        return describe(
+            self,
+            self._settings_error,
+            self.grants,
+            self.limits,
+            self._start.started_from,
+            sandbox,
+            self.session_images.hibernation.describe(),
+            self.audit.describe() if self.audit is not None else "off",
+            sandbox.last_cell if sandbox is not None and last_cell else None,
+        )

@@ -1,0 +1,218 @@
+"""wasm-kernel under a real JupyterHub, as a class uses it: LocalProcessSpawner, two real local
+users, the kernel installed once by root for every user (``install --sys-prefix``).
+
+The hub (pip ``jupyterhub``, npm ``configurable-http-proxy``) is driven through its REST API
+with a service token: both users' servers are spawned, a notebook's cells run for each over
+the kernel's websocket through the proxy, each user's own token reaches their server and not
+the other's, and a server stopped through the hub's API (as jupyterhub-idle-culler stops one:
+LocalProcessSpawner sends SIGINT) gives the notebook's variables back once respawned. Needs
+root (useradd); skipped elsewhere, saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from local_users import LocalUser, local_users
+from notebook_server import NotebookServer, RefusedRequest, kernel_processes, wait_gone
+
+SPAWN_SECONDS = 120.0
+STOP_SECONDS = 60.0  # LocalProcessSpawner: up to interrupt_timeout (30 s) for SIGINT to work
+HIBERNATED_SECONDS = 10.0
+HUB_CONFIG = """
+c = get_config()  # noqa
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = {port}
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = {hub_port}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_port}"
+c.ConfigurableHTTPProxy.command = [{proxy!r}]
+c.JupyterHub.db_url = "sqlite:///{folder}/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = "{folder}/cookie_secret"
+c.JupyterHub.pid_file = "{folder}/jupyterhub.pid"
+c.JupyterHub.authenticator_class = "dummy"
+c.Authenticator.allowed_users = set({users!r})
+c.JupyterHub.spawner_class = "localprocess"
+c.Spawner.cmd = [{singleuser!r}]
+c.Spawner.notebook_dir = "~/project"
+c.Spawner.args = ["--ServerApp.shutdown_no_activity_timeout=0"]
+c.Spawner.http_timeout = {spawn}
+c.Spawner.start_timeout = {spawn}
+c.JupyterHub.services = [{{"name": "operator", "api_token": {token!r}}}]
+c.JupyterHub.load_roles = [
+    {{
+        "name": "operator",
+        "scopes": ["admin:users", "admin:servers", "tokens", "access:servers"],
+        "services": ["operator"],
+    }}
+]
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class Hub:
+    """A JupyterHub in ``folder``, and its REST API under the operator's token."""
+
+    def __init__(self, folder: Path, users: list[LocalUser]):
+        proxy = shutil.which("configurable-http-proxy")
+        if proxy is None:
+            pytest.skip("configurable-http-proxy (npm) is missing: .ci/install-system-deps installs it")
+        self.token = secrets.token_hex(32)
+        port = _free_port()
+        config = HUB_CONFIG.format(
+            port=port,
+            hub_port=_free_port(),
+            proxy_port=_free_port(),
+            proxy=proxy,
+            folder=folder,
+            users=[user.name for user in users],
+            singleuser=str(Path(sys.executable).parent / "jupyterhub-singleuser"),
+            spawn=int(SPAWN_SECONDS),
+            token=self.token,
+        )
+        (folder / "jupyterhub_config.py").write_text(config)
+        self.url = f"http://127.0.0.1:{port}/"
+        self.log = folder / "jupyterhub.log"
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(folder / "jupyterhub_config.py")],
+            cwd=folder,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.log, "ab"),  # noqa: SIM115  (the hub keeps it)
+        )
+        self.api = NotebookServer(self.url + "hub/", self.token)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.api.request("GET", "api/")
+                break
+            except (OSError, RefusedRequest):
+                assert self.process.poll() is None, self.log.read_text()[-3000:]
+                assert time.monotonic() < deadline, self.log.read_text()[-3000:]
+                time.sleep(0.3)
+
+    def user(self, name: str) -> dict:
+        return dict(self.api.request("GET", f"api/users/{name}"))
+
+    def spawn(self, name: str) -> None:
+        self.api.request("POST", f"api/users/{name}/server")
+        self._wait(name, lambda server: bool(server and server.get("ready")), "ready")
+
+    def stop(self, name: str) -> None:
+        self.api.request("DELETE", f"api/users/{name}/server")
+        self._wait(name, lambda server: server is None, "stopped")
+
+    def _wait(self, name: str, done, what: str) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + SPAWN_SECONDS
+        while not done(self.user(name)["servers"].get("")):
+            assert time.monotonic() < deadline, (what, self.log.read_text()[-3000:])
+            time.sleep(0.2)
+
+    def user_token(self, name: str) -> str:
+        """A token of the user's own, with the scopes a user has by default."""
+        answer = self.api.request("POST", f"api/users/{name}/tokens", {"note": "test"})
+        return str(answer["token"])
+
+    def server_of(self, name: str, token: str) -> NotebookServer:
+        """The user's server through the proxy, as that token's holder reaches it."""
+        return NotebookServer(f"{self.url}user/{name}/", token)
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def installed_for_everybody() -> None:
+    """What an operator does once, as root: the kernelspecs and runtime in the environment's
+    prefix, where every user's Jupyter finds them."""
+    done = subprocess.run(
+        [sys.executable, "-m", "wasm_kernel", "install", "--sys-prefix"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.fixture
+def hub(tmp_path_factory: pytest.TempPathFactory, installed_for_everybody: None) -> Iterator:
+    with local_users(2) as users:
+        folder = tmp_path_factory.mktemp("hub")
+        hub = Hub(folder, users)
+        try:
+            yield hub, users
+        finally:
+            hub.close()
+
+
+def test_two_users_run_their_notebooks_apart_and_a_stopped_server_gives_the_session_back(
+    hub,  # type: ignore[no-untyped-def]
+) -> None:
+    hub, (alice, bob) = hub
+    timings: dict[str, float] = {}
+    tokens = {user.name: hub.user_token(user.name) for user in (alice, bob)}
+    kernels: dict[str, str] = {}
+    for user in (alice, bob):
+        hub.spawn(user.name)
+        server = hub.server_of(user.name, tokens[user.name])
+        started = time.monotonic()
+        kernels[user.name] = server.open_notebook("course.ipynb")
+        opened = time.monotonic()
+        cell = server.execute(kernels[user.name], f"secret = 'of {user.name}'")
+        timings[user.name] = (opened - started, time.monotonic() - opened)
+        assert cell.status == "ok", cell.reply["content"]
+        # the kernel's process is its user's
+        [process] = kernel_processes(kernels[user.name])
+        assert process.uids().real == user.uid
+
+    # each user's token reaches their own server and kernel only
+    intruder = hub.server_of(bob.name, tokens[alice.name])
+    with pytest.raises(RefusedRequest) as refused:
+        intruder.request("GET", "api/kernels")
+    assert refused.value.status in (302, 403), refused.value
+    with pytest.raises(Exception) as refused_socket:
+        intruder.execute(kernels[bob.name], "secret")
+    assert "403" in str(refused_socket.value) or "302" in str(refused_socket.value)
+    mine = hub.server_of(alice.name, tokens[alice.name])
+    assert mine.execute(kernels[alice.name], "print(secret)").text() == f"of {alice.name}\n"
+
+    # stopped through the hub's API (LocalProcessSpawner: SIGINT), the session hibernates
+    [process] = kernel_processes(kernels[alice.name])
+    hub.stop(alice.name)
+    left = wait_gone([process], HIBERNATED_SECONDS)
+    assert not left, f"alice's kernel outlived her server by {HIBERNATED_SECONDS} s"
+    hub.spawn(alice.name)
+    again = hub.server_of(alice.name, tokens[alice.name])
+    kernel = again.open_notebook("course.ipynb")
+    cell = again.execute(kernel, "print(secret)")
+    assert cell.status == "ok", cell.reply["content"]
+    note, printed = cell.text().splitlines()
+    assert "resumed this notebook's session" in note
+    assert printed == f"of {alice.name}"
+    # bob's server and kernel were untouched
+    bobs = hub.server_of(bob.name, tokens[bob.name])
+    assert bobs.execute(kernels[bob.name], "print(secret)").text() == f"of {bob.name}\n"
+    print("first kernel start and first cell (s):", json.dumps(timings))

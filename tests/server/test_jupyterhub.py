@@ -22,13 +22,18 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
+import websocket
 from local_users import LocalUser, local_users
 from notebook_server import NotebookServer, RefusedRequest, kernel_processes, wait_gone
 
+KERNEL_SERVER = "wasm_kernel.server.kernel_server"  # on a kernel server's command line
 SPAWN_SECONDS = 120.0
 STOP_SECONDS = 60.0  # LocalProcessSpawner: up to interrupt_timeout (30 s) for SIGINT to work
 HIBERNATED_SECONDS = 10.0
+SERVER_IDLE = 8  # seconds a user's kernel server lasts without kernels (600 by default)
+SERVER_POLL = 5  # seconds: the kernel server looks at its idle time at least this often
 HUB_CONFIG = """
 c = get_config()  # noqa
 c.JupyterHub.ip = "127.0.0.1"
@@ -45,7 +50,7 @@ c.Authenticator.allowed_users = set({users!r})
 c.JupyterHub.spawner_class = "localprocess"
 c.Spawner.cmd = [{singleuser!r}]
 c.Spawner.notebook_dir = "~/project"
-c.Spawner.args = ["--ServerApp.shutdown_no_activity_timeout=0"]
+c.Spawner.environment = {{"WASM_KERNEL_SERVER_IDLE": "{idle}"}}
 c.Spawner.http_timeout = {spawn}
 c.Spawner.start_timeout = {spawn}
 c.JupyterHub.services = [{{"name": "operator", "api_token": {token!r}}}]
@@ -71,7 +76,9 @@ class Hub:
     def __init__(self, folder: Path, users: list[LocalUser]):
         proxy = shutil.which("configurable-http-proxy")
         if proxy is None:
-            pytest.skip("configurable-http-proxy (npm) is missing: .ci/install-system-deps installs it")
+            pytest.skip(
+                "configurable-http-proxy (npm) is missing: .ci/install-system-deps installs it"
+            )
         self.token = secrets.token_hex(32)
         port = _free_port()
         config = HUB_CONFIG.format(
@@ -84,6 +91,7 @@ class Hub:
             singleuser=str(Path(sys.executable).parent / "jupyterhub-singleuser"),
             spawn=int(SPAWN_SECONDS),
             token=self.token,
+            idle=SERVER_IDLE,
         )
         (folder / "jupyterhub_config.py").write_text(config)
         self.url = f"http://127.0.0.1:{port}/"
@@ -168,51 +176,85 @@ def hub(tmp_path_factory: pytest.TempPathFactory, installed_for_everybody: None)
             hub.close()
 
 
+def kernel_server_of(user: LocalUser) -> psutil.Process:
+    """The user's kernel server, once it answers (its socket is bound)."""
+    deadline = time.monotonic() + SPAWN_SECONDS
+    while True:
+        for process in psutil.process_iter(["uids", "cmdline"]):
+            cmdline = process.info["cmdline"] or []
+            mine = process.info["uids"].real == user.uid and KERNEL_SERVER in cmdline
+            if mine and Path(cmdline[-1]).exists():  # its socket, bound once it serves
+                return process
+        logs = [log.read_text() for log in user.home.glob(".local/share/jupyter/runtime/*/*.log")]
+        assert time.monotonic() < deadline, f"no kernel server answers for {user.name}: {logs}"
+        time.sleep(0.2)
+
+
+def open_and_run(server: NotebookServer, path: str, code: str) -> tuple[str, list[float]]:
+    """Open ``path`` and run its first cell: the kernel's id, and the seconds the session's
+    start and the first cell took."""
+    started = time.monotonic()
+    kernel = server.open_notebook(path)
+    opened = time.monotonic()
+    cell = server.execute(kernel, code)
+    assert cell.status == "ok", cell.reply["content"]
+    return kernel, [round(opened - started, 3), round(time.monotonic() - opened, 3)]
+
+
 def test_two_users_run_their_notebooks_apart_and_a_stopped_server_gives_the_session_back(
     hub,  # type: ignore[no-untyped-def]
 ) -> None:
     hub, (alice, bob) = hub
-    timings: dict[str, float] = {}
+    timings: dict[str, list[float]] = {}
     tokens = {user.name: hub.user_token(user.name) for user in (alice, bob)}
     kernels: dict[str, str] = {}
     for user in (alice, bob):
         hub.spawn(user.name)
         server = hub.server_of(user.name, tokens[user.name])
-        started = time.monotonic()
-        kernels[user.name] = server.open_notebook("course.ipynb")
-        opened = time.monotonic()
-        cell = server.execute(kernels[user.name], f"secret = 'of {user.name}'")
-        timings[user.name] = (opened - started, time.monotonic() - opened)
-        assert cell.status == "ok", cell.reply["content"]
-        # the kernel's process is its user's
+        code = f"secret = 'of {user.name}'"
+        kernels[user.name], timings[f"{user.name} launched"] = open_and_run(
+            server, "course.ipynb", code
+        )
         [process] = kernel_processes(kernels[user.name])
-        assert process.uids().real == user.uid
+        assert process.uids().real == user.uid  # the kernel's process is its user's
+        if user is alice:  # her second notebook: a kernel forked by her kernel server
+            kernel_server = kernel_server_of(alice)
+            served, timings[f"{alice.name} served"] = open_and_run(server, "lab.ipynb", "lab = 1")
+            [served_process] = kernel_processes(served)
+            assert served_process.ppid() == kernel_server.pid
 
     # each user's token reaches their own server and kernel only
     intruder = hub.server_of(bob.name, tokens[alice.name])
     with pytest.raises(RefusedRequest) as refused:
         intruder.request("GET", "api/kernels")
     assert refused.value.status in (302, 403), refused.value
-    with pytest.raises(Exception) as refused_socket:
+    with pytest.raises(websocket.WebSocketException) as refused_socket:
         intruder.execute(kernels[bob.name], "secret")
     assert "403" in str(refused_socket.value) or "302" in str(refused_socket.value)
     mine = hub.server_of(alice.name, tokens[alice.name])
     assert mine.execute(kernels[alice.name], "print(secret)").text() == f"of {alice.name}\n"
 
-    # stopped through the hub's API (LocalProcessSpawner: SIGINT), the session hibernates
-    [process] = kernel_processes(kernels[alice.name])
+    # stopped through the hub's API (LocalProcessSpawner: SIGINT), both sessions hibernate,
+    # and her kernel server ends after its idle time
+    ended = kernel_processes(kernels[alice.name]) + [served_process]
     hub.stop(alice.name)
-    left = wait_gone([process], HIBERNATED_SECONDS)
-    assert not left, f"alice's kernel outlived her server by {HIBERNATED_SECONDS} s"
+    left = wait_gone(ended, HIBERNATED_SECONDS)
+    assert not left, f"alice's kernels outlived her server by {HIBERNATED_SECONDS} s"
+    left = wait_gone([kernel_server], SERVER_IDLE + SERVER_POLL + 5)
+    assert not left, "alice's kernel server outlived her last server by more than its idle time"
+
     hub.spawn(alice.name)
     again = hub.server_of(alice.name, tokens[alice.name])
-    kernel = again.open_notebook("course.ipynb")
-    cell = again.execute(kernel, "print(secret)")
-    assert cell.status == "ok", cell.reply["content"]
-    note, printed = cell.text().splitlines()
-    assert "resumed this notebook's session" in note
-    assert printed == f"of {alice.name}"
+    for path, code, expected in [
+        ("course.ipynb", "print(secret)", f"of {alice.name}"),
+        ("lab.ipynb", "print(lab)", "1"),
+    ]:
+        cell = again.execute(again.open_notebook(path), code)
+        assert cell.status == "ok", (path, cell.reply["content"])
+        note, printed = cell.text().splitlines()
+        assert "resumed this notebook's session" in note
+        assert printed == expected
     # bob's server and kernel were untouched
     bobs = hub.server_of(bob.name, tokens[bob.name])
     assert bobs.execute(kernels[bob.name], "print(secret)").text() == f"of {bob.name}\n"
-    print("first kernel start and first cell (s):", json.dumps(timings))
+    print("session start and first cell (s):", json.dumps(timings))

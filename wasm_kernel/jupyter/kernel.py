@@ -84,6 +84,7 @@ class WasmKernel(
     RelayedInterrupts,
     CheckedRequests,
     CellAccounting,
+    termination.Ending,
     HostComms,  # after CheckedRequests: it checks comm_info_request first
 ):
     implementation = "wasm-kernel"
@@ -226,7 +227,7 @@ class WasmKernel(
             return cell.fail(stop.ename, stop.evalue)
         self.cell_measured(request.parent, measured)
         if cell.asks_exit():
-            self._end_after_reply()
+            self._end_process(hibernate=False, delay=0.1)
         if cell.snapshot is not None:  # %snapshot save/restore: now that the turn is over
             act = partial(self.session_images.act, sandbox, *cell.snapshot, self.execution_count)
             try:
@@ -328,31 +329,6 @@ class WasmKernel(
         return self.history.reply(
             hist_access_type, output, session, start, stop, n, pattern, unique
         )
-
-    def _end_after_reply(self) -> None:
-        """exit() or quit() in a cell: as ipykernel does, the kernel process ends just after
-        the cell's reply is sent. The user ended the session, so it does not hibernate."""
-        self._ending = asyncio.ensure_future(self._end(hibernate=False, delay=0.1))
-
-    def _end_from_outside(self) -> bool:
-        """SIGTERM (a stopped server, a gone launcher): end as a closed notebook does, its
-        session hibernated; False when the kernel is ending already."""
-        if self._closed or self._ending is not None:
-            return False
-        if getattr(self, "io_loop", None) is None:  # not serving yet: nothing to keep
-            termination.end_now()
-        # threadsafe even on the loop's own thread: a signal handler must wake the loop's select
-        self.io_loop.asyncio_loop.call_soon_threadsafe(self._end_soon)
-        return True
-
-    def _end_soon(self) -> None:
-        if self._ending is None:
-            self._ending = asyncio.ensure_future(self._end(hibernate=True, delay=0.0))
-
-    async def _end(self, hibernate: bool, delay: float) -> None:
-        await asyncio.sleep(delay)  # ipykernel's delay after exit(): the reply is sent meanwhile
-        await self._close(hibernate=hibernate)
-        self.io_loop.add_callback(self.io_loop.stop)
 
     async def do_shutdown(self, restart: bool) -> dict:
         await self._close(hibernate=not restart)

@@ -14,6 +14,7 @@ a shutdown) lets the closing finish.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -76,3 +77,37 @@ def watch_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+class Ending:
+    """The kernel's ways to end its process (mixed into WasmKernel, which closes itself)."""
+
+    _closed: bool  # closed: the session saved or not, the sandbox gone
+    _ending: asyncio.Future | None  # the process is ending
+    io_loop: Any  # the kernel's main loop, once it serves
+
+    async def _close(self, hibernate: bool) -> None:
+        raise NotImplementedError
+
+    def _end_process(self, hibernate: bool, delay: float) -> None:
+        """exit() or quit() in a cell: as ipykernel does, the process ends just after the
+        cell's reply (``delay``); the user ended the session, so it does not hibernate.
+        SIGTERM: it ends now, hibernated (``_end_from_outside``)."""
+        if self._ending is None:
+            self._ending = asyncio.ensure_future(self._end(hibernate, delay))
+
+    def _end_from_outside(self) -> bool:
+        """SIGTERM (a stopped server, a gone launcher): end as a closed notebook does, its
+        session hibernated; False when the kernel is ending already."""
+        if self._closed or self._ending is not None:
+            return False
+        if getattr(self, "io_loop", None) is None:  # not serving yet: nothing to keep
+            end_now()
+        # threadsafe even on the loop's own thread: a signal handler must wake its select
+        self.io_loop.asyncio_loop.call_soon_threadsafe(self._end_process, True, 0.0)
+        return True
+
+    async def _end(self, hibernate: bool, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await self._close(hibernate=hibernate)
+        self.io_loop.add_callback(self.io_loop.stop)

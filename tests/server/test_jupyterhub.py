@@ -5,7 +5,8 @@ The hub (pip ``jupyterhub``, npm ``configurable-http-proxy``) is driven through 
 with a service token: both users' servers are spawned, a notebook's cells run for each over
 the kernel's websocket through the proxy, each user's own token reaches their server and not
 the other's, and a server stopped through the hub's API (as jupyterhub-idle-culler stops one:
-LocalProcessSpawner sends SIGINT) gives the notebook's variables back once respawned. Needs
+LocalProcessSpawner sends SIGINT), and one jupyterhub-idle-culler stops, gives the notebooks'
+variables back once respawned; the user's kernel server ends within its idle time. Needs
 root (useradd); skipped elsewhere, saying why.
 """
 
@@ -21,6 +22,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -116,18 +118,27 @@ class Hub:
                 assert time.monotonic() < deadline, self.log.read_text()[-3000:]
                 time.sleep(0.3)
 
+    def call(self, method: str, path: str, body: object = None) -> Any:
+        """The hub's REST API; a refusal shows the hub's log."""
+        try:
+            return self.api.request(method, path, body)
+        except RefusedRequest as exc:
+            raise AssertionError(
+                f"{method} {path}: {exc}\n{self.log.read_text()[-4000:]}"
+            ) from None
+
     def user(self, name: str) -> dict:
-        return dict(self.api.request("GET", f"api/users/{name}"))
+        return dict(self.call("GET", f"api/users/{name}"))
 
     def spawn(self, name: str) -> None:
-        self.api.request("POST", f"api/users/{name}/server")
-        self._wait(name, lambda server: bool(server and server.get("ready")), "ready")
+        self.call("POST", f"api/users/{name}/server")
+        self.wait_for(name, lambda server: bool(server and server.get("ready")), "ready")
 
     def stop(self, name: str) -> None:
-        self.api.request("DELETE", f"api/users/{name}/server")
-        self._wait(name, lambda server: server is None, "stopped")
+        self.call("DELETE", f"api/users/{name}/server")
+        self.wait_for(name, lambda server: server is None, "stopped")
 
-    def _wait(self, name: str, done, what: str) -> None:  # type: ignore[no-untyped-def]
+    def wait_for(self, name: str, done, what: str) -> None:  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + SPAWN_SECONDS
         while not done(self.user(name)["servers"].get("")):
             assert time.monotonic() < deadline, (what, self.log.read_text()[-3000:])
@@ -135,7 +146,7 @@ class Hub:
 
     def user_token(self, name: str) -> str:
         """A token of the user's own, with the scopes a user has by default."""
-        answer = self.api.request("POST", f"api/users/{name}/tokens", {"note": "test"})
+        answer = self.call("POST", f"api/users/{name}/tokens", {"note": "test"})
         return str(answer["token"])
 
     def server_of(self, name: str, token: str) -> NotebookServer:
@@ -257,4 +268,25 @@ def test_two_users_run_their_notebooks_apart_and_a_stopped_server_gives_the_sess
     # bob's server and kernel were untouched
     bobs = hub.server_of(bob.name, tokens[bob.name])
     assert bobs.execute(kernels[bob.name], "print(secret)").text() == f"of {bob.name}\n"
+
+    # jupyterhub-idle-culler stops bob's idle server through the same API: his session too
+    [bobs_process] = kernel_processes(kernels[bob.name])
+    with open(hub.log.with_name("culler.log"), "ab") as log:
+        culler = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub_idle_culler", f"--url={hub.url}hub/api"]
+            + ["--timeout=1", "--cull-every=1"],
+            env={**os.environ, "JUPYTERHUB_API_TOKEN": hub.token},
+            stdout=log,
+            stderr=log,
+        )
+    try:
+        hub.wait_for(bob.name, lambda server: server is None, "culled")
+    finally:
+        culler.terminate()
+        culler.wait(30)
+    assert not wait_gone([bobs_process], HIBERNATED_SECONDS), "bob's kernel outlived his server"
+    hub.spawn(bob.name)
+    bobs = hub.server_of(bob.name, tokens[bob.name])
+    cell = bobs.execute(bobs.open_notebook("course.ipynb"), "print(secret)")
+    assert cell.text().splitlines()[-1] == f"of {bob.name}", cell.reply["content"]
     print("session start and first cell (s):", json.dumps(timings))

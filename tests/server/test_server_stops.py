@@ -17,12 +17,18 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
+from conftest import ok, plain
 from notebook_server import NotebookServer, kernel_processes, wait_gone
 from served_kernels import server_answering, server_pid
+
+from wasm_kernel.images.image_folder import ImageFolder
+from wasm_kernel.images.names import SUFFIX
 
 STOPPED_SECONDS = 30.0  # LocalProcessSpawner's interrupt_timeout: the hub's SIGINT grace
 HIBERNATED_SECONDS = 10.0  # a stopped server's kernel ends this soon, having hibernated
@@ -115,3 +121,36 @@ def test_the_session_comes_back_after_the_server_is_stopped(
         assert printed == f"{stop} kept"
     finally:
         again.stop(signal.SIGTERM)
+
+
+def test_a_notebook_reopened_while_its_last_kernel_hibernates_resumes_it(
+    start_kernel, tmp_path: Path
+) -> None:
+    """A hub respawns a server at once: the new kernel waits for the save in progress. The
+    save is the first kernel's own image, written again by the test, which holds it open
+    until the second kernel has started."""
+    env = {"WASM_KERNEL_SNAPSHOT_DIR": str(tmp_path), "JPY_SESSION_NAME": "big.ipynb"}
+    first = start_kernel(env=env)
+    mark = plain(ok(first.execute("import os\nmark = os.urandom(8).hex()\nmark")))
+    first.shutdown()
+    [image] = tmp_path.glob(f"{ImageFolder.HIBERNATED}*{SUFFIX}")
+    saved, name = image.read_bytes(), image.name.removesuffix(SUFFIX)
+    image.unlink()
+    folder, writing, release = ImageFolder(tmp_path, 0), threading.Event(), threading.Event()
+
+    def write(out: BinaryIO) -> None:
+        out.write(saved)
+        writing.set()
+        release.wait(60)
+
+    saver = threading.Thread(target=folder.store, args=(name, write))
+    saver.start()
+    try:
+        assert writing.wait(30)
+        server_answering()
+        second = start_kernel(env=env)
+        assert folder.saving(name)
+    finally:
+        release.set()
+        saver.join()
+    assert plain(ok(second.execute("mark"))) == mark

@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from typing import Any
 import psutil
 import pytest
 import websocket
+from lab_server import free_port
 from local_users import LocalUser, local_users
 from notebook_server import NotebookServer, RefusedRequest, kernel_processes, wait_gone
 
@@ -66,12 +66,6 @@ c.JupyterHub.load_roles = [
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 class Hub:
     """A JupyterHub in ``folder``, and its REST API under the operator's token."""
 
@@ -82,11 +76,11 @@ class Hub:
                 "configurable-http-proxy (npm) is missing: .ci/install-system-deps installs it"
             )
         self.token = secrets.token_hex(32)
-        port = _free_port()
+        port = free_port()
         config = HUB_CONFIG.format(
             port=port,
-            hub_port=_free_port(),
-            proxy_port=_free_port(),
+            hub_port=free_port(),
+            proxy_port=free_port(),
             proxy=proxy,
             folder=folder,
             users=[user.name for user in users],

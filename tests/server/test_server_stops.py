@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from typing import BinaryIO
 
 import pytest
 from conftest import ok, plain
+from lab_server import free_port
 from notebook_server import NotebookServer, kernel_processes, wait_gone
 from served_kernels import server_answering, server_pid
 
@@ -34,17 +34,11 @@ STOPPED_SECONDS = 30.0  # LocalProcessSpawner's interrupt_timeout: the hub's SIG
 HIBERNATED_SECONDS = 10.0  # a stopped server's kernel ends this soon, having hibernated
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 class JupyterServer:
     """``jupyter server`` serving ``root``, as a spawner starts it (no terminal)."""
 
     def __init__(self, root: Path, env: dict[str, str]):
-        self.port = _free_port()
+        self.port = free_port()
         token = secrets.token_hex(16)
         self.process = subprocess.Popen(
             [

@@ -1,7 +1,8 @@
 """A client of a running Jupyter Server (or of one behind JupyterHub's proxy), as JupyterLab
 uses it: sessions over REST, cells over the kernel's websocket (the JSON protocol), with a
-token in the Authorization header. Shared by the tests that stop servers the ways operators
-and hubs do (``test_server_stops``, ``test_jupyterhub``)."""
+token in the Authorization header, at any base URL (a hub's proxy serves a user's server under
+``/user/NAME/``). Used by the tests that stop servers the ways operators and hubs do
+(``test_server_stops``, ``test_jupyterhub``) and by ``lab_server``'s ``execute``."""
 
 from __future__ import annotations
 
@@ -37,14 +38,17 @@ class Cell:
         return str(self.reply["content"]["status"])
 
     def text(self) -> str:
-        """Streamed text and results' text/plain, in order."""
+        """What the cell showed, in order: streams, results' and displays' text/plain, the
+        error's name and value."""
         parts = []
         for message in self.outputs:
-            content = message["content"]
-            if message["msg_type"] == "stream":
+            kind, content = message["msg_type"], message["content"]
+            if kind == "stream":
                 parts.append(content["text"])
-            elif message["msg_type"] == "execute_result":
+            elif kind in ("execute_result", "display_data"):
                 parts.append(content["data"].get("text/plain", ""))
+            elif kind == "error":
+                parts.append(f"{content['ename']}: {content['evalue']}")
         return "".join(parts)
 
 

@@ -68,7 +68,7 @@ def code_fingerprint(python: str) -> str:
     upgrade must never hand out kernels of the old code, so its folder is named by this.
     The code counts by content, so that a launcher importing a source tree and one importing
     the same release installed agree on the server."""
-    package = Path(__file__).parent
+    package = Path(__file__).resolve().parent.parent  # all of wasm_kernel, not this subpackage
     digest = hashlib.sha256(os.path.realpath(python).encode())
     sources = file_stamps(package, ".py")  # every served start asks: a stat per file
     files = tuple(sorted((name, size, mtime) for name, (size, mtime) in sources.items()))

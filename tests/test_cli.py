@@ -310,21 +310,34 @@ def test_readme_list_of_what_works_is_true(start_kernel) -> None:
 
 
 @pytest.mark.slow
-def test_jupyter_console_as_the_readme_suggests_runs_a_line() -> None:
+def test_jupyter_console_as_the_readme_suggests_runs_a_line(tmp_path: Path) -> None:
     """README and install's closing message say `jupyter console --kernel wasm-python`:
-    it must be installed with the kernel, start it and run what is typed."""
+    it must be installed with the kernel, start it and run what is typed. Before the first
+    prompt the user sees the console's line and the kernel's short banner, and no log line
+    of ours (a first start, while the kernel server loads, launches the ordinary way)."""
     pexpect = pytest.importorskip("pexpect")
     jupyter = shutil.which("jupyter", path=str(BIN))
     assert jupyter is not None
+    runtime = tmp_path / "runtime"  # no kernel server runs for it yet
+    runtime.mkdir(mode=0o700)
     console = pexpect.spawn(
         jupyter,
         ["console", "--kernel", "wasm-python", "--simple-prompt"],
         encoding="utf-8",
         timeout=60,
-        env={**os.environ, "TERM": "dumb"},
+        env={
+            **os.environ,
+            "TERM": "dumb",
+            "JUPYTER_RUNTIME_DIR": str(runtime),
+            "WASM_KERNEL_SERVER_IDLE": "5",  # the server it starts ends soon after
+        },
     )
     try:
         console.expect(r"In \[1\]: ")
+        shown = console.before.replace("\r\n", "\n").strip().splitlines()
+        assert shown[0].startswith("Jupyter console"), shown
+        assert not [line for line in shown if line.startswith("[")], shown  # a log line
+        assert len(shown) <= 10 and "%sandbox" in shown[-1], shown
         console.sendline("print(6 * 7, 'from the sandbox')")
         console.expect("42 from the sandbox")
         console.expect(r"In \[2\]: ")

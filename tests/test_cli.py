@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -90,6 +91,62 @@ def test_help_all_shows_our_settings_first_with_real_defaults() -> None:
     assert "._" not in shown  # no private setting, ours or ipykernel's
     assert "--Kernel.stop_on_error_timeout=" in theirs  # ipykernel's settings follow
     assert "--ZMQInteractiveShell." not in theirs  # no IPython shell runs here
+
+
+# -- extras ----------------------------------------------------------------------------------
+
+WITHOUT = (  # a Python where a package cannot be imported, as in an environment without it
+    "import sys; sys.modules[{module!r}] = None\n{code}"
+)
+
+
+def test_a_missing_extra_is_named_with_a_command_that_works_from_here() -> None:
+    """The MCP server without mcp, and a host tool without pydantic, say how to add the agents
+    extra as pip takes it from where this package was installed (a clone: its folder, which
+    pip resolves; the package index has no clone's code)."""
+    from wasm_kernel.install_hints import installed_from
+
+    mcp = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            WITHOUT.format(
+                module="mcp", code="from wasm_kernel.__main__ import main; sys.exit(main(['mcp']))"
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert mcp.returncode == 2, mcp.stderr
+    tools = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            WITHOUT.format(
+                module="pydantic",
+                code="from wasm_kernel.agents.tools import python_tool\npython_tool(print)",
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert "ToolDeclarationError" in tools.stderr, tools.stderr
+    source, editable = installed_from()
+    expected = f"{source}[agents]" if source else "wasm-kernel[agents]"
+    [command] = re.findall(r"agents extra installs: (.*)$", mcp.stderr, re.MULTILINE)
+    assert command in tools.stderr and expected in command, (command, tools.stderr)
+    assert (" -e " in command) == editable
+    if source is not None:  # pip accepts it as given
+        dry_run = subprocess.run(
+            [*shlex.split(command), "--dry-run", "--quiet"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert dry_run.returncode == 0, dry_run.stderr[-3000:]
 
 
 # -- install ---------------------------------------------------------------------------------

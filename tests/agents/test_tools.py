@@ -130,6 +130,12 @@ def test_a_tool_that_raises_and_bad_arguments(served: Session) -> None:
     wrong = served.run("sandbox_tools.search('x', limit='many')")
     assert wrong.error is not None and wrong.error.name == "TypeError"
     assert "limit" in wrong.error.value and "integer" in wrong.error.value
+    for call in ("scale(['x'])", "scale([1.0], factor='big')"):  # async, as a sync tool says
+        awrong = served.run(f"sandbox_tools.{call}")
+        assert awrong.error is not None and awrong.error.name == "TypeError", awrong.error
+        assert "scale() arguments do not match its annotations: " in awrong.error.value
+        named = "values.0" if "'x'" in call else "factor"
+        assert f"{named}: Input should be a valid number" in awrong.error.value, awrong.error
     unsendable = served.run("sandbox_tools.search({1, 2})")
     assert unsendable.error is not None and "set" in unsendable.error.value
     missing = served.run("sandbox_tools.search()")  # bound in the guest, as Python would

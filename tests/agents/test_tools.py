@@ -246,6 +246,19 @@ def test_an_operator_tool_that_cannot_be_imported_is_a_refused_setting() -> None
         Session(profile="strict", env=env).start()
 
 
+def test_an_operator_tool_beside_the_notebook_says_why_it_is_not_imported(tmp_path) -> None:
+    """The kernel's working folder (the notebook's) is kept off the host's sys.path on
+    purpose; a tools module left there is refused with that reason, not only "No module"."""
+    (tmp_path / "notebook_tools.py").write_text("def hello() -> str:\n    return 'hi'\n")
+    env = {"WASM_KERNEL_TOOLS": "notebook_tools:hello"}
+    with pytest.raises(SessionError) as refused:
+        Session(profile="strict", env=env, cwd=tmp_path).start()
+    message = str(refused.value)
+    assert "No module named 'notebook_tools'" in message, message
+    assert f"never from its working folder ({tmp_path})" in message, message
+    assert "kept off sys.path on purpose" in message and "PYTHONPATH" in message, message
+
+
 @pytest.mark.slow
 def test_async_session_runs_async_tools_on_its_own_loop() -> None:
     loops = []

@@ -183,6 +183,47 @@ def test_install_takes_ipykernel_flags_and_derives_names_per_profile(tmp_path: P
     assert f"JUPYTER_PATH={tmp_path.resolve() / 'share' / 'jupyter'}" in done.stdout
 
 
+def test_install_again_writes_whole_lines_saying_what_was_there(tmp_path: Path) -> None:
+    """Into a log (not a terminal): lines without carriage returns; with the cache filled,
+    nothing is said to be downloaded or compiled, and no warning of the guest's packages."""
+    done = cli("install", "--prefix", str(tmp_path), "--sandbox-profile", "strict")
+    shown = done.stdout + done.stderr
+    assert "\r" not in shown, shown
+    assert "downloading" not in shown and "compiling" not in shown, shown
+    assert "Warning" not in shown, shown
+    assert "is already in the cache" in done.stderr, done.stderr
+    assert "ready in" in done.stderr, done.stderr
+
+
+def test_progress_into_a_log_is_one_whole_line_per_step() -> None:
+    """A step's progress, where stderr is a pipe: one line when it is done, no \\r."""
+    code = (
+        "import time; from wasm_kernel.__main__ import progress\n"
+        "with progress('a step'):\n    time.sleep(0.6)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stderr == "a step: done in 00:00\n", repr(done.stderr)
+
+
+def test_install_names_what_jupyterlab_needs_for_widgets(tmp_path: Path) -> None:
+    """Without jupyterlab_widgets, JupyterLab shows widgets and tqdm's bars as text:
+    install's closing message says how to add it (the lab extra, as pip takes it here)."""
+    code = WITHOUT.format(
+        module="jupyterlab_widgets",
+        code="from wasm_kernel.__main__ import main\n"
+        f"main(['install', '--prefix', {str(tmp_path)!r}, '--no-precompile'])",
+    )
+    without = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    [line] = [line for line in without.stdout.splitlines() if "jupyterlab_widgets" in line]
+    assert "widgets" in line and "[lab]" in line and " install " in line, line
+    present = cli("install", "--prefix", str(tmp_path), "--no-precompile")
+    assert "jupyterlab_widgets" not in present.stdout, present.stdout
+
+
 def test_install_one_profile_takes_names_as_written(tmp_path: Path) -> None:
     cli(
         "install",

@@ -39,8 +39,9 @@ MAX_TEXT = 100_000  # characters of one run's text returned to the model; the re
 IDLE_TIMEOUT = 1800.0  # seconds an HTTP session's kernel is kept without requests
 SWEEP = 30.0  # seconds between idle checks at most; a shorter --idle-timeout checks oftener
 HOST, PORT = "127.0.0.1", 8000  # where the streamable HTTP server listens by default
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-LOG_LEVEL = "WARNING"  # stderr of a stdio server reaches the client's user: warnings and errors
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+LOG_LEVELS: tuple[LogLevel, ...] = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_LEVEL: LogLevel = "WARNING"  # a stdio server's stderr reaches the client's user
 INSTRUCTIONS = (
     "run_python runs code in a persistent, sandboxed CPython 3.15 (WebAssembly): names stay"
     " between calls, numpy, pandas and matplotlib are there, figures come back as images. There"
@@ -96,7 +97,7 @@ def _is_base64(data: str) -> bool:
 
 
 def build_server(
-    kernels: Kernels, idle_timeout: float | None = None, log_level: str = LOG_LEVEL
+    kernels: Kernels, idle_timeout: float | None = None, log_level: LogLevel = LOG_LEVEL
 ) -> Any:
     """The MCP server with its tools; ``kernels`` supplies one kernel per session, and with
     an ``idle_timeout`` (HTTP) a sweep stops the kernels of sessions idle that long. Its log

@@ -43,10 +43,10 @@ def _started(pid: int) -> int | None:
         return None
 
 
-def create(prefix: str = PREFIX) -> Path:
-    """A new private folder named after this process."""
+def create(prefix: str = PREFIX, folder: Path | None = None) -> Path:
+    """A new private folder named after this process, in ``folder`` (default: TMPDIR)."""
     pid = os.getpid()
-    path = Path(tempfile.mkdtemp(prefix=f"{prefix}{pid}-{_started(pid) or 0}-"))
+    path = Path(tempfile.mkdtemp(prefix=f"{prefix}{pid}-{_started(pid) or 0}-", dir=folder))
     _LIVE.add(path)
     return path
 
@@ -89,11 +89,11 @@ def sweep(folder: str | None = None) -> list[Path]:
     return removed
 
 
-def sweep_beside() -> None:
+def sweep_beside(folder: str | None = None) -> None:
     """``sweep`` on a thread of its own, SWEEP_DELAY seconds from now: it reads /proc for
     every folder found (~2 ms each where /proc is slow, in Python, which would slow a start
     down beside it), and it never removes a running kernel's folder, this one's included."""
-    sweeper = threading.Timer(SWEEP_DELAY, sweep)
+    sweeper = threading.Timer(SWEEP_DELAY, sweep, (folder,))
     sweeper.name, sweeper.daemon = "wasm-kernel-sweep", True
     sweeper.start()
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from ..files import host_files
+from ..files.private_files import private_file, private_folder
 from .names import SUFFIX, ImageError, check_name
 
 STAGING = ".partial"  # staging files: ".NAME.wkimg.<random>.partial"
@@ -147,7 +147,7 @@ class ImageFolder:
         refuse, or make room for, its size before the quota is checked."""
         target = self.path(name)
         try:
-            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            private_folder(self.directory)
             with self._locked():
                 self._sweep_locked()
                 staging, fd = self._new_staging(target)
@@ -206,7 +206,7 @@ class ImageFolder:
     def _locked(self) -> Iterator[None]:
         """The folder's lock, shared with every kernel using it; a lock file that is a link
         or not a regular file is refused."""
-        fd = host_files.open_regular(self.directory / LOCK, os.O_RDWR | os.O_CREAT)
+        fd = private_file(self.directory / LOCK)
         try:
             deadline = time.monotonic() + LOCK_WAIT
             while True:
@@ -226,7 +226,11 @@ class ImageFolder:
             os.close(fd)
 
     def sweep(self) -> None:
-        """Remove staging files whose writer is gone (killed kernels, cut hibernations)."""
+        """Remove staging files whose writer is gone (killed kernels, cut hibernations); a
+        folder an older version left readable by others is narrowed to this user first."""
+        with contextlib.suppress(OSError):
+            if self.directory.is_dir():
+                private_folder(self.directory)
         if not self.staged():  # nothing to do: no lock file made in a folder never written
             return
         try:

@@ -27,7 +27,7 @@ import psutil
 from traitlets import Float
 
 from .. import __version__
-from ..files import kernel_folders
+from ..files import kernel_folders, tenancy
 from ..images import images
 from ..images.image_folder import ImageFolder
 from ..network.network import Network, NetworkLimits
@@ -81,6 +81,23 @@ def _log_to_process_stderr() -> None:
         package.propagate = False
 
 
+def _tenant_folders(settings: Any) -> tuple[str | None, str, Path]:
+    """The tenant a gateway names (or None), and the history file and snapshot folder that
+    are this user's, or this tenant's own (see files.tenancy). Where a tenant's folder cannot
+    be trusted, the setting is refused: no cell runs rather than sharing."""
+    tenant = tenancy.tenant()
+    snapshot_dir = Path(settings.snapshot_dir).expanduser()
+    try:
+        return (
+            tenant,
+            tenancy.keyed_file(settings.history_file, tenant),
+            tenancy.keyed(snapshot_dir, tenant),
+        )
+    except tenancy.ForeignFolder as exc:
+        settings.refuse_setting("snapshot_dir", str(snapshot_dir), "the tenant's folder", str(exc))
+        return tenant, ":memory:", snapshot_dir / tenancy.TENANTS / "refused"
+
+
 class WasmKernel(
     KernelSettings,
     KernelInfo,
@@ -124,12 +141,15 @@ class WasmKernel(
         self._settings_error = InvalidSettings(self.refused) if self.refused else None
         self.runtime = runtime
         self.limits = Limits.of(self)
-        self.history = History(self.history_file)
-        self.grants = Grants(self, runtime, configured, valid=self._settings_error is None)
+        tenant, history_file, snapshot_dir = _tenant_folders(self)
+        self.history = History(history_file)
+        self.grants = Grants(
+            self, runtime, configured, valid=self._settings_error is None, tenant=tenant
+        )
         self.open_audit_log([mount.host for mount in self.grants.granted], configured)
         self._settings_error = InvalidSettings(self.refused) if self.refused else None
         self._withheld_told = False  # said once, on the first cell's stderr
-        folder = ImageFolder(Path(self.snapshot_dir).expanduser(), self.snapshot_quota)
+        folder = ImageFolder(snapshot_dir, self.snapshot_quota)
         self.session_images = SessionImages(
             folder,
             runtime.module.sha256,

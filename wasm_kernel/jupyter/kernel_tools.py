@@ -40,14 +40,15 @@ from ..agents.tools import (
     failure,
     reply_of,
 )
-from ..guest.modules._wasm_kernel_tools import decode
+from ..guest.modules import _wasm_kernel_contract as declared
+from ..guest.modules._wasm_kernel_tools import MAX_DEPTH, decode, too_deep
 from .execute_request import Request
 
 if TYPE_CHECKING:
     from ..sandbox.interrupts import Interrupts
 
 POLL = 0.02  # seconds between checks for an interrupt while a tool runs
-RESULT_LIMIT = 16 << 20  # bytes of JSON a tool's result may take, in the guest's memory
+RESULT_LIMIT = declared.TOOL_RESULT_LIMIT  # bytes of JSON of a tool's result
 INTERRUPTED = {"interrupted": True}
 log = logging.getLogger(__name__)
 
@@ -165,12 +166,18 @@ class KernelTools:
                 return INTERRUPTED
             if not socket.poll(int(POLL * 1000)):
                 continue
-            idents, reply = session.recv(socket)
+            try:  # the content is read here, bounded (see _answer)
+                idents, reply = session.recv(socket, content=False)
+            except Exception as exc:  # a bad signature, a header nested past json's bound
+                log.warning("dropped an unreadable message on the stdin channel: %s", exc)
+                continue
             if reply is None or reply.get("msg_type") != REPLY or idents != request.stdin_ident:
                 continue  # another client's, or a reply to a call that was given up
-            answer = reply.get("content")
-            if isinstance(answer, dict) and answer.get("call_id") == call_id:
-                return _answer(answer)
+            raw = bytes(reply["content"])
+            if call_id.encode() in raw:  # the id is not guessable: only this call's reply has it
+                answer = _answer(raw, call_id)
+                if answer is not None:
+                    return answer
 
 
 def for_kernel(kernel: Any) -> KernelTools:
@@ -214,14 +221,43 @@ def _run(tool: HostTool, wire: dict) -> Any:
     return result
 
 
-def _answer(content: dict) -> dict[str, Any]:
-    """A client's tool_reply, checked: a value, or an error with text."""
+def _answer(raw: bytes, call_id: str) -> dict[str, Any] | None:
+    """A client's tool_reply to call ``call_id``, checked: a value, or an error with text
+    (None: it answers another call). Its value is nested at most MAX_DEPTH deep, the bound
+    of the values tools exchange: deeper than json can parse is refused too."""
+    try:
+        content = json.loads(raw)
+    except RecursionError:
+        return failure(too_deep())
+    except ValueError:
+        return failure(ValueError("the client's tool_reply is not JSON"))
+    if not isinstance(content, dict) or content.get("call_id") != call_id:
+        return None
     if content.get("status") == "ok" and "value" in content:
+        if _nested_deeper(content["value"], MAX_DEPTH):
+            return failure(too_deep())
         return _bounded({"value": content["value"]})
     ename, evalue = content.get("ename"), content.get("evalue")
     if not (isinstance(ename, str) and ename.isidentifier() and len(ename) < 256):
         ename = "ToolError"
+    if isinstance(evalue, (dict, list)):  # text is asked for; str() of it could recurse deep
+        evalue = "(not text)"
     return {"error": {"ename": ename, "evalue": str(evalue)[:16_000]}}
+
+
+def _nested_deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` holds anything more than ``limit`` lists or objects deep, as
+    ``decode`` counts (found without recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+    return False
 
 
 def _bounded(reply: dict[str, Any]) -> dict[str, Any]:
@@ -230,7 +266,8 @@ def _bounded(reply: dict[str, Any]) -> dict[str, Any]:
         if size > RESULT_LIMIT:
             return failure(
                 ValueError(
-                    f"the tool's result ({size:,} bytes) is over the limit of {RESULT_LIMIT:,}"
+                    f"the tool's result is too big: {size:,} bytes as JSON, over the bound of"
+                    f" {RESULT_LIMIT:,} bytes ({RESULT_LIMIT >> 20} MiB) on a tool's result"
                 )
             )
     return reply

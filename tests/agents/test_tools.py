@@ -131,6 +131,12 @@ def test_a_tool_that_raises_and_bad_arguments(served: Session) -> None:
     wrong = served.run("sandbox_tools.search('x', limit='many')")
     assert wrong.error is not None and wrong.error.name == "TypeError"
     assert "limit" in wrong.error.value and "integer" in wrong.error.value
+    for call in ("scale(['x'])", "scale([1.0], factor='big')"):  # async, as a sync tool says
+        awrong = served.run(f"sandbox_tools.{call}")
+        assert awrong.error is not None and awrong.error.name == "TypeError", awrong.error
+        assert "scale() arguments do not match its annotations: " in awrong.error.value
+        named = "values.0" if "'x'" in call else "factor"
+        assert f"{named}: Input should be a valid number" in awrong.error.value, awrong.error
     unsendable = served.run("sandbox_tools.search({1, 2})")
     assert unsendable.error is not None and "set" in unsendable.error.value
     missing = served.run("sandbox_tools.search()")  # bound in the guest, as Python would
@@ -324,6 +330,19 @@ def test_an_operator_tool_that_cannot_be_imported_is_a_refused_setting() -> None
     env = {"PYTHONPATH": TESTS, "WASM_KERNEL_TOOLS": "operator_tools:no_such_function"}
     with pytest.raises(SessionError, match=r"WasmKernel\.tools .* cannot be imported"):
         Session(profile="strict", env=env).start()
+
+
+def test_an_operator_tool_beside_the_notebook_says_why_it_is_not_imported(tmp_path) -> None:
+    """The kernel's working folder (the notebook's) is kept off the host's sys.path on
+    purpose; a tools module left there is refused with that reason, not only "No module"."""
+    (tmp_path / "notebook_tools.py").write_text("def hello() -> str:\n    return 'hi'\n")
+    env = {"WASM_KERNEL_TOOLS": "notebook_tools:hello"}
+    with pytest.raises(SessionError) as refused:
+        Session(profile="strict", env=env, cwd=tmp_path).start()
+    message = str(refused.value)
+    assert "No module named 'notebook_tools'" in message, message
+    assert f"never from its working folder ({tmp_path})" in message, message
+    assert "kept off sys.path on purpose" in message and "PYTHONPATH" in message, message
 
 
 @pytest.mark.slow

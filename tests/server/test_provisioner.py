@@ -299,7 +299,7 @@ def test_a_socket_folder_not_private_to_this_user_is_refused(
     place = tmp_path / f"wasm-kernel-{os.getuid()}"
     a_socket_folder_that_is(kind, place)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    caplog.set_level("INFO")
+    caplog.set_level("DEBUG")
     kernels.append(Kernel())
     assert not isinstance(kernels[0].manager.provisioner.process, ServedKernel)
     assert plain(kernels[0].execute("1 + 1")) == 2
@@ -316,7 +316,7 @@ def test_a_socket_path_still_too_long_is_refused_with_the_reason(
     base = tmp_path / ("x" * (110 - len(str(tmp_path))))
     base.mkdir()
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(base))
-    caplog.set_level("INFO")
+    caplog.set_level("DEBUG")
     kernels.append(Kernel())
     assert not isinstance(kernels[0].manager.provisioner.process, ServedKernel)
     said = [r.getMessage() for r in caplog.records if "without the kernel server" in r.getMessage()]
@@ -335,3 +335,31 @@ def test_a_shutdown_request_meant_for_the_kernel_it_replaces_is_ignored(kernels)
     time.sleep(1.0)
     assert kernel.manager.is_alive()
     assert plain(kernel.execute("1 + 1")) == 2
+
+
+def test_a_change_anywhere_in_the_package_names_another_server(tmp_path: Path) -> None:
+    """The server is named by the kernel's code: after a change to any module (not only the
+    server's own), kernels come from a new server, never from one holding the old code."""
+    import wasm_kernel
+
+    copy = tmp_path / "wasm_kernel"
+    original = Path(wasm_kernel.__file__).parent
+    shutil.copytree(original, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    probe = (
+        "import sys; from wasm_kernel.server.kernel_server import code_fingerprint;"
+        " print(code_fingerprint(sys.executable))"
+    )
+
+    def fingerprint() -> str:
+        return subprocess.run(
+            [sys.executable, "-P", "-c", probe],
+            env={**os.environ, "PYTHONPATH": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    before = fingerprint()
+    with open(copy / "jupyter" / "describe.py", "a") as module:
+        module.write("\n# changed\n")
+    assert fingerprint() != before

@@ -433,6 +433,16 @@ def _shell_intact(candidate):
 # -- boot -------------------------------------------------------------------------------------
 
 
+def whole_version(version):
+    """CPython cuts its compiler's description at 80 characters (Py_GetVersion), and the
+    runtime's clang describes itself with its repository's URL and commit: sys.version ended
+    mid-word, its bracket open. The compiler's name and version, as native builds show them."""
+    head, bracket, compiler = version.partition(" [")
+    if not bracket or compiler.endswith("]"):
+        return version
+    return f"{head} [{compiler.split(' (', 1)[0].strip()}]"
+
+
 def boot(packages, import_paths, plain_tracebacks):
     """Make this interpreter a kernel's: the sandbox's refusals, streams, input, IPython's
     shell. Everything a kernel start costs in the guest happens here, in one call, so that a
@@ -444,6 +454,7 @@ def boot(packages, import_paths, plain_tracebacks):
     import _wasm_kernel_sandbox
 
     if first:
+        sys.version = whole_version(sys.version)
         _wasm_kernel_sandbox.install()
         __import__("_wasm_kernel_sources").install()
         __import__("_wasm_kernel_tools").install()

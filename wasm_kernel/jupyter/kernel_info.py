@@ -15,7 +15,7 @@ from ipykernel._version import kernel_protocol_version
 from ipykernel.kernelbase import Kernel
 
 from . import debug_requests
-from .describe import describe
+from .describe import describe, summary
 
 if TYPE_CHECKING:
     from ..runtime.runtime import Runtime
@@ -81,11 +81,22 @@ class KernelInfo(Kernel):
 
     @property
     def banner(self) -> str:  # type: ignore[override]
-        return self.describe_sandbox(last_cell=False)
+        """A few lines in users' words; ``%sandbox`` has the rest (``describe_sandbox``)."""
+        sandbox = self._boot.result() if self._boot.done() and not self._boot.exception() else None
+        hibernation = self.session_images.hibernation
+        return summary(
+            self,
+            self._settings_error,
+            self.grants,
+            self.limits,
+            self._start.started_from,
+            sandbox,
+            hibernation.describe() if hibernation.enabled and hibernation.session else None,
+        )
 
     def describe_sandbox(self, last_cell: bool = True) -> str:
-        """The running configuration, for the banner and ``%sandbox`` (which also says what
-        the last cell cost); or why there is none."""
+        """The running configuration, for ``%sandbox`` (which also says what the last cell
+        cost); or why there is none."""
         sandbox = self._boot.result() if self._boot.done() and not self._boot.exception() else None
         return describe(
             self,

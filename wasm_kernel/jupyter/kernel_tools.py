@@ -12,9 +12,12 @@ that declared no tools (JupyterLab, nbclient) is never asked: the guest gets a c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import importlib.util
 import json
 import logging
+import os
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..agents.tools import (
     MAX_TOOLS,
     METADATA_KEY,
+    OPERATOR_TOOL,
     REPLY,
     REQUEST,
     HostTool,
@@ -184,8 +188,29 @@ def for_kernel(kernel: Any) -> KernelTools:
     try:
         return KernelTools(operator_tools(kernel.tools))
     except ToolDeclarationError as exc:
-        kernel.refuse_setting("tools", list(kernel.tools), "the configuration", str(exc))
+        why = f"{exc}{_working_folder_hint(kernel.tools)}"
+        kernel.refuse_setting("tools", list(kernel.tools), "the configuration", why)
         return KernelTools({})
+
+
+def _working_folder_hint(specs: list[str]) -> str:
+    """Why a tools module beside the notebook is not found: the working folder is the
+    notebook's, which the sandbox may write to, so the kernel never imports from it."""
+    missing = []
+    for spec in specs:
+        match = OPERATOR_TOOL.match(spec.strip())
+        top = match.group(2).partition(".")[0] if match else ""
+        with contextlib.suppress(ImportError, ValueError):
+            if top and importlib.util.find_spec(top) is None:
+                missing.append(top)
+    if not missing:
+        return ""
+    return (
+        ". WasmKernel.tools are imported from the kernel's installed packages and PYTHONPATH,"
+        f" never from its working folder ({os.getcwd()}): that is the notebook's folder, which"
+        " the sandbox may write to, so it is kept off sys.path on purpose. Install"
+        f" {', '.join(missing)}, or put its folder on the kernel's PYTHONPATH"
+    )
 
 
 def _run(tool: HostTool, wire: dict) -> Any:

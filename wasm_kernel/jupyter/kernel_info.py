@@ -82,7 +82,7 @@ class KernelInfo(Kernel):
     @property
     def banner(self) -> str:  # type: ignore[override]
         """A few lines in users' words; ``%sandbox`` has the rest (``describe_sandbox``)."""
-        sandbox = self._boot.result() if self._boot.done() and not self._boot.exception() else None
+        sandbox = self._running_sandbox()
         hibernation = self.session_images.hibernation
         return summary(
             self,
@@ -94,10 +94,14 @@ class KernelInfo(Kernel):
             hibernation.describe() if hibernation.enabled and hibernation.session else None,
         )
 
+    def _running_sandbox(self) -> Sandbox | None:
+        """The sandbox, once it has started; None while it starts or if it failed to."""
+        return self._boot.result() if self._boot.done() and not self._boot.exception() else None
+
     def describe_sandbox(self, last_cell: bool = True) -> str:
         """The running configuration, for ``%sandbox`` (which also says what the last cell
         cost); or why there is none."""
-        sandbox = self._boot.result() if self._boot.done() and not self._boot.exception() else None
+        sandbox = self._running_sandbox()
         return describe(
             self,
             self._settings_error,

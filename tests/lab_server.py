@@ -14,14 +14,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import websocket
 from jupyter_core.paths import jupyter_data_dir
+from notebook_server import NotebookServer
 
 STARTUP_TIMEOUT = 120  # seconds for JupyterLab to answer
 
@@ -178,49 +177,5 @@ def pids_mentioning(text: str) -> list[int]:
 def execute(server: JupyterLab, kernel_id: str, code: str, timeout: float = 120) -> dict:
     """Run ``code`` in a kernel over the server's websocket, as JupyterLab does; the reply's
     content, with the text of its streams and results gathered under ``"output"``."""
-    session = uuid.uuid4().hex
-    socket_url = (
-        f"ws://127.0.0.1:{server.port}/api/kernels/{kernel_id}/channels?session_id={session}"
-    )
-    connection = websocket.create_connection(
-        socket_url, header=[f"Authorization: token {server.token}"], timeout=timeout
-    )
-    msg_id = uuid.uuid4().hex
-    request = {
-        "header": {
-            "msg_id": msg_id,
-            "msg_type": "execute_request",
-            "username": "test",
-            "session": session,
-            "date": "",
-            "version": "5.3",
-        },
-        "parent_header": {},
-        "metadata": {},
-        "content": {"code": code, "silent": False, "store_history": True, "allow_stdin": False},
-        "channel": "shell",
-        "buffers": [],
-    }
-    try:
-        connection.send(json.dumps(request))
-        output, reply, idle = [], None, False
-        deadline = time.monotonic() + timeout
-        while reply is None or not idle:
-            assert time.monotonic() < deadline, f"no reply to {code!r}"
-            message = json.loads(connection.recv())
-            if message.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            kind, content = message["msg_type"], message["content"]
-            if kind == "execute_reply":
-                reply = content
-            elif kind == "status":
-                idle = content["execution_state"] == "idle"
-            elif kind == "stream":
-                output.append(content["text"])
-            elif kind in ("execute_result", "display_data"):
-                output.append(content["data"].get("text/plain", ""))
-            elif kind == "error":
-                output.append(f"{content['ename']}: {content['evalue']}")
-    finally:
-        connection.close()
-    return {**reply, "output": "".join(output)}
+    cell = NotebookServer(f"{server.url}/", server.token).execute(kernel_id, code, timeout)
+    return {**cell.reply["content"], "output": cell.text()}

@@ -16,12 +16,14 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .commands import SUBCOMMANDS, parser
+from .install_hints import pip_install
 from .jupyter.kernelspecs import KERNEL_NAME, kernelspec, kernelspec_name, write_kernelspec
 from .settings.profiles import DEFAULT_PROFILE, PROFILES, Profile
 
@@ -35,17 +37,23 @@ BOOT_IMAGES_KEPT = 3
 
 @contextlib.contextmanager
 def progress(description: str) -> Iterator[None]:
-    """A live elapsed-time indicator: wasmtime's compile gives no progress of its own."""
+    """A live elapsed-time indicator on a terminal (wasmtime's compile gives no progress of
+    its own); elsewhere (a log, CI) one whole line when the step is done, no carriage return."""
     from tqdm import tqdm
 
+    started = time.monotonic()
+    if not sys.stderr.isatty():
+        yield
+        elapsed = tqdm.format_interval(time.monotonic() - started)
+        print(f"{description}: done in {elapsed}", file=sys.stderr, flush=True)
+        return
     bar = tqdm(total=None, desc=description, bar_format="{desc}: {elapsed}", file=sys.stderr)
     done = threading.Event()
 
     def tick() -> None:
-        while not done.wait(interval):
+        while not done.wait(0.5):
             bar.refresh()
 
-    interval = 0.5 if sys.stderr.isatty() else 15.0  # a log file gets a line now and then
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
     try:
@@ -58,8 +66,9 @@ def progress(description: str) -> Iterator[None]:
 
 def precompile(cache_dir: str | None, seed: bool = False) -> Path:
     """Fetch, compile and check everything kernels load, into ``cache_dir`` (default: the
-    kernels' default cache). ``seed``: first take what the installing user's own cache
-    already built (a shared cache then costs seconds, not minutes)."""
+    kernels' default cache), each step only if its result is missing, saying which were
+    there already. ``seed``: first take what the installing user's own cache already built
+    (a shared cache then costs seconds, not minutes)."""
     from .runtime import guest_packages, runtime_files, runtime_sources
     from .runtime.cache import RuntimeCache
     from .runtime.runtime import RuntimeUnavailable, load_runtime
@@ -68,22 +77,32 @@ def precompile(cache_dir: str | None, seed: bool = False) -> Path:
     runtime = load_runtime(cache_dir=cache.directory)
     if seed:
         _seed_from_own_cache(cache, runtime)
-    with progress(f"downloading the runtime ({runtime.wheel})"):
-        runtime_files.fetch(runtime)
-    with progress("downloading the sources of the runtime's packages (for tracebacks)"):
-        try:
-            sources = runtime_sources.fetch(runtime)
-        except (RuntimeUnavailable, OSError, zipfile.BadZipFile) as exc:
-            sources = None
-            print(f"warning: tracebacks will show no library source: {exc}", file=sys.stderr)
+    absent = runtime_files.missing(runtime)
+    if absent:
+        with progress(f"downloading the runtime ({runtime.wheel})"):
+            runtime_files.fetch(runtime, absent)
+    else:
+        print(f"the runtime {runtime.wheel} is already in the cache", file=sys.stderr)
+    if runtime_sources.sources_zip(runtime).is_file() or not runtime.source_wheels:
+        sources = None
+    else:
+        with progress("downloading the sources of the runtime's packages (for tracebacks)"):
+            try:
+                sources = runtime_sources.fetch(runtime)
+            except (RuntimeUnavailable, OSError, zipfile.BadZipFile) as exc:
+                sources = None
+                print(f"warning: tracebacks will show no library source: {exc}", file=sys.stderr)
     if sources is not None:
         print(f"sources of {sources} library modules ready", file=sys.stderr)
     compiled = cache.load(runtime, progress=progress)
     entry = cache.entry_dir(runtime)
     print(f"compiled runtime {runtime.name} ready in {entry}", file=sys.stderr)
     packages = guest_packages.load_manifest()
-    with progress(f"downloading and precompiling the guest's packages ({packages.name})"):
-        site = guest_packages.prepare(packages, cache.directory, compiled)
+    try:
+        site = guest_packages.locate(packages, cache.directory, compiled)
+    except guest_packages.PackagesUnavailable:
+        with progress(f"downloading and precompiling the guest's packages ({packages.name})"):
+            site = guest_packages.prepare(packages, cache.directory, compiled)
     print(f"guest packages {packages.name} ready in {site.parent}", file=sys.stderr)
     if runtime.restorable:
         make_boot_image(compiled, entry)
@@ -264,7 +283,12 @@ def _how_to_start(installed: list[tuple[str, str, Profile]]) -> None:
 
     jupyter, python = command("jupyter"), command("python")
     if importlib.util.find_spec("jupyterlab") is None:
-        print(f"JupyterLab is not installed here; add it with: {here / 'pip'} install jupyterlab")
+        print(f"JupyterLab is not installed here; add it, with widgets: {pip_install('[lab]')}")
+    elif importlib.util.find_spec("jupyterlab_widgets") is None:
+        print(
+            "JupyterLab shows widgets (sliders, tqdm's bars) as text without"
+            f" jupyterlab_widgets; add it: {pip_install('[lab]')}"
+        )
     print(f"Start JupyterLab with `{jupyter} lab` and pick in its launcher:")
     for name, title, profile in installed:
         print(f"  {title}  (kernel {name}, profile {profile.name})")

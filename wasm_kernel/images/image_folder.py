@@ -36,6 +36,7 @@ LOCK_WAIT = 10.0  # seconds; the lock is held for a rename or a sweep, milliseco
 _CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 POLL = 0.002  # seconds between looks for an awaited image, where inotify is missing
 RECHECK = 1.0  # seconds between looks for an awaited image all the same
+SAVED_POLL = 0.05  # seconds between looks at a save in progress that is waited for
 WATCH_READ = 64 << 10  # bytes of inotify events read at a time (they are only a wake-up)
 IN_CREATE, IN_MOVED_TO = 0x100, 0x80  # <sys/inotify.h>
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -131,6 +132,31 @@ class ImageFolder:
     def staged(self) -> list[Entry]:
         """Staging files: saves in progress, or left by kernels that were stopped."""
         return self._listed(is_staging)
+
+    def saving(self, name: str) -> bool:
+        """Whether an image of ``name`` is being written now: a staging file of its own that
+        its writer holds locked (one a stopped writer left holds no lock)."""
+        prefix = f".{self.path(name).name}."
+        for entry in self._listed(lambda found: is_staging(found) and found.startswith(prefix)):
+            try:
+                fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        return False
+
+    def wait_saved(self, name: str, seconds: float) -> None:
+        """Return once no image of ``name`` is being written, or after ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while self.saving(name) and time.monotonic() < deadline:
+            time.sleep(SAVED_POLL)
 
     def used(self, besides: Path | None = None) -> int:
         """Bytes the images and the staging files take, but the file ``besides``."""

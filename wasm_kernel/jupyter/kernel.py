@@ -27,7 +27,7 @@ import psutil
 from traitlets import Float
 
 from .. import __version__
-from ..files import kernel_folders, tenancy
+from ..files import tenancy
 from ..images import images
 from ..images.image_folder import ImageFolder
 from ..network.network import Network, NetworkLimits
@@ -37,7 +37,7 @@ from ..sandbox.sandbox import Sandbox
 from ..sandbox.stops import CellStopped
 from ..settings.kernel_settings import KernelSettings, screened
 from ..settings.settings import InvalidSettings
-from . import iopub, lifeline
+from . import iopub, lifeline, termination
 from .accounting import CellAccounting
 from .boot import SandboxStart
 from .cell_messages import CellMessages, KernelDoors
@@ -53,9 +53,6 @@ from .request_checks import CheckedRequests
 from .session_images import SessionImages
 
 BACKLOG_FLOOR = 64 << 20  # bytes of cell output that may wait for slow IOPub clients
-# Longest a shutdown waits for the hibernation: clients kill a kernel that has not exited
-# 5 s after its shutdown_request (jupyter_client's shutdown_wait_time).
-HIBERNATE_SECONDS = 4.0
 
 
 def _keep_working_folder_off_sys_path() -> None:
@@ -105,6 +102,7 @@ class WasmKernel(
     RelayedInterrupts,
     CheckedRequests,
     CellAccounting,
+    termination.Ending,
     HostComms,  # after CheckedRequests: it checks comm_info_request first
 ):
     implementation = "wasm-kernel"
@@ -134,7 +132,7 @@ class WasmKernel(
         _keep_working_folder_off_sys_path()
         _log_to_process_stderr()
         if threading.current_thread() is threading.main_thread():
-            kernel_folders.remove_on_sigterm()  # SIGTERM would leave the guest's files
+            termination.hibernate_on_sigterm(self._end_from_outside)
         configured = self.read_settings()
         runtime = configured_runtime(self)
         self.host_tools = kernel_tools(self)  # the operator's, imported now
@@ -250,7 +248,7 @@ class WasmKernel(
             return cell.fail(stop.ename, stop.evalue)
         self.cell_measured(request.parent, measured)
         if cell.asks_exit():
-            self._end_after_reply()
+            self._end_process(hibernate=False, delay=0.1)
         if cell.snapshot is not None:  # %snapshot save/restore: now that the turn is over
             act = partial(self.session_images.act, sandbox, *cell.snapshot, self.execution_count)
             try:
@@ -353,17 +351,6 @@ class WasmKernel(
             hist_access_type, output, session, start, stop, n, pattern, unique
         )
 
-    def _end_after_reply(self) -> None:
-        """exit() or quit() in a cell: as ipykernel does, the kernel process ends just after
-        the cell's reply is sent. The user ended the session, so it does not hibernate."""
-
-        async def end() -> None:
-            await asyncio.sleep(0.1)  # ipykernel's delay: the reply is sent meanwhile
-            await self._close(hibernate=False)
-            self.io_loop.add_callback(self.io_loop.stop)
-
-        self._ending = asyncio.ensure_future(end())
-
     async def do_shutdown(self, restart: bool) -> dict:
         await self._close(hibernate=not restart)
         return {"status": "ok", "restart": restart}
@@ -381,9 +368,10 @@ class WasmKernel(
                 count = self.execution_count
                 save = partial(self.session_images.hibernate, sandbox, count)
                 hibernation = asyncio.wrap_future(self._worker.submit(save))
-                done, _ = await asyncio.wait([hibernation], timeout=HIBERNATE_SECONDS)
+                limit = termination.HIBERNATE_SECONDS
+                done, _ = await asyncio.wait([hibernation], timeout=limit)
                 if not done:
-                    self.log.warning("the session could not hibernate in %g s", HIBERNATE_SECONDS)
+                    self.log.warning("the session could not hibernate in %g s", limit)
             sandbox.close()
             sandbox.compiled.close()
         self._worker.shutdown(wait=False, cancel_futures=True)

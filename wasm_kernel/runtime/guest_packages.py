@@ -255,7 +255,10 @@ def precompile_in_guest(compiled: CompiledRuntime, site: Path, guest_path: str) 
         if not compiled.runtime.preinitialized:
             exported(exports, "_initialize", wasmtime.Func)(store)
         source = (
-            "import compileall, py_compile, sys\n"
+            "import compileall, py_compile, sys, warnings\n"
+            # the packages' own style (ipywidgets' "\\." escapes) is their authors' concern:
+            # what the compile finds in their code is not news for the user who installs
+            "warnings.simplefilter('ignore', SyntaxWarning)\n"
             f"ok = compileall.compile_dir({guest_path!r}, quiet=1, workers=1,"
             " invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)\n"
             "sys.exit(0 if ok else 1)\n"

@@ -29,19 +29,36 @@ BOOT_FUEL = 20_000_000_000
 IDLE_DEADLINE = 1 << 62  # epochs: no deadline between turns
 
 
+def preopened(
+    compiled: CompiledRuntime, packages: Any, mounts: Sequence[Mount], sources: bool
+) -> list[tuple[Path, str, bool]]:
+    """(host folder, guest path, writable) of every folder the guest sees, in the order
+    they are pre-opened: the runtime's folders and its packages read-only, a private /tmp
+    (third: GuestFiles' ``scratch_index``), the libraries' sources where installed, the
+    operator's mounts. GuestFiles numbers them in this order."""
+    runtime = compiled.runtime
+    folders = [
+        (compiled.lib_dir, runtime.lib_guest_dir, False),
+        (compiled.mpl_data_dir, f"{runtime.stdlib_guest_path}/matplotlib/mpl-data", False),
+        (None, SCRATCH, True),  # the caller's /tmp
+        (packages.host, packages.guest, False),
+    ]
+    if sources:  # the libraries' sources, for tracebacks (see runtime_sources)
+        folders.append((runtime.sources_dir, runtime.sources_guest_dir, False))
+    # wasmtime keeps every path the guest opens inside these
+    folders += [(mount.host, mount.guest, mount.writable) for mount in mounts]
+    return folders
+
+
 def wasi_config(
-    compiled: CompiledRuntime,
+    folders: Sequence[tuple[Path | None, str, bool]],
     scratch: Path,
-    packages: Any,
-    mounts: Sequence[Mount],
     cwd: str,
     output: Callable[[str, bytes], int],
-    sources: bool,
 ) -> wasmtime.WasiConfig:
-    """What the guest sees of the host: the runtime's folders and its packages read-only, a
-    private /tmp, the libraries' sources where installed, the operator's mounts, a handful of
-    its own variables, and stdout/stderr streamed to ``output``. Order matters: GuestFiles
-    counts the preopens in this order."""
+    """What the guest sees of the host: ``folders`` (see ``preopened``; None: the private
+    /tmp, ``scratch``), a handful of its own variables, and stdout/stderr streamed to
+    ``output``."""
     wasi = wasmtime.WasiConfig()
     wasi.argv = GUEST_ARGV
     wasi.env = [
@@ -51,17 +68,8 @@ def wasi_config(
         ("PYTHONTZPATH", ""),
         ("MPLBACKEND", "module://matplotlib_inline.backend_inline"),  # as ipykernel's
     ]
-    runtime = compiled.runtime
-    wasi.preopen_dir(str(compiled.lib_dir), runtime.lib_guest_dir, False)
-    wasi.preopen_dir(
-        str(compiled.mpl_data_dir), f"{runtime.stdlib_guest_path}/matplotlib/mpl-data", False
-    )
-    wasi.preopen_dir(str(scratch), SCRATCH, True)
-    wasi.preopen_dir(str(packages.host), packages.guest, False)
-    if sources:  # the libraries' sources, for tracebacks (see runtime_sources)
-        wasi.preopen_dir(str(runtime.sources_dir), runtime.sources_guest_dir, False)
-    for mount in mounts:  # wasmtime keeps every path the guest opens inside these
-        wasi.preopen_dir(str(mount.host), mount.guest, mount.writable)
+    for host, guest, writable in folders:
+        wasi.preopen_dir(str(scratch if host is None else host), guest, writable)
     wasi.stdout_custom = lambda data: output("stdout", data)
     wasi.stderr_custom = lambda data: output("stderr", data)
     return wasi
@@ -102,14 +110,14 @@ class Interpreter:
         exports = linker.instantiate(store, compiled.module).exports(store)
         self.store = store
         self.memory = exported(exports, "memory", wasmtime.Memory)
-        files.bind(engine, compiled.adapter, store, self.memory)
+        self.named: dict[str, Any] = {
+            export.name: exports[export.name] for export in compiled.module.exports
+        }
+        files.bind(engine, compiled.adapter, store, self.memory, self._stack_pointer_name())
         self.files = files
         self.guest_memory = GuestMemory(self.memory)
         self.alloc = exported(exports, "host_alloc", wasmtime.Func)
         self._turn = exported(exports, "turn", wasmtime.Func)
-        self.named: dict[str, Any] = {
-            export.name: exports[export.name] for export in compiled.module.exports
-        }
         self.state: GuestState | None = None
         self.fresh = True
         self._closed = False
@@ -137,6 +145,26 @@ class Interpreter:
             for name, value in self.named.items()
             if name.startswith(GLOBAL_EXPORT_PREFIX) or name == BRK_EXPORT
         }
+
+    def _stack_pointer_name(self) -> str:
+        """The export of the guest's stack pointer: the runtime has one mutable global of its
+        own (wasm-ld's layout), exported by the rewrite; "" where it is not."""
+        found = [
+            name
+            for name, value in self.named.items()
+            if name.startswith(GLOBAL_EXPORT_PREFIX) and isinstance(value, wasmtime.Global)
+        ]
+        return found[0] if len(found) == 1 else ""
+
+    def stack_pointer(self) -> int:
+        """Where the guest's stack is, between turns: below it, stack nobody uses now."""
+        name = self._stack_pointer_name()
+        if not name:
+            raise ValueError("this runtime's stack pointer cannot be told apart")
+        pointer = self.named[name].value(self.store)
+        if not isinstance(pointer, int):
+            raise ValueError("this runtime's stack pointer is not an address")
+        return pointer & 0xFFFFFFFF
 
     @property
     def size(self) -> int:

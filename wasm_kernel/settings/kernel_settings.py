@@ -55,6 +55,7 @@ from .settings import (
     describe_refusal,
 )
 
+MIN_AUDIT_LOG_LIMIT = 1 << 20  # some thousands of lines: smaller is a unit slip (MiB meant)
 MIN_SNAPSHOT_QUOTA = 16 << 20  # smaller holds no image at all: a unit slip
 MIN_HIBERNATION_DAYS = 0.01  # about a quarter of an hour: shorter is a unit slip (hours meant?)
 MAX_HIBERNATION_DAYS = 3650.0
@@ -404,6 +405,16 @@ class KernelSettings(SettingsRecord):
         " following a link; refused (no cell runs) if it cannot be, or if it lies in a folder"
         " mounted into the sandbox.",
         shown=lambda: "none: no audit log (every profile)",
+    ).tag(config=True)
+    audit_log_limit = Limit(
+        integer=True,
+        low=MIN_AUDIT_LOG_LIMIT,
+        high=INT64_MAX,
+        unit="bytes",
+        default=64 << 20,
+        help="Bytes the audit log's file may reach: the line that would pass it renames the"
+        " file to the same name with '.1' (replacing the one before) and starts a new one,"
+        " whose first line says so. So the log takes at most twice this on disk.",
     ).tag(config=True)
 
 

@@ -87,17 +87,21 @@ def make_user() -> LocalUser:
     return LocalUser(name, entry.pw_uid, entry.pw_gid, home)
 
 
-def remove_user(user: LocalUser) -> None:
-    """The user's processes ended (a kernel server outlives its kernels), then the user
-    and their home."""
+def end_processes(user: LocalUser) -> None:
+    """Every process of the user killed (a kernel server outlives its kernels)."""
     for _ in range(50):
         left = [p for p in psutil.process_iter(["uids"]) if p.info["uids"].real == user.uid]
         if not left:
-            break
+            return
         for process in left:
             with contextlib.suppress(psutil.Error):
                 process.kill()
         time.sleep(0.1)
+
+
+def remove_user(user: LocalUser) -> None:
+    """The user's processes ended, then the user and their home."""
+    end_processes(user)
     subprocess.run(["userdel", "--remove", user.name], capture_output=True, check=False)
     shutil.rmtree(user.home, ignore_errors=True)
 

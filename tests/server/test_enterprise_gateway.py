@@ -61,12 +61,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
     env = {
         "XDG_DATA_HOME": str(here.data),
         "XDG_CACHE_HOME": str(here.root / "xdg-cache"),
-        "WASM_KERNEL_CACHE_DIR": str(default_cache_dir()),  # the runtime the test setup built
     }
     pairs = [arg for name, value in env.items() for arg in ("--env", name, value)]
     subprocess.run(
         [sys.executable, "-m", "wasm_kernel", "install", "--gateway", "--no-precompile"]
-        + ["--prefix", str(here.kernels), *pairs],
+        # the runtime the test setup built, named in the kernelspecs as an operator names one
+        # compiled elsewhere (a --prefix that is not this Python's would have its own)
+        + ["--cache-dir", str(default_cache_dir()), "--prefix", str(here.kernels), *pairs],
         check=True,
         capture_output=True,
         timeout=120,

@@ -108,12 +108,9 @@ def check_cache(directory: Path, entry: Path, inside: str, files: Path) -> None:
     (the sources the guest reads) when they are kept in ``directory``."""
     try:
         check_folder(directory)
-        real = entry.resolve()  # a link put there by the cache's owner: where it leads
-        if real != entry.absolute():
-            check_folder(real.parent)
-        check_entry(real, inside)
+        check_entry(_followed(entry), inside)
         if files.parent == directory and files.is_dir():
-            check_entry(files)
+            check_entry(_followed(files))
     except (UntrustedCache, OSError) as exc:
         raise UntrustedCache(
             f"the compiled-runtime cache {directory} is not safe to load: {exc}. Have its"
@@ -121,6 +118,15 @@ def check_cache(directory: Path, entry: Path, inside: str, files: Path) -> None:
             f" (`python -m wasm_kernel install` does), or set {CACHE_DIR_ENV} to a folder"
             " of your own."
         ) from None
+
+
+def _followed(path: Path) -> Path:
+    """Where ``path`` leads: a link in a trusted cache folder was put there by its owner, and
+    the folders above its target must be trusted as well."""
+    real = path.resolve()
+    if real != path.absolute():
+        check_folder(real.parent)
+    return real
 
 
 def _top_of(entry: Path, inside: Iterable[str]) -> Iterator[Path]:

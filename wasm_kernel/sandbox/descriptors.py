@@ -29,21 +29,25 @@ forwards each call.
 from __future__ import annotations
 
 import resource
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import wasmtime
 
 from ..runtime.cache import exported
 from ..runtime.wasi_adapter import I64, SIGNATURES, WASI
+from .host_paths import HostPaths
 
 ERRNO_SUCCESS = 0
 ERRNO_BADF = 8
 ERRNO_DQUOT = 19
 ERRNO_MFILE = 33
+ERRNO_NXIO = 60
 ERRNO_PERM = 63
 OFLAG_CREAT, OFLAG_TRUNC = 1, 8
 RIGHT_FD_WRITE = 1 << 6
 FIRST_PREOPEN = 3
+MAX_PATH = 4096  # bytes: longer paths are left to the real call, which refuses them
 MAX_GUEST_FILES = 512  # descriptors a guest may hold open (at most half the process's limit)
 
 
@@ -61,20 +65,20 @@ def default_limit() -> int:
 class GuestFiles:
     """Descriptor bookkeeping for one guest interpreter (see the module docstring).
 
-    ``preopens`` counts the folders pre-opened through WASI, in order; ``scratch_index`` is the
-    position of the private /tmp among them.
+    ``folders`` are the host folders pre-opened through WASI, in order; ``scratch_index`` is
+    the position of the private /tmp among them.
     """
 
     def __init__(
         self,
-        preopens: int,
+        folders: Sequence[Path],
         scratch_index: int,
         touched: Callable[[], None],
         room: Callable[[], bool],
         limit: int | None = None,
         removed: Callable[[], None] | None = None,
     ):
-        self.protected = FIRST_PREOPEN + preopens  # descriptors below this are the kernel's
+        self.protected = FIRST_PREOPEN + len(folders)  # descriptors below this are the kernel's
         self.scratch = FIRST_PREOPEN + scratch_index
         self.limit = default_limit() if limit is None else limit
         self._touched = touched
@@ -84,6 +88,7 @@ class GuestFiles:
         self._memory: wasmtime.Memory | None = None
         self.open: dict[int, tuple[bool, bool]] = {}  # fd -> (in the scratch folder, writable)
         self._kept: set[int] = set()  # what was open at the last checkpoint
+        self.paths = HostPaths(FIRST_PREOPEN, folders)
 
     # -- wiring ---------------------------------------------------------------------------------
 
@@ -120,6 +125,7 @@ class GuestFiles:
         for fd in [fd for fd in self.open if fd not in self._kept]:
             self._real["fd_close"](store, fd)
             del self.open[fd]
+            self.paths.forget(fd)
 
     def writing_to_scratch(self) -> bool:
         """Whether a file in the private /tmp is open for writing (it may grow any time)."""
@@ -136,6 +142,7 @@ class GuestFiles:
         errno = self._real["fd_close"](caller, fd)
         if errno == ERRNO_SUCCESS:
             self.open.pop(fd, None)
+            self.paths.forget(fd)
         return errno
 
     def _fd_renumber(self, caller: wasmtime.Caller, fd: int, to: int) -> int:
@@ -146,6 +153,7 @@ class GuestFiles:
         errno = self._real["fd_renumber"](caller, fd, to)
         if errno == ERRNO_SUCCESS:
             self.open[to] = self.open.pop(fd)
+            self.paths.move(fd, to)
         return errno
 
     def _path_open(
@@ -166,15 +174,27 @@ class GuestFiles:
         writable = bool(rights & RIGHT_FD_WRITE) or bool(oflags & (OFLAG_CREAT | OFLAG_TRUNC))
         if writable and not self._may_grow(fd):
             return ERRNO_DQUOT
+        assert self._memory is not None  # bound before the guest runs
+        host = self.paths.resolve(fd, self._guest_path(caller, path, path_len))
+        if host is not None and not self.paths.may_open(host, follow=bool(dirflags & 1)):
+            return ERRNO_NXIO
         errno = self._real["path_open"](
             caller, fd, dirflags, path, path_len, oflags, rights, inheriting, fdflags, opened
         )
         if errno == ERRNO_SUCCESS:
             at = opened & 0xFFFFFFFF  # wasm i32 values arrive signed
-            assert self._memory is not None  # bound before the guest runs
             new_fd = int.from_bytes(self._memory.read(caller, at, at + 4), "little")
             self.open[new_fd] = (self._in_scratch(fd), writable)
+            self.paths.opened(new_fd, host)
         return errno
+
+    def _guest_path(self, caller: wasmtime.Caller, path: int, path_len: int) -> bytes | None:
+        """The path a call names, or None if it is too long to be one (the real call says so)."""
+        if not 0 < path_len <= MAX_PATH:
+            return None
+        assert self._memory is not None
+        at = path & 0xFFFFFFFF
+        return self._memory.read(caller, at, at + path_len)
 
     def _path_create_directory(
         self, caller: wasmtime.Caller, fd: int, path: int, path_len: int

@@ -40,8 +40,8 @@ def wasi_config(
 ) -> wasmtime.WasiConfig:
     """What the guest sees of the host: the runtime's folders and its packages read-only, a
     private /tmp, the libraries' sources where installed, the operator's mounts, a handful of
-    its own variables, and stdout/stderr streamed to ``output``. Order matters: GuestFiles
-    counts the preopens in this order."""
+    its own variables, and stdout/stderr streamed to ``output``. The folders are
+    ``preopens``, in its order."""
     wasi = wasmtime.WasiConfig()
     wasi.argv = GUEST_ARGV
     wasi.env = [
@@ -51,20 +51,33 @@ def wasi_config(
         ("PYTHONTZPATH", ""),
         ("MPLBACKEND", "module://matplotlib_inline.backend_inline"),  # as ipykernel's
     ]
-    runtime = compiled.runtime
-    wasi.preopen_dir(str(compiled.lib_dir), runtime.lib_guest_dir, False)
-    wasi.preopen_dir(
-        str(compiled.mpl_data_dir), f"{runtime.stdlib_guest_path}/matplotlib/mpl-data", False
-    )
-    wasi.preopen_dir(str(scratch), SCRATCH, True)
-    wasi.preopen_dir(str(packages.host), packages.guest, False)
-    if sources:  # the libraries' sources, for tracebacks (see runtime_sources)
-        wasi.preopen_dir(str(runtime.sources_dir), runtime.sources_guest_dir, False)
-    for mount in mounts:  # wasmtime keeps every path the guest opens inside these
-        wasi.preopen_dir(str(mount.host), mount.guest, mount.writable)
+    for host, guest, writable in preopens(compiled, scratch, packages, mounts, sources):
+        wasi.preopen_dir(str(host), guest, writable)
     wasi.stdout_custom = lambda data: output("stdout", data)
     wasi.stderr_custom = lambda data: output("stderr", data)
     return wasi
+
+
+def preopens(
+    compiled: CompiledRuntime,
+    scratch: Path,
+    packages: Any,
+    mounts: Sequence[Mount],
+    sources: bool,
+) -> list[tuple[Path, str, bool]]:
+    """The folders the guest sees, in the order WASI numbers them: (host, guest, writable)."""
+    runtime = compiled.runtime
+    folders = [
+        (compiled.lib_dir, runtime.lib_guest_dir, False),
+        (compiled.mpl_data_dir, f"{runtime.stdlib_guest_path}/matplotlib/mpl-data", False),
+        (scratch, SCRATCH, True),
+        (packages.host, packages.guest, False),
+    ]
+    if sources:  # the libraries' sources, for tracebacks (see runtime_sources)
+        folders.append((runtime.sources_dir, runtime.sources_guest_dir, False))
+    # wasmtime keeps every path the guest opens inside these
+    folders.extend((mount.host, mount.guest, mount.writable) for mount in mounts)
+    return [(Path(host), guest, writable) for host, guest, writable in folders]
 
 
 def has_sources(runtime: runtime_module.Runtime) -> bool:

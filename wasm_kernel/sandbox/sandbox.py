@@ -37,7 +37,7 @@ from .contract import guest_call
 from .descriptors import GuestFiles
 from .guest_code import install_source
 from .host_functions import MAX_MESSAGE, Discard, GuestClock, HostCall, Receiver, SymlinkRefusal
-from .interpreter import Interpreter, has_sources, wasi_config
+from .interpreter import Interpreter, has_sources, preopens, wasi_config
 from .interrupts import Interrupts, Metering
 from .limits import Limits
 from .metrics import CellMeter, CellMetrics
@@ -134,11 +134,10 @@ class Sandbox(SandboxRecovery):
             self._guest_output,
             sources,
         )
-        # the runtime's two folders, /tmp, the guest's packages, the libraries' sources where
-        # installed, the mounts (see wasi_config)
+        folders = preopens(self.compiled, self._tmp, self.packages, self.mounts, sources)
         files = GuestFiles(
-            preopens=4 + sources + len(self.mounts),
-            scratch_index=2,
+            folders=[host for host, _, _ in folders],
+            scratch_index=[guest for _, guest, _ in folders].index(SCRATCH),
             touched=self._scratch.touched,
             room=self._scratch.has_room,
             removed=self._scratch.removed,

@@ -1,0 +1,41 @@
+"""Every wait of the guest ends: on an interrupt, at the hard stop after ``interrupt_grace``,
+and at the time limit. Each test builds the thing a cell could wait on (a FIFO with no
+writer, an image that never appears) and checks that the kernel answers anyway."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+from conftest import Kernel, ok
+
+
+@pytest.fixture
+def fifo_folder(tmp_path: Path) -> Path:
+    os.mkfifo(tmp_path / "fifo")  # no process ever opens it for writing
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(tmp_path / "socket"))
+    (tmp_path / "data.txt").write_text("regular")
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", ["fifo", "socket"])
+def test_a_fifo_or_socket_beside_the_notebook_is_refused_not_waited_on(
+    start_kernel, fifo_folder: Path, name: str
+) -> None:
+    """Opening a FIFO blocks until a writer appears, inside wasmtime, where no interrupt or
+    hard stop reaches; the kernel refuses to open it instead."""
+    kernel: Kernel = start_kernel(["--WasmKernel.time_limit=6"], cwd=fifo_folder)
+    run = kernel.execute(f"open('/notebook/{name}').read(1)", timeout=60)
+    assert run.content["ename"] == "OSError", run.content
+    assert run.content["evalue"].startswith("[Errno 60]"), run.content
+    assert "only regular files and folders" in "\n".join(run.content["traceback"])
+    # through os.open too, non-blocking or not, and the folder's regular files still open
+    run = kernel.execute(f"import os\nos.open('/notebook/{name}', os.O_RDONLY | os.O_NONBLOCK)")
+    assert run.content["evalue"].startswith("[Errno 60]"), run.content
+    assert ok(kernel.execute("open('/notebook/data.txt').read()")).result_text() == "'regular'"
+    assert ok(kernel.execute("sorted(os.listdir('/notebook'))")).result_text() == (
+        "['data.txt', 'fifo', 'socket']"
+    )

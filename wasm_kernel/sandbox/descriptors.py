@@ -194,7 +194,7 @@ class GuestFiles:
             return None
         assert self._memory is not None
         at = path & 0xFFFFFFFF
-        return self._memory.read(caller, at, at + path_len)
+        return bytes(self._memory.read(caller, at, at + path_len))
 
     def _path_create_directory(
         self, caller: wasmtime.Caller, fd: int, path: int, path_len: int

@@ -39,3 +39,34 @@ def test_a_fifo_or_socket_beside_the_notebook_is_refused_not_waited_on(
     assert ok(kernel.execute("sorted(os.listdir('/notebook'))")).result_text() == (
         "['data.txt', 'fifo', 'socket']"
     )
+
+
+def waiting_for_an_image(start_kernel, folder: Path) -> Kernel:
+    """A kernel told to wait 600 s for an image no one will write."""
+    return start_kernel(
+        [
+            "--WasmKernel.resume_from=never-written",
+            "--WasmKernel.resume_wait=600",
+            "--WasmKernel.time_limit=8",
+        ],
+        env={"WASM_KERNEL_SNAPSHOT_DIR": str(folder)},
+    )
+
+
+def test_a_cell_waiting_for_an_image_is_interrupted(start_kernel, tmp_path: Path) -> None:
+    kernel = waiting_for_an_image(start_kernel, tmp_path)
+    msg_id = kernel.client.execute("x = 1")
+    kernel.manager.interrupt_kernel()
+    run = kernel.collect(msg_id, timeout=60)
+    assert run.content["ename"] == "KeyboardInterrupt", run.content
+    assert "never-written" in run.content["evalue"]
+    # the kernel then goes on from a fresh interpreter: the interrupted cell did not run
+    assert ok(kernel.execute("globals().get('x', 'fresh')")).result_text() == "'fresh'"
+
+
+def test_a_cell_waiting_for_an_image_ends_at_its_time_limit(start_kernel, tmp_path: Path) -> None:
+    kernel = waiting_for_an_image(start_kernel, tmp_path)
+    run = kernel.execute("x = 1", timeout=60)
+    assert run.content["ename"] == "TimeLimitExceeded", run.content
+    assert "time limit of 8 s" in run.content["evalue"]
+    assert ok(kernel.execute("globals().get('x', 'fresh')")).result_text() == "'fresh'"

@@ -39,7 +39,7 @@ from ..settings.kernel_settings import KernelSettings, screened
 from ..settings.settings import InvalidSettings
 from . import iopub, lifeline
 from .accounting import CellAccounting
-from .boot import SandboxStart
+from .boot import SandboxStart, WaitStopped
 from .cell_messages import CellMessages, KernelDoors
 from .comms import HostComms
 from .execute_request import Request
@@ -234,7 +234,7 @@ class WasmKernel(
             return cell.fail("TypeError", "the code of an execute_request must be a string")
         try:
             sandbox = await self._sandbox(lambda text: cell.stream("stderr", text))
-        except InvalidSettings as exc:
+        except (InvalidSettings, WaitStopped) as exc:
             return cell.fail(exc.ename, str(exc))
         except Exception as exc:
             return cell.fail("SandboxUnavailable", f"the sandbox could not start: {exc}")
@@ -298,7 +298,9 @@ class WasmKernel(
         return await self._start.wait(self._boot, notify)
 
     def _interrupt_sandbox(self) -> None:
-        if self._boot.done() and not self._boot.exception():
+        if not self._boot.done():
+            self._start.interrupt()
+        elif not self._boot.exception():
             self._boot.result().interrupt()
 
     def _process_children(self) -> list[Any]:
@@ -329,8 +331,9 @@ class WasmKernel(
         if not self._refuse_malformed(stream, ident, parent, "execute_request"):
             resuming = self.session_images.to_resume(self.resume_from) is not None
             if not self._boot.done() and resuming:
-                # a resumed session numbers this cell after its own
-                await asyncio.wait([asyncio.wrap_future(self._boot)])
+                # a resumed session numbers this cell after its own (the cell's wait is
+                # bounded and interruptible: see SandboxStart.wait)
+                await self._start.settle(self._boot, lambda _: None)
             self._take_resumed_state()
             await super().execute_request(stream, ident, parent)
 

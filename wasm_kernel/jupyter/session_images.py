@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -203,17 +204,22 @@ class SessionImages:
         except images.ImageError as exc:
             log.warning("could not hibernate this session: %s", exc)
 
-    def to_resume(self, resume_from: str, wait: float = 0.0) -> Path | None:
+    def to_resume(
+        self, resume_from: str, wait: float = 0.0, give_up: threading.Event | None = None
+    ) -> Path | None:
         """``resume_from`` (a snapshot's name or a path), else this notebook's hibernated image.
-        A named image that does not exist yet is waited for up to ``wait`` seconds: a fork's,
-        which its parent kernel writes while this one starts (see ``Session.fork``)."""
+        A named image that does not exist yet is waited for up to ``wait`` seconds, or until
+        ``give_up`` is set: a fork's, which its parent kernel writes while this one starts
+        (see ``Session.fork``)."""
         if resume_from:
             try:
                 named = self.folder.path(resume_from)
             except images.ImageError:
                 named = None
             given = Path(resume_from).expanduser()
-            if named is not None and image_folder.wait_for(named, 0 if given.exists() else wait):
+            if named is not None and image_folder.wait_for(
+                named, 0 if given.exists() else wait, give_up
+            ):
                 return named
             return given
         name = self.hibernation.name

@@ -37,6 +37,7 @@ import wasmtime
 from ..runtime.cache import exported
 from ..runtime.wasi_adapter import I64, SIGNATURES, WASI
 from .host_paths import HostPaths
+from .scratch_journal import ScratchJournal
 
 ERRNO_SUCCESS = 0
 ERRNO_BADF = 8
@@ -89,6 +90,7 @@ class GuestFiles:
         self.open: dict[int, tuple[bool, bool]] = {}  # fd -> (in the scratch folder, writable)
         self._kept: set[int] = set()  # what was open at the last checkpoint
         self.paths = HostPaths(FIRST_PREOPEN, folders)
+        self.journal = ScratchJournal()  # what a service turn adds to /tmp (see there)
 
     # -- wiring ---------------------------------------------------------------------------------
 
@@ -130,6 +132,21 @@ class GuestFiles:
     def writing_to_scratch(self) -> bool:
         """Whether a file in the private /tmp is open for writing (it may grow any time)."""
         return any(scratch and writable for scratch, writable in self.open.values())
+
+    def held_writers(self) -> list[bytes]:
+        """Host paths of the files in /tmp the guest holds open for writing."""
+        held = []
+        for fd, (scratch, writable) in self.open.items():
+            path = self.paths.path_of(fd)
+            if scratch and writable and path is not None:
+                held.append(path)
+        return held
+
+    def _note_growth(self, caller: wasmtime.Caller, fd: int, path: int, path_len: int) -> None:
+        """Tell the journal what a call in /tmp may create or grow."""
+        host = self.paths.resolve(fd, self._guest_path(caller, path, path_len))
+        if host is not None and self._in_scratch(fd):
+            self.journal.note(host[1])
 
     def _in_scratch(self, fd: int) -> bool:
         return fd == self.scratch or self.open.get(fd, (False, False))[0]
@@ -178,6 +195,8 @@ class GuestFiles:
         host = self.paths.resolve(fd, self._guest_path(caller, path, path_len))
         if host is not None and not self.paths.may_open(host, follow=bool(dirflags & 1)):
             return ERRNO_NXIO
+        if writable and host is not None and self._in_scratch(fd):
+            self.journal.note(host[1])
         errno = self._real["path_open"](
             caller, fd, dirflags, path, path_len, oflags, rights, inheriting, fdflags, opened
         )
@@ -201,6 +220,7 @@ class GuestFiles:
     ) -> int:
         if not self._may_grow(fd):
             return ERRNO_DQUOT
+        self._note_growth(caller, fd, path, path_len)
         return self._real["path_create_directory"](caller, fd, path, path_len)
 
     def _path_rename(
@@ -232,6 +252,7 @@ class GuestFiles:
     ) -> int:
         if not self._may_grow(new_fd):
             return ERRNO_DQUOT
+        self._note_growth(caller, new_fd, new, new_len)
         return self._real["path_link"](caller, fd, flags, old, old_len, new_fd, new, new_len)
 
     def _path_unlink_file(self, caller: wasmtime.Caller, fd: int, path: int, path_len: int) -> int:

@@ -55,6 +55,10 @@ class HostPaths:
             return True
         return stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)
 
+    def path_of(self, fd: int) -> bytes | None:
+        known = self._paths.get(fd)
+        return None if known is None else known[1]
+
     def opened(self, fd: int, host: HostPath | None) -> None:
         if host is None:
             self._paths.pop(fd, None)

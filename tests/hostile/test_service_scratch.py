@@ -1,0 +1,62 @@
+"""Service requests (user_expressions, completion) run the user's code too: what that code
+writes to the private /tmp is held to its size limit as a cell's is, and since no one reads a
+service's error, what a request wrote past the limit is removed. The strict profile allows
+64 MiB; the code here tries to write 512 MiB."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import Kernel, ok
+
+SETUP = """
+import os
+held = open('/tmp/held', 'wb')
+held.write(bytes(1024))
+held.flush()
+
+def fill(path):
+    with open(path, 'wb') as out:
+        for _ in range(512):
+            out.write(bytes(1 << 20))
+            out.flush()
+    for _ in range(64):  # and through a file held open since an earlier cell
+        held.write(bytes(1 << 20))
+        held.flush()
+
+class Filling:
+    def __repr__(self):
+        fill('/tmp/by-repr')
+        return 'filled'
+
+    def __dir__(self):
+        fill('/tmp/by-dir')
+        return ['filled']
+
+w = Filling()
+"""
+LEFT = (
+    "(os.path.exists('/tmp/by-repr'), os.path.exists('/tmp/by-dir'), os.stat('/tmp/held').st_size)"
+)
+
+
+@pytest.fixture
+def strict() -> Kernel:
+    started = Kernel(kernel_name="wasm-python-strict")
+    ok(started.execute(SETUP))
+    yield started
+    started.shutdown()
+
+
+def test_user_expressions_past_the_limit_leave_nothing_behind(strict: Kernel) -> None:
+    run = ok(strict.execute("", user_expressions={"r": "repr(w)"}, timeout=120))
+    result = run.content["user_expressions"]["r"]
+    assert result["ename"] == "ScratchLimitExceeded", result
+    assert "was removed" in result["evalue"]
+    assert ok(strict.execute(LEFT)).result_text() == "(False, False, 1024)"
+
+
+def test_a_completion_past_the_limit_leaves_nothing_behind(strict: Kernel) -> None:
+    strict.client.complete("w.", 2, reply=True, timeout=120)
+    run = ok(strict.execute(LEFT))
+    assert run.result_text() == "(False, False, 1024)"
+    assert "ScratchLimitExceeded" in run.stream_text("stderr")  # told on the next cell

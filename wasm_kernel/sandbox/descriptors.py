@@ -28,6 +28,7 @@ forwards each call.
 
 from __future__ import annotations
 
+import os
 import resource
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -50,6 +51,8 @@ RIGHT_FD_WRITE = 1 << 6
 FIRST_PREOPEN = 3
 MAX_PATH = 4096  # bytes: longer paths are left to the real call, which refuses them
 MAX_GUEST_FILES = 512  # descriptors a guest may hold open (at most half the process's limit)
+MIN_GUEST_FILES = 16  # however small the process's limit: fewer and imports fail
+HOST_RESERVE = 64  # kept for the kernel's own: sockets of new threads, folder walks, images
 
 
 def _valtype(name: str) -> wasmtime.ValType:
@@ -57,10 +60,23 @@ def _valtype(name: str) -> wasmtime.ValType:
 
 
 def default_limit() -> int:
+    """What the guest may hold: half the process's limit, less what the kernel holds already
+    and HOST_RESERVE, at most MAX_GUEST_FILES. Under a small limit (128) the guest's half
+    left the kernel fewer than it holds after boot: its next thread to publish output found
+    none for its ZMQ socket, and no cell was answered again."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return MAX_GUEST_FILES
-    return max(16, min(MAX_GUEST_FILES, soft // 2))
+    free = soft - _held_now() - HOST_RESERVE
+    return max(MIN_GUEST_FILES, min(MAX_GUEST_FILES, soft // 2, free))
+
+
+def _held_now() -> int:
+    """How many descriptors this process holds (0 where that cannot be listed)."""
+    try:
+        return len(os.listdir("/dev/fd")) - 1  # less the listing's own
+    except OSError:
+        return 0
 
 
 class GuestFiles:

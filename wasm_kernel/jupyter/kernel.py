@@ -42,6 +42,7 @@ from .accounting import CellAccounting
 from .boot import SandboxStart, WaitStopped
 from .cell_messages import CellMessages, KernelDoors
 from .comms import HostComms
+from .early_abort import EarlyAbort
 from .execute_request import Request
 from .grants import Grants, configured_runtime
 from .guest_services import GuestServices
@@ -86,6 +87,7 @@ class WasmKernel(
     KernelInfo,
     GuestServices,
     RelayedInterrupts,
+    EarlyAbort,
     CheckedRequests,
     CellAccounting,
     HostComms,  # after CheckedRequests: it checks comm_info_request first
@@ -101,7 +103,7 @@ class WasmKernel(
 
     def __init__(self, **kwargs: Any):
         self._ending: asyncio.Future | None = None  # exit() in a cell: the kernel's end
-        self._aborted_before_reply: set[str | None] = set()  # see do_execute
+        self._aborted_before_reply: set[str | None] = set()  # see EarlyAbort
         self._closed = False
         parent = kwargs.get("parent")
         config = kwargs.get("config") or getattr(parent, "config", None)
@@ -139,6 +141,7 @@ class WasmKernel(
             self.history,
             self.grants.granted,
             snapshots=self.snapshots,
+            fork_memory_limit=self.fork_memory_limit,
             hibernation=Hibernation(
                 folder, self.hibernate, self.hibernation_quota, self.hibernation_days
             ),
@@ -183,36 +186,6 @@ class WasmKernel(
         return self.guest_output.publish(msg_type, content, parent, self._topic(msg_type))
 
     # -- execution --------------------------------------------------------------------------------
-
-    async def do_execute(
-        self,
-        code: str,
-        silent: bool,
-        store_history: bool = True,
-        user_expressions: dict | None = None,
-        allow_stdin: bool = False,
-        *,
-        cell_meta: Any = None,
-        cell_id: Any = None,
-    ) -> dict:
-        reply = await self._execute(code, silent, store_history, user_expressions, allow_stdin)
-        parent = self.get_parent("shell")
-        content = parent.get("content") or {}
-        if reply.get("status") == "error" and not silent and content.get("stop_on_error", True):
-            # ipykernel aborts the requests already waiting once it has sent the error reply;
-            # a client quick to send its next request on that reply (after an interrupt, the
-            # guest's recovery keeps this process busy) could see it aborted too. Starting
-            # the abort before the reply leaves out whatever is sent after it.
-            self._aborted_before_reply.add(parent.get("header", {}).get("msg_id"))
-            super()._abort_queues(parent.get("header", {}).get("subshell_id"))
-        return reply
-
-    def _abort_queues(self, subshell_id: str | None = None) -> None:
-        msg_id = self.get_parent("shell").get("header", {}).get("msg_id")
-        if msg_id in self._aborted_before_reply:
-            self._aborted_before_reply.discard(msg_id)  # see do_execute
-            return
-        super()._abort_queues(subshell_id)
 
     async def _execute(
         self,

@@ -341,6 +341,17 @@ class KernelSettings(SettingsRecord):
         default=2 << 30,
         help="Bytes all images in snapshot_dir may take together; a save past it is refused.",
     ).tag(config=True)
+    fork_memory_limit = Limit(
+        integer=True,
+        low=MIN_SNAPSHOT_QUOTA,
+        high=INT64_MAX,
+        unit="bytes",
+        zero="no limit",
+        default=1 << 30,
+        help="Bytes of host memory the fork images of one session may keep alive together: a"
+        " %snapshot fork image shares the session's memory, frozen, while the image exists"
+        " (its file on disk is small). A fork past it is refused; %snapshot delete frees them.",
+    ).tag(config=True)
     resume_from = Text(
         default="",
         shown=lambda: (

@@ -178,6 +178,11 @@ class SandboxStart:
             " from (WasmKernel.resume_wait); the kernel starts a fresh interpreter instead.",
         )
 
+    def abandon(self) -> None:
+        """The kernel is ending: stop waiting for an image (the guest thread would hold the
+        process up to resume_wait seconds after the kernel's end)."""
+        self._give_up.set()
+
     def _stop_image_wait(self, ename: str, evalue: str) -> None:
         if self._waiting_for_image and not self._give_up.is_set():
             self._wait_stopped = (ename, evalue)

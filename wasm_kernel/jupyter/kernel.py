@@ -356,6 +356,8 @@ class WasmKernel(
         if self._closed:  # exit() and a shutdown request, both
             return
         self._closed = True
+        if not self._boot.done():
+            self._start.abandon()
         if self._boot.done() and not self._boot.exception():
             sandbox = self._boot.result()
             if hibernate:

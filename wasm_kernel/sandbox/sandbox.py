@@ -287,7 +287,9 @@ class Sandbox(SandboxRecovery):
                 notice = output_notice(limits.output_limit)
                 self._output.begin(receiver.stream, limits.output_limit, notice)
                 meter = CellMeter(limits.fuel, self._checkpoint_held(interpreter)) if cell else None
-                if not cell:  # a service request: what it adds to /tmp may be taken back
+                if cell:  # a cell's files stay, past the limit too (it says so)
+                    interpreter.files.journal.end()
+                else:  # a service request: what it adds to /tmp may be taken back
                     interpreter.files.journal.begin(interpreter.files.held_writers())
                 try:
                     stopped = self._outcome(interpreter, source, limits, memory_at_start)

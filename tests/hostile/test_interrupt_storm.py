@@ -129,9 +129,15 @@ def test_the_request_after_rapid_interrupts_is_answered_as_natively(
     kernel: Kernel, start_kernel
 ) -> None:
     """ipykernel aborts the requests already waiting when a cell fails; one sent after the
-    failed cell's reply arrived runs. Here that reply must come too."""
+    failed cell's reply arrived runs. The native kernel starts that abort only after sending
+    the reply, so on a loaded machine it sometimes aborts the next request too (seen in this
+    test); here the abort starts before the reply, and the next request always runs. The
+    interrupted cell's reply must come too (the native kernel, hit by a later SIGINT while it
+    replies, sometimes sends none)."""
     native = start_kernel(kernel_name="python3")
+    natively = []
     for _ in range(4):
-        _, native_next = next_request_after_rapid_interrupts(native)
-        assert next_request_after_rapid_interrupts(kernel) == ("error", native_next)
+        natively.append(next_request_after_rapid_interrupts(native)[1])
+        assert next_request_after_rapid_interrupts(kernel) == ("error", "ok")
+    assert "ok" in natively and set(natively) <= {"ok", "aborted"}, natively
     assert_alive_with_state(kernel)

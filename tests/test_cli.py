@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -92,6 +93,62 @@ def test_help_all_shows_our_settings_first_with_real_defaults() -> None:
     assert "--ZMQInteractiveShell." not in theirs  # no IPython shell runs here
 
 
+# -- extras ----------------------------------------------------------------------------------
+
+WITHOUT = (  # a Python where a package cannot be imported, as in an environment without it
+    "import sys; sys.modules[{module!r}] = None\n{code}"
+)
+
+
+def test_a_missing_extra_is_named_with_a_command_that_works_from_here() -> None:
+    """The MCP server without mcp, and a host tool without pydantic, say how to add the agents
+    extra as pip takes it from where this package was installed (a clone: its folder, which
+    pip resolves; the package index has no clone's code)."""
+    from wasm_kernel.install_hints import installed_from
+
+    mcp = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            WITHOUT.format(
+                module="mcp", code="from wasm_kernel.__main__ import main; sys.exit(main(['mcp']))"
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert mcp.returncode == 2, mcp.stderr
+    tools = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            WITHOUT.format(
+                module="pydantic",
+                code="from wasm_kernel.agents.tools import python_tool\npython_tool(print)",
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert "ToolDeclarationError" in tools.stderr, tools.stderr
+    source, editable = installed_from()
+    expected = f"{source}[agents]" if source else "wasm-kernel[agents]"
+    [command] = re.findall(r"agents extra installs: (.*)$", mcp.stderr, re.MULTILINE)
+    assert command in tools.stderr and expected in command, (command, tools.stderr)
+    assert (" -e " in command) == editable
+    if source is not None:  # pip accepts it as given
+        dry_run = subprocess.run(
+            [*shlex.split(command), "--dry-run", "--quiet"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert dry_run.returncode == 0, dry_run.stderr[-3000:]
+
+
 # -- install ---------------------------------------------------------------------------------
 
 
@@ -124,6 +181,47 @@ def test_install_takes_ipykernel_flags_and_derives_names_per_profile(tmp_path: P
         assert str(kernels / name) in done.stdout
     assert "jupyter lab" in done.stdout and "'Mine (strict)'" in done.stdout
     assert f"JUPYTER_PATH={tmp_path.resolve() / 'share' / 'jupyter'}" in done.stdout
+
+
+def test_install_again_writes_whole_lines_saying_what_was_there(tmp_path: Path) -> None:
+    """Into a log (not a terminal): lines without carriage returns; with the cache filled,
+    nothing is said to be downloaded or compiled, and no warning of the guest's packages."""
+    done = cli("install", "--prefix", str(tmp_path), "--sandbox-profile", "strict")
+    shown = done.stdout + done.stderr
+    assert "\r" not in shown, shown
+    assert "downloading" not in shown and "compiling" not in shown, shown
+    assert "Warning" not in shown, shown
+    assert "is already in the cache" in done.stderr, done.stderr
+    assert "ready in" in done.stderr, done.stderr
+
+
+def test_progress_into_a_log_is_one_whole_line_per_step() -> None:
+    """A step's progress, where stderr is a pipe: one line when it is done, no \\r."""
+    code = (
+        "import time; from wasm_kernel.__main__ import progress\n"
+        "with progress('a step'):\n    time.sleep(0.6)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stderr == "a step: done in 00:00\n", repr(done.stderr)
+
+
+def test_install_names_what_jupyterlab_needs_for_widgets(tmp_path: Path) -> None:
+    """Without jupyterlab_widgets, JupyterLab shows widgets and tqdm's bars as text:
+    install's closing message says how to add it (the lab extra, as pip takes it here)."""
+    code = WITHOUT.format(
+        module="jupyterlab_widgets",
+        code="from wasm_kernel.__main__ import main\n"
+        f"main(['install', '--prefix', {str(tmp_path)!r}, '--no-precompile'])",
+    )
+    without = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    [line] = [line for line in without.stdout.splitlines() if "jupyterlab_widgets" in line]
+    assert "widgets" in line and "[lab]" in line and " install " in line, line
+    present = cli("install", "--prefix", str(tmp_path), "--no-precompile")
+    assert "jupyterlab_widgets" not in present.stdout, present.stdout
 
 
 def test_install_one_profile_takes_names_as_written(tmp_path: Path) -> None:
@@ -310,21 +408,34 @@ def test_readme_list_of_what_works_is_true(start_kernel) -> None:
 
 
 @pytest.mark.slow
-def test_jupyter_console_as_the_readme_suggests_runs_a_line() -> None:
+def test_jupyter_console_as_the_readme_suggests_runs_a_line(tmp_path: Path) -> None:
     """README and install's closing message say `jupyter console --kernel wasm-python`:
-    it must be installed with the kernel, start it and run what is typed."""
+    it must be installed with the kernel, start it and run what is typed. Before the first
+    prompt the user sees the console's line and the kernel's short banner, and no log line
+    of ours (a first start, while the kernel server loads, launches the ordinary way)."""
     pexpect = pytest.importorskip("pexpect")
     jupyter = shutil.which("jupyter", path=str(BIN))
     assert jupyter is not None
+    runtime = tmp_path / "runtime"  # no kernel server runs for it yet
+    runtime.mkdir(mode=0o700)
     console = pexpect.spawn(
         jupyter,
         ["console", "--kernel", "wasm-python", "--simple-prompt"],
         encoding="utf-8",
         timeout=60,
-        env={**os.environ, "TERM": "dumb"},
+        env={
+            **os.environ,
+            "TERM": "dumb",
+            "JUPYTER_RUNTIME_DIR": str(runtime),
+            "WASM_KERNEL_SERVER_IDLE": "5",  # the server it starts ends soon after
+        },
     )
     try:
         console.expect(r"In \[1\]: ")
+        shown = console.before.replace("\r\n", "\n").strip().splitlines()
+        assert shown[0].startswith("Jupyter console"), shown
+        assert not [line for line in shown if line.startswith("[")], shown  # a log line
+        assert len(shown) <= 10 and "%sandbox" in shown[-1], shown
         console.sendline("print(6 * 7, 'from the sandbox')")
         console.expect("42 from the sandbox")
         console.expect(r"In \[2\]: ")

@@ -11,16 +11,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import os
 import shutil
 import sys
 import tempfile
 import threading
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .commands import SUBCOMMANDS, parser
+from .install_hints import pip_install
 from .jupyter.kernelspecs import KERNEL_NAME, kernelspec, kernelspec_name, write_kernelspec
 from .settings.profiles import DEFAULT_PROFILE, PROFILES, Profile
 
@@ -34,17 +37,23 @@ BOOT_IMAGES_KEPT = 3
 
 @contextlib.contextmanager
 def progress(description: str) -> Iterator[None]:
-    """A live elapsed-time indicator: wasmtime's compile gives no progress of its own."""
+    """A live elapsed-time indicator on a terminal (wasmtime's compile gives no progress of
+    its own); elsewhere (a log, CI) one whole line when the step is done, no carriage return."""
     from tqdm import tqdm
 
+    started = time.monotonic()
+    if not sys.stderr.isatty():
+        yield
+        elapsed = tqdm.format_interval(time.monotonic() - started)
+        print(f"{description}: done in {elapsed}", file=sys.stderr, flush=True)
+        return
     bar = tqdm(total=None, desc=description, bar_format="{desc}: {elapsed}", file=sys.stderr)
     done = threading.Event()
 
     def tick() -> None:
-        while not done.wait(interval):
+        while not done.wait(0.5):
             bar.refresh()
 
-    interval = 0.5 if sys.stderr.isatty() else 15.0  # a log file gets a line now and then
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
     try:
@@ -55,35 +64,72 @@ def progress(description: str) -> Iterator[None]:
         bar.close()
 
 
-def precompile(cache_dir: str | None) -> Path:
+def precompile(cache_dir: str | None, seed: bool = False) -> Path:
+    """Fetch, compile and check everything kernels load, into ``cache_dir`` (default: the
+    kernels' default cache), each step only if its result is missing, saying which were
+    there already. ``seed``: first take what the installing user's own cache already built
+    (a shared cache then costs seconds, not minutes)."""
     from .runtime import guest_packages, runtime_files, runtime_sources
     from .runtime.cache import RuntimeCache
     from .runtime.runtime import RuntimeUnavailable, load_runtime
 
     cache = RuntimeCache(Path(cache_dir) if cache_dir else None)
     runtime = load_runtime(cache_dir=cache.directory)
-    with progress(f"downloading the runtime ({runtime.wheel})"):
-        runtime_files.fetch(runtime)
-    with progress("downloading the sources of the runtime's packages (for tracebacks)"):
-        try:
-            sources = runtime_sources.fetch(runtime)
-        except (RuntimeUnavailable, OSError, zipfile.BadZipFile) as exc:
-            sources = None
-            print(f"warning: tracebacks will show no library source: {exc}", file=sys.stderr)
+    if seed:
+        _seed_from_own_cache(cache, runtime)
+    absent = runtime_files.missing(runtime)
+    if absent:
+        with progress(f"downloading the runtime ({runtime.wheel})"):
+            runtime_files.fetch(runtime, absent)
+    else:
+        print(f"the runtime {runtime.wheel} is already in the cache", file=sys.stderr)
+    if runtime_sources.sources_zip(runtime).is_file() or not runtime.source_wheels:
+        sources = None
+    else:
+        with progress("downloading the sources of the runtime's packages (for tracebacks)"):
+            try:
+                sources = runtime_sources.fetch(runtime)
+            except (RuntimeUnavailable, OSError, zipfile.BadZipFile) as exc:
+                sources = None
+                print(f"warning: tracebacks will show no library source: {exc}", file=sys.stderr)
     if sources is not None:
         print(f"sources of {sources} library modules ready", file=sys.stderr)
     compiled = cache.load(runtime, progress=progress)
     entry = cache.entry_dir(runtime)
     print(f"compiled runtime {runtime.name} ready in {entry}", file=sys.stderr)
     packages = guest_packages.load_manifest()
-    with progress(f"downloading and precompiling the guest's packages ({packages.name})"):
-        site = guest_packages.prepare(packages, cache.directory, compiled)
+    try:
+        site = guest_packages.locate(packages, cache.directory, compiled)
+    except guest_packages.PackagesUnavailable:
+        with progress(f"downloading and precompiling the guest's packages ({packages.name})"):
+            site = guest_packages.prepare(packages, cache.directory, compiled)
     print(f"guest packages {packages.name} ready in {site.parent}", file=sys.stderr)
     if runtime.restorable:
         make_boot_image(compiled, entry)
     compiled.close()
     compile_host_code()
     return entry
+
+
+def _seed_from_own_cache(cache: Any, runtime: Any) -> None:
+    """Take into ``cache`` what the installing user's kernels load today (their default
+    cache, or their own per-user one), where ``cache`` lacks it."""
+    from .runtime import guest_packages, shared_cache
+    from .runtime.runtime import default_cache_dir, user_cache_dir
+
+    packages = guest_packages.load_manifest()
+    cache.directory.mkdir(parents=True, exist_ok=True)
+    for own in dict.fromkeys((default_cache_dir(), user_cache_dir())):
+        if not own.is_dir():
+            continue
+        names = [
+            cache.entry_dir(runtime).name,
+            runtime.module.path.parent.name,
+            *(path.name for path in own.glob(f"guest-{packages.name}-*")),
+        ]
+        taken = shared_cache.seed(cache.directory, own, names)
+        if taken:
+            print(f"took {', '.join(taken)} from {own}, to be checked", file=sys.stderr)
 
 
 def compile_host_code() -> None:
@@ -150,18 +196,45 @@ def chosen_profiles(args: argparse.Namespace) -> list[Profile]:
 
 def install(args: argparse.Namespace) -> None:
     """Register one kernelspec per chosen profile (each fixes its profile in its argv)."""
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_core.paths import jupyter_path
-
     profiles = chosen_profiles(args)
-    single = len(profiles) == 1
-    in_venv = sys.prefix != sys.base_prefix
+    prefix = install_prefix(args)
+    if prefix is None:  # for this user only: as it always was
+        _install(args, profiles, None, args.cache_dir)
+        return
+    from .runtime.shared_cache import publish, readable_by_all, shared_cache_dir
+
+    shared = shared_cache_dir(prefix)
+    if args.cache_dir is None and Path(prefix).resolve() != Path(sys.prefix).resolve():
+        args.cache_dir = str(shared)  # found by no kernel unless its kernelspec names it
+    with readable_by_all():
+        _install(args, profiles, prefix, args.cache_dir or str(shared))
+    if shared.is_dir():
+        publish(shared.parent)
+
+
+def install_prefix(args: argparse.Namespace) -> str | None:
+    """Where the kernelspecs go: a prefix, for every user of it (--prefix, --sys-prefix,
+    the default in a virtual env or as root), or None, for this user only (--user, the
+    default otherwise)."""
     if args.prefix:
-        prefix = args.prefix
-    elif args.sys_prefix or (in_venv and not args.user):
-        prefix = sys.prefix
-    else:
-        prefix = None  # the user's Jupyter data folder
+        return str(Path(args.prefix).resolve())
+    in_venv = sys.prefix != sys.base_prefix
+    if args.sys_prefix or ((in_venv or os.geteuid() == 0) and not args.user):
+        return sys.prefix
+    return None
+
+
+def _install(
+    args: argparse.Namespace, profiles: list[Profile], prefix: str | None, cache_dir: str | None
+) -> None:
+    """Write the kernelspecs and precompile into ``cache_dir`` (None: the kernels' default);
+    for a prefix, what the installing user's cache already built is taken first."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_core.paths import jupyter_config_dir, jupyter_path
+
+    from .server.server_config import write_server_config
+
+    single = len(profiles) == 1
     installed = []
     for profile in profiles:
         name = (
@@ -171,6 +244,8 @@ def install(args: argparse.Namespace) -> None:
         )
         spec = kernelspec(profile, args, single, provisioned=prefix == sys.prefix)
         with tempfile.TemporaryDirectory() as staging:
+            if prefix is not None:  # copied with its mode: readable by every user
+                os.chmod(staging, 0o755)
             write_kernelspec(Path(staging), spec)
             path = KernelSpecManager().install_kernel_spec(
                 staging, name, user=prefix is None, prefix=prefix
@@ -180,6 +255,10 @@ def install(args: argparse.Namespace) -> None:
             f"Installed kernelspec {name} ({spec['display_name']!r}, profile {profile.name})"
             f" in {path}"
         )
+    config = write_server_config(
+        Path(prefix) / "etc" / "jupyter" if prefix is not None else Path(jupyter_config_dir())
+    )
+    print(f"Jupyter Server: renamed notebooks keep their hibernated sessions ({config})")
     searched = {str(Path(folder).resolve()) for folder in jupyter_path("kernels")}
     if str(Path(path).parent.resolve()) not in searched:
         share = Path(path).parent.parent.resolve()
@@ -188,7 +267,7 @@ def install(args: argparse.Namespace) -> None:
             f" JUPYTER_PATH={share} (or install with --user or --sys-prefix)."
         )
     if not args.no_precompile:
-        precompile(args.cache_dir)
+        precompile(cache_dir, seed=prefix is not None)
     print()
     _how_to_start(installed)
 
@@ -204,7 +283,12 @@ def _how_to_start(installed: list[tuple[str, str, Profile]]) -> None:
 
     jupyter, python = command("jupyter"), command("python")
     if importlib.util.find_spec("jupyterlab") is None:
-        print(f"JupyterLab is not installed here; add it with: {here / 'pip'} install jupyterlab")
+        print(f"JupyterLab is not installed here; add it, with widgets: {pip_install('[lab]')}")
+    elif importlib.util.find_spec("jupyterlab_widgets") is None:
+        print(
+            "JupyterLab shows widgets (sliders, tqdm's bars) as text without"
+            f" jupyterlab_widgets; add it: {pip_install('[lab]')}"
+        )
     print(f"Start JupyterLab with `{jupyter} lab` and pick in its launcher:")
     for name, title, profile in installed:
         print(f"  {title}  (kernel {name}, profile {profile.name})")
@@ -291,8 +375,6 @@ def _describe_output(output: dict) -> str:
 def snapshot_command(args: argparse.Namespace) -> int:
     """Manage the images folder without a kernel; info also says whether this installation
     can resume an image."""
-    import os
-
     from traitlets import TraitError
 
     from .images import images

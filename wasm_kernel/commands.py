@@ -72,7 +72,11 @@ def parser() -> argparse.ArgumentParser:
     cmd = commands.add_parser(
         "install",
         help=_help(SUBCOMMANDS["install"]),
-        description=SUBCOMMANDS["install"] + ".",
+        description=SUBCOMMANDS["install"] + ". An install for every user (--sys-prefix,"
+        " --prefix, or as root) leaves kernelspecs and a compiled runtime that every user reads"
+        " and only the installer may change (0755 folders, 0644 files, whatever the umask);"
+        " their kernels find the runtime with no step of theirs. A per-user install (--user)"
+        " keeps both in the user's own folders.",
         epilog="Default names: "
         + ", ".join(f"{kernelspec_name(p)} for {p.name}" for p in PROFILES.values())
         + ". With several profiles, --name and --display-name are bases: the notebook profile"
@@ -99,14 +103,21 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument(
         "--user",
         action="store_true",
-        help="install for the current user (default outside a virtual env)",
+        help="install for the current user only: kernelspecs in their Jupyter folder, the"
+        " runtime in their cache (default for a non-root user outside a virtual env)",
     )
     where.add_argument(
         "--sys-prefix",
         action="store_true",
-        help=f"install into this Python's prefix, {sys.prefix} (default inside a virtual env)",
+        help=f"install for every user of this Python: kernelspecs and runtime under its prefix,"
+        f" {sys.prefix}/share (default inside a virtual env, and for root)",
     )
-    where.add_argument("--prefix", metavar="DIR", help="install under DIR/share/jupyter/kernels")
+    where.add_argument(
+        "--prefix",
+        metavar="DIR",
+        help="install for every user under DIR: DIR/share/jupyter/kernels, the runtime in"
+        " DIR/share/wasm-kernel/cache (named in the kernelspecs)",
+    )
     cmd.add_argument(
         "--env",
         nargs=2,
@@ -114,6 +125,12 @@ def parser() -> argparse.ArgumentParser:
         metavar=("NAME", "VALUE"),
         help="set an environment variable for the kernel (repeatable), e.g."
         " --env WASM_KERNEL_FUEL 1e11",
+    )
+    cmd.add_argument(
+        "--gateway",
+        action="store_true",
+        help="write kernelspecs that Jupyter Enterprise Gateway 3.x runs as they are, on its"
+        " own host (its LocalProcessProxy); see docs/deployment.md",
     )
     cmd.add_argument(
         "--no-precompile",

@@ -5,15 +5,25 @@ agent takes a code executor (``CodeExecutorAgent(..., code_executor=executor)``)
 
 ``python docs/examples/autogen_jupyter.py`` runs, without a model, the code blocks an agent
 might have written (state carrying over, a host file and the network out of reach) and prints
-each block's exit code and output. It needs ``python -m wasm_kernel install`` first.
+each block's exit code and output. It needs autogen-ext, which wasm-kernel's ``frameworks``
+extra installs (``pip install '.[frameworks]'`` in a clone), and ``python -m wasm_kernel
+install`` first.
 """
 
 import asyncio
 import re
 
-from autogen_core import CancellationToken
-from autogen_core.code_executor import CodeBlock
-from autogen_ext.code_executors.jupyter import JupyterCodeExecutor
+from wasm_kernel.install_hints import pip_install
+
+try:
+    from autogen_core import CancellationToken
+    from autogen_core.code_executor import CodeBlock
+    from autogen_ext.code_executors.jupyter import JupyterCodeExecutor
+except ModuleNotFoundError as missing:
+    raise SystemExit(
+        f"this example needs autogen-ext ({missing.name} is missing), which the frameworks"
+        f" extra installs: {pip_install('[frameworks]')}"
+    ) from None
 
 BLOCKS = (  # what a model's code blocks could be; here fixed, so no model is needed
     "x = 6\nprint(x * 7)",

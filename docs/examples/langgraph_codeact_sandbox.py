@@ -13,7 +13,9 @@ the sandbox, so give CodeAct none and let the code use what the sandbox has.
 (This file is not named ``langgraph_codeact.py``: run as a script, it would be imported in
 place of the package.) ``python docs/examples/langgraph_codeact_sandbox.py`` calls the
 ``eval_fn`` as CodeAct would, with fixed code in place of a model's, and prints what CodeAct
-would hand back to the model. It needs ``python -m wasm_kernel install`` first.
+would hand back to the model. It needs ``python -m wasm_kernel install`` first; CodeAct
+itself (langgraph-codeact) comes with wasm-kernel's ``frameworks`` extra (``pip install
+'.[frameworks]'`` in a clone).
 """
 
 import re

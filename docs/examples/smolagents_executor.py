@@ -14,17 +14,25 @@ runtime ships (numpy, pandas, matplotlib and the standard library among them).
 
 ``python docs/examples/smolagents_executor.py`` runs, without a model, the steps a
 CodeAgent would send (a computation, then ``final_answer``) and prints the logs and the
-answer. It needs ``python -m wasm_kernel install`` first.
+answer. It needs smolagents, which wasm-kernel's ``frameworks`` extra installs (``pip install
+'.[frameworks]'`` in a clone), and ``python -m wasm_kernel install`` first.
 """
 
 import ast
 from typing import Any
 
-from smolagents.local_python_executor import CodeOutput
-from smolagents.remote_executors import RemotePythonExecutor
-from smolagents.utils import AgentError
-
 from wasm_kernel.client import Session
+from wasm_kernel.install_hints import pip_install
+
+try:
+    from smolagents.local_python_executor import CodeOutput
+    from smolagents.remote_executors import RemotePythonExecutor
+    from smolagents.utils import AgentError
+except ModuleNotFoundError as missing:
+    raise SystemExit(
+        f"this example needs smolagents ({missing.name} is missing), which the frameworks"
+        f" extra installs: {pip_install('[frameworks]')}"
+    ) from None
 
 STEPS = (  # what a model's code could be; here fixed, so no model is needed
     "import numpy as np\nvalues = np.arange(10)\nprint('sum:', values.sum())",

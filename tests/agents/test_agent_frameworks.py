@@ -165,6 +165,26 @@ def test_each_example_runs_as_a_script(name: str, framework: str, shown: list[st
     assert "not in the sandbox" not in done.stdout + done.stderr
 
 
+@pytest.mark.parametrize(
+    ("name", "framework"),
+    [("autogen_jupyter", "autogen_core"), ("smolagents_executor", "smolagents")],
+)
+def test_an_example_without_its_framework_names_the_extra(name: str, framework: str) -> None:
+    """Run where the framework is missing (here: made unimportable), the example says which
+    extra brings it and how, instead of a ModuleNotFoundError traceback."""
+    code = (
+        f"import runpy, sys; sys.modules[{framework!r}] = None\n"
+        f"runpy.run_path({str(EXAMPLES / f'{name}.py')!r}, run_name='__main__')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert f"({framework}" in done.stderr and "is missing)" in done.stderr
+    assert "frameworks extra installs: " in done.stderr and "[frameworks]" in done.stderr
+
+
 def test_smolagents_executor_names_only_the_packages_the_sandbox_lacks() -> None:
     """A tool's requirements that the runtime ships (numpy) are not reported missing."""
     pytest.importorskip("smolagents")

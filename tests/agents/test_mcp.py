@@ -30,14 +30,20 @@ from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
 PNG = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()"  # an inline figure
 
 
-def serve(arguments: list[str], check: Callable[[ClientSession], Awaitable[None]]) -> None:
-    """Start the server with ``arguments``, connect the SDK's client, run ``check``."""
+def serve(
+    arguments: list[str], check: Callable[[ClientSession], Awaitable[None]], errlog: Any = None
+) -> None:
+    """Start the server with ``arguments``, connect the SDK's client, run ``check``; the
+    server's stderr goes to ``errlog`` (the client shows it to its user: default stderr)."""
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "wasm_kernel", "mcp", *arguments]
     )
 
     async def main() -> None:
-        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        async with (
+            stdio_client(params, errlog=errlog or sys.stderr) as (read, write),
+            ClientSession(read, write) as session,
+        ):
             await session.initialize()
             await check(session)
 
@@ -58,6 +64,25 @@ def test_tools_are_listed_without_any_setting_a_model_could_change() -> None:
         assert parameters <= {"code", "path", "content", "encoding", "sandbox"}
 
     serve([], check)
+
+
+def test_the_server_writes_only_warnings_to_the_client_s_terminal() -> None:
+    """MCP clients show a stdio server's stderr to their user: a session that lists the
+    tools and runs a cell writes nothing there; ``--log-level DEBUG`` shows what it does."""
+
+    async def check(session: ClientSession) -> None:
+        await session.list_tools()
+        assert text_of(await session.call_tool("run_python", {"code": "6 * 7"})) == "42"
+
+    shown = []
+    for arguments in ([], ["--log-level", "DEBUG"]):
+        with tempfile.TemporaryFile("w+") as errlog:
+            serve(arguments, check, errlog)
+            errlog.seek(0)
+            shown.append(errlog.read())
+    quiet, detailed = shown
+    assert quiet == "", quiet
+    assert "DEBUG" in detailed, detailed
 
 
 @pytest.mark.slow

@@ -21,7 +21,8 @@ from nbclient import NotebookClient
 
 from wasm_kernel.agents.tools import ToolDeclarationError, python_tool
 from wasm_kernel.client import AsyncSession, Session, SessionError
-from wasm_kernel.guest.modules._wasm_kernel_tools import decode, encode
+from wasm_kernel.guest.modules._wasm_kernel_contract import TOOL, TOOL_RESULT_LIMIT
+from wasm_kernel.guest.modules._wasm_kernel_tools import MAX_DEPTH, decode, encode
 
 TESTS = str(Path(__file__).resolve().parents[1])
 WORDS = "three little words"
@@ -130,6 +131,12 @@ def test_a_tool_that_raises_and_bad_arguments(served: Session) -> None:
     wrong = served.run("sandbox_tools.search('x', limit='many')")
     assert wrong.error is not None and wrong.error.name == "TypeError"
     assert "limit" in wrong.error.value and "integer" in wrong.error.value
+    for call in ("scale(['x'])", "scale([1.0], factor='big')"):  # async, as a sync tool says
+        awrong = served.run(f"sandbox_tools.{call}")
+        assert awrong.error is not None and awrong.error.name == "TypeError", awrong.error
+        assert "scale() arguments do not match its annotations: " in awrong.error.value
+        named = "values.0" if "'x'" in call else "factor"
+        assert f"{named}: Input should be a valid number" in awrong.error.value, awrong.error
     unsendable = served.run("sandbox_tools.search({1, 2})")
     assert unsendable.error is not None and "set" in unsendable.error.value
     missing = served.run("sandbox_tools.search()")  # bound in the guest, as Python would
@@ -141,6 +148,91 @@ def test_a_tool_that_raises_and_bad_arguments(served: Session) -> None:
     echoed = served.run(f"sandbox_tools.checksum({data!r}) == {checksum(data)!r}")
     assert echoed.text == "True"
     assert served.run("'still here'").text == "'still here'"
+
+
+@pytest.mark.slow
+def test_an_argument_over_the_bound_of_a_call_says_so(served: Session) -> None:
+    """48 MiB of bytes go as 64 MiB of base64: over the bound of one tool message, which the
+    error names (not "tools can only be called while a cell runs"); the session goes on."""
+    limit = TOOL.limit
+    refused = served.run(
+        "import sandbox_tools\n"
+        "try:\n"
+        "    sandbox_tools.checksum(bytes(48 << 20))\n"
+        "except ValueError as exc:\n"
+        "    print(type(exc).__mro__[1].__name__, exc)"
+    )
+    assert refused.error is None, refused.error
+    assert refused.stdout.startswith("ToolError checksum(): its arguments are too big"), (
+        refused.stdout
+    )
+    assert f"bound of {limit:,} bytes" in refused.stdout
+    assert "output limit" not in refused.stderr  # it was refused, not left out as output
+    assert served.run("sandbox_tools.checksum(b'ab')['size']").text == "2"
+
+
+@pytest.mark.slow
+def test_a_result_over_its_bound_says_so(served: Session) -> None:
+    """13 MiB of bytes come back as more than 16 MiB of base64: the error names the bound."""
+    refused = served.run("import sandbox_tools\nsandbox_tools.checksum(bytes(13 << 20))")
+    assert refused.error is not None and refused.error.name == "ValueError", refused.error
+    assert "the tool's result is too big" in refused.error.value
+    assert f"over the bound of {TOOL_RESULT_LIMIT:,} bytes" in refused.error.value
+
+
+@pytest.mark.slow
+def test_the_host_refuses_a_call_over_the_bound_that_the_guest_did_not_check(
+    served: Session,
+) -> None:
+    """A cell that skips sandbox_tools and writes its own tool message to the host: the host
+    reads none over its bound, and answers with the bound named, not silence."""
+    limit = TOOL.limit
+    sent = served.run(
+        "import _host, json\n"
+        "message = json.dumps({'op': 'tool', 'name': 'checksum',"
+        f" 'arguments': {{'data': 'x' * {limit}}}}}).encode()\n"
+        "json.loads(_host.call(message))"
+    )
+    assert sent.error is None, sent.error
+    assert f"over the bound of {limit:,} bytes on one tool message" in sent.text, sent.text
+    assert "ValueError" in sent.text
+
+
+@pytest.mark.slow
+def test_a_reply_nested_deeper_than_the_bound_says_so(start_kernel) -> None:
+    """A client's tool_reply 100,000 lists deep (its JSON written here: json.dumps would not
+    write it) fails the call with the bound named, and the kernel goes on."""
+    kernel = start_kernel()
+    client = kernel.client
+    tools = {"deep": {"doc": "", "parameters": []}}
+    code = "from sandbox_tools import deep\ndeep()"
+    request = client.session.msg(
+        "execute_request",
+        {
+            "code": code,
+            "silent": False,
+            "store_history": True,
+            "user_expressions": {},
+            "allow_stdin": True,
+            "stop_on_error": True,
+        },
+        metadata={"wasm_kernel": {"tools": tools}},
+    )
+    client.shell_channel.send(request)
+    call = client.get_stdin_msg(timeout=120)
+    assert call["msg_type"] == "tool_request" and call["content"]["name"] == "deep"
+    depth = 100_000
+    content = b'{"call_id": "%s", "status": "ok", "value": %s%s}' % (
+        call["content"]["call_id"].encode(),
+        b"[" * depth,
+        b"]" * depth,
+    )
+    client.session.send(client.stdin_channel.socket, "tool_reply", content, parent=call)
+    run = kernel.collect(request["header"]["msg_id"])
+    assert run.content["status"] == "error"
+    assert run.content["ename"] == "ValueError", run.content
+    assert f"nested more than {MAX_DEPTH} deep" in run.content["evalue"]
+    assert kernel.execute("1 + 1").result_text() == "2"
 
 
 @pytest.mark.slow
@@ -238,6 +330,19 @@ def test_an_operator_tool_that_cannot_be_imported_is_a_refused_setting() -> None
     env = {"PYTHONPATH": TESTS, "WASM_KERNEL_TOOLS": "operator_tools:no_such_function"}
     with pytest.raises(SessionError, match=r"WasmKernel\.tools .* cannot be imported"):
         Session(profile="strict", env=env).start()
+
+
+def test_an_operator_tool_beside_the_notebook_says_why_it_is_not_imported(tmp_path) -> None:
+    """The kernel's working folder (the notebook's) is kept off the host's sys.path on
+    purpose; a tools module left there is refused with that reason, not only "No module"."""
+    (tmp_path / "notebook_tools.py").write_text("def hello() -> str:\n    return 'hi'\n")
+    env = {"WASM_KERNEL_TOOLS": "notebook_tools:hello"}
+    with pytest.raises(SessionError) as refused:
+        Session(profile="strict", env=env, cwd=tmp_path).start()
+    message = str(refused.value)
+    assert "No module named 'notebook_tools'" in message, message
+    assert f"never from its working folder ({tmp_path})" in message, message
+    assert "kept off sys.path on purpose" in message and "PYTHONPATH" in message, message
 
 
 @pytest.mark.slow

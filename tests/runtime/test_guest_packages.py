@@ -107,3 +107,22 @@ def test_download_refuses_a_wheel_that_is_not_the_pinned_one(tmp_path: Path) -> 
     ):
         guest_packages.download(forged, tmp_path / "wheels")
     assert not (tmp_path / "wheels" / comm.wheel).exists()
+
+
+def test_precompiling_says_nothing_of_the_packages_own_style(
+    tmp_path: Path, compiled, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Compiling third-party code that uses an invalid escape (ipywidgets has "\\.") writes
+    its bytecode without printing the compiler's SyntaxWarning into `install`'s output; a
+    file that does not compile still fails the build."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "styled.py").write_text('PATTERN = "\\."\n')  # the source holds "\."
+    guest = guest_packages.load_manifest().guest_path
+    guest_packages.precompile_in_guest(compiled, site, guest)
+    shown = capfd.readouterr()
+    assert "SyntaxWarning" not in shown.out + shown.err, shown
+    assert list((site / "__pycache__").glob("styled.*.pyc"))
+    (site / "broken.py").write_text("def (:\n")
+    with pytest.raises(guest_packages.PackagesUnavailable, match="failed"):
+        guest_packages.precompile_in_guest(compiled, site, guest)

@@ -705,3 +705,16 @@ def test_settings_import_no_kernel_machinery():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == ""
+
+
+def test_every_message_declares_a_bound_the_host_can_read() -> None:
+    """Each message's ``limit`` is at most MESSAGE_LIMIT (the host reads nothing larger);
+    those with an error in their reply are answered past it with the bound named."""
+    for message in declared.MESSAGES.values():
+        assert 0 < message.limit <= declared.MESSAGE_LIMIT, message.op
+    refusal = contract.too_large(declared.TOOL, declared.TOOL.limit + 1)
+    assert refusal is not None and refusal["error"]["ename"] == "ValueError"
+    assert f"{declared.TOOL.limit:,} bytes" in refusal["error"]["evalue"]
+    refusal = contract.too_large(declared.COMM, declared.COMM.limit + 1)
+    assert refusal is not None and f"{declared.COMM.limit:,} bytes" in refusal["error"]
+    assert contract.too_large(declared.DISPLAY, declared.MESSAGE_LIMIT + 1) is None

@@ -454,7 +454,9 @@ def test_gateway_provisioner_launches_the_kernel(
         )
         env = {
             **os.environ,
-            "KERNEL_USERNAME": "wasm-kernel-test",
+            "KERNEL_USERNAME": "wasm-kernel-test",  # a tenant: its own folders under these
+            "XDG_DATA_HOME": str(tmp_path / "data"),
+            "XDG_CACHE_HOME": str(tmp_path / "cache"),
             "IPYTHONDIR": str(ipython_dir),
             "TMPDIR": str(scratch),
         }
@@ -515,6 +517,8 @@ def test_gateway_provisioner_launches_the_kernel(
     assert "compil" not in log and "Traceback" not in log, log
     assert sorted(p.name for p in scratch.iterdir()) == []  # connection file and /tmp removed
     assert snapshot(baked_cache) == cache_before
+    history = list((tmp_path / "data").rglob("history.sqlite"))
+    assert [path.parent.parent.name for path in history] == ["tenants"], history
 
 
 def _processes_naming(word: str) -> list[int]:

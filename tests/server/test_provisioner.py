@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import time
 from collections.abc import Iterator
@@ -23,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import Kernel, ok, plain
-from served_kernels import served, server_folder, server_pid
+from served_kernels import HANDED_OUT, served, server_folder, server_pid
 
 from wasm_kernel.server import kernel_server
 from wasm_kernel.server.provisioner import ServedKernel
@@ -159,6 +162,55 @@ def test_a_kernel_ends_with_the_process_that_launched_it(tmp_path: Path) -> None
         time.sleep(0.2)
 
 
+@pytest.mark.nokernel
+def test_a_change_in_any_subpackage_gives_a_new_server(tmp_path: Path) -> None:
+    """The server's folder is named by all of the package's code: a server started before a
+    change to, say, the comms never hands out kernels of the old code."""
+    package = Path(kernel_server.__file__).parents[1]
+    copy = tmp_path / package.name
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    probe = "import sys; from wasm_kernel.server import kernel_server as k; print(k.__file__)"
+    probe += "; print(k.code_fingerprint(sys.executable))"
+
+    def fingerprint() -> str:
+        # -S: no site, so no editable install's finder ahead of the copy; its packages by path
+        path = os.pathsep.join([str(tmp_path), *sysconfig.get_paths()["purelib"].split()])
+        shown = subprocess.run(
+            [sys.executable, "-S", "-c", probe],
+            env={**os.environ, "PYTHONPATH": path},
+            cwd=tmp_path,  # -c puts the working folder first on sys.path
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        assert shown[0].startswith(str(copy)), shown  # the copy's code, not the installed one
+        return shown[1]
+
+    before = fingerprint()
+    with (copy / "jupyter" / "comms.py").open("a") as source:
+        source.write("# changed\n")
+    assert fingerprint() != before
+
+
+def test_an_idle_connection_does_not_hold_kernel_starts_back(kernels) -> None:
+    """A connection that sends no request waits beside the others, not in front of them: a
+    kernel asked for after it is handed out first; it is dropped at its deadline, saying why,
+    with a line in the server's log."""
+    served().shutdown()  # the server runs
+    log = server_folder() / kernel_server.LOG_NAME
+    with socket.socket(socket.AF_UNIX) as idle:
+        idle.connect(str(kernel_server.socket_path(server_folder())))
+        kernels.append(served())
+        assert ok(kernels[-1].execute("1 + 1")).result_text() == "2"
+        idle.settimeout(60)
+        answer = idle.recv(4096).decode()
+    assert "sent no request within" in answer, answer
+    lines = log.read_text().splitlines()
+    handed = lines.index(f"{HANDED_OUT}{pid_of(kernels[-1])} handed out")
+    dropped = max(i for i, line in enumerate(lines) if "sent no request within" in line)
+    assert handed < dropped  # the kernel did not wait for the idle connection's deadline
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="needs a second uid (run as root to check)")
 def test_the_server_answers_only_its_own_user() -> None:
     """Another user is kept out by the folder's mode; with the folder opened up for the
@@ -247,7 +299,7 @@ def test_a_socket_folder_not_private_to_this_user_is_refused(
     place = tmp_path / f"wasm-kernel-{os.getuid()}"
     a_socket_folder_that_is(kind, place)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    caplog.set_level("INFO")
+    caplog.set_level("DEBUG")
     kernels.append(Kernel())
     assert not isinstance(kernels[0].manager.provisioner.process, ServedKernel)
     assert plain(kernels[0].execute("1 + 1")) == 2
@@ -264,7 +316,7 @@ def test_a_socket_path_still_too_long_is_refused_with_the_reason(
     base = tmp_path / ("x" * (110 - len(str(tmp_path))))
     base.mkdir()
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(base))
-    caplog.set_level("INFO")
+    caplog.set_level("DEBUG")
     kernels.append(Kernel())
     assert not isinstance(kernels[0].manager.provisioner.process, ServedKernel)
     said = [r.getMessage() for r in caplog.records if "without the kernel server" in r.getMessage()]
@@ -283,3 +335,31 @@ def test_a_shutdown_request_meant_for_the_kernel_it_replaces_is_ignored(kernels)
     time.sleep(1.0)
     assert kernel.manager.is_alive()
     assert plain(kernel.execute("1 + 1")) == 2
+
+
+def test_a_change_anywhere_in_the_package_names_another_server(tmp_path: Path) -> None:
+    """The server is named by the kernel's code: after a change to any module (not only the
+    server's own), kernels come from a new server, never from one holding the old code."""
+    import wasm_kernel
+
+    copy = tmp_path / "wasm_kernel"
+    original = Path(wasm_kernel.__file__).parent
+    shutil.copytree(original, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    probe = (
+        "import sys; from wasm_kernel.server.kernel_server import code_fingerprint;"
+        " print(code_fingerprint(sys.executable))"
+    )
+
+    def fingerprint() -> str:
+        return subprocess.run(
+            [sys.executable, "-P", "-c", probe],
+            env={**os.environ, "PYTHONPATH": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    before = fingerprint()
+    with open(copy / "jupyter" / "describe.py", "a") as module:
+        module.write("\n# changed\n")
+    assert fingerprint() != before

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from .. import __version__
 from ..client import AsyncSession, Execution, SessionError, kernel_arguments
+from ..install_hints import pip_install
 from ..sandbox.metrics import METADATA_KEY
 from ..settings.profiles import PROFILES
 from .mcp_http import PATH, TOKEN_ENV, bearer_token, closing_kernels, requiring_token, url
@@ -38,6 +39,9 @@ MAX_TEXT = 100_000  # characters of one run's text returned to the model; the re
 IDLE_TIMEOUT = 1800.0  # seconds an HTTP session's kernel is kept without requests
 SWEEP = 30.0  # seconds between idle checks at most; a shorter --idle-timeout checks oftener
 HOST, PORT = "127.0.0.1", 8000  # where the streamable HTTP server listens by default
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+LOG_LEVELS: tuple[LogLevel, ...] = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_LEVEL: LogLevel = "WARNING"  # a stdio server's stderr reaches the client's user
 INSTRUCTIONS = (
     "run_python runs code in a persistent, sandboxed CPython 3.15 (WebAssembly): names stay"
     " between calls, numpy, pandas and matplotlib are there, figures come back as images. There"
@@ -92,9 +96,12 @@ def _is_base64(data: str) -> bool:
     return True
 
 
-def build_server(kernels: Kernels, idle_timeout: float | None = None) -> Any:
+def build_server(
+    kernels: Kernels, idle_timeout: float | None = None, log_level: LogLevel = LOG_LEVEL
+) -> Any:
     """The MCP server with its tools; ``kernels`` supplies one kernel per session, and with
-    an ``idle_timeout`` (HTTP) a sweep stops the kernels of sessions idle that long."""
+    an ``idle_timeout`` (HTTP) a sweep stops the kernels of sessions idle that long. Its log
+    goes to stderr, which MCP clients show to their user: ``log_level`` and up only."""
     from mcp.server.mcpserver import Context, MCPServer
     from mcp_types import CallToolResult
 
@@ -114,7 +121,11 @@ def build_server(kernels: Kernels, idle_timeout: float | None = None) -> Any:
                 await kernels.close_all()
 
     server = MCPServer(
-        "wasm-kernel", version=__version__, instructions=INSTRUCTIONS, lifespan=lifespan
+        "wasm-kernel",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        lifespan=lifespan,
+        log_level=log_level,
     )
 
     timeout = idle_timeout or IDLE_TIMEOUT
@@ -342,6 +353,13 @@ def add_arguments(command: argparse.ArgumentParser) -> None:
         default=MAX_SESSIONS,
         help=f"kernels at once: sessions and their forked sandboxes (default {MAX_SESSIONS})",
     )
+    command.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=LOG_LEVEL,
+        help=f"the server's log on stderr, which MCP clients show their user: this level and"
+        f" up (default {LOG_LEVEL}; INFO adds a line per request)",
+    )
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -364,12 +382,13 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     try:
         http = args.transport != "stdio"
-        server = build_server(kernels, args.idle_timeout if http else None)
+        server = build_server(kernels, args.idle_timeout if http else None, args.log_level)
     except ModuleNotFoundError as exc:
         if exc.name is None or exc.name.split(".")[0] != "mcp":
             raise
         print(
-            "error: the MCP server needs the mcp package: pip install 'wasm-kernel[agents]'",
+            f"error: the MCP server needs the mcp package, which the agents extra installs:"
+            f" {pip_install('[agents]')}",
             file=sys.stderr,
         )
         return 2
@@ -393,5 +412,5 @@ def serve(args: argparse.Namespace) -> int:
     if token is not None:
         app = requiring_token(app, token)
     print(f"wasm-kernel MCP server on {url(args.host, args.port)}", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
     return 0

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..guest.modules._wasm_kernel_tools import encode
+from ..install_hints import pip_install
 
 METADATA_KEY = "wasm_kernel"  # the execute_request's metadata key a client declares tools in
 REQUEST, REPLY = "tool_request", "tool_reply"  # the stdin channel's messages for a call
@@ -95,7 +96,8 @@ def python_tool(function: Callable[..., Any], name: str | None = None) -> HostTo
         from pydantic import ConfigDict, TypeAdapter, ValidationError, validate_call
     except ImportError:
         raise ToolDeclarationError(
-            "tools check their arguments with pydantic: pip install 'wasm-kernel[agents]'"
+            "tools check their arguments with pydantic, which the agents extra installs:"
+            f" {pip_install('[agents]')}"
         ) from None
     if not callable(function):
         raise ToolDeclarationError(f"a tool must be callable, not {type(function).__name__}")
@@ -135,10 +137,13 @@ def python_tool(function: Callable[..., Any], name: str | None = None) -> HostTo
     names = list(signature.parameters)
 
     def explained(exc: ValidationError) -> TypeError:
-        """pydantic's errors, each naming the parameter (it numbers positional ones)."""
+        """pydantic's errors, each naming the parameter (it numbers positional ones: the
+        first place of an error's location; later numbers are places in a list)."""
         problems = []
         for error in exc.errors():
-            where = [names[p] if isinstance(p, int) and p < len(names) else p for p in error["loc"]]
+            where = list(error["loc"])
+            if where and isinstance(where[0], int) and where[0] < len(names):
+                where[0] = names[where[0]]
             given = _shown(error.get("input"))[:80]
             problems.append(
                 f"{'.'.join(map(str, where)) or 'arguments'}: {error['msg']}, got {given}"
@@ -153,12 +158,12 @@ def python_tool(function: Callable[..., Any], name: str | None = None) -> HostTo
             raise explained(exc) from None
 
     async def invoke_async(arguments: dict[str, Any]) -> Any:
+        """pydantic checks an async function's arguments when its coroutine is awaited."""
         call = bound(arguments)
         try:
-            awaitable = checked(*call.args, **call.kwargs)
+            return await checked(*call.args, **call.kwargs)
         except ValidationError as exc:
             raise explained(exc) from None
-        return await awaitable
 
     try:
         schema = TypeAdapter(function, config=config).json_schema()  # type: ignore[arg-type]

@@ -3,9 +3,10 @@ swept after kills.
 
 A scratch folder holds whatever the guest wrote (graded work, hidden tests it copied, data),
 and a package folder up to a quota of unpacked packages, so neither may outlive its kernel. A
-clean shutdown removes them (``Sandbox.close``, ``Packages.close``); SIGTERM, which ends a
-Python process without cleanup, removes them here first; SIGKILL leaves them, so every new
-sandbox sweeps the folders whose kernel is gone. Each folder's name carries its kernel's pid
+clean shutdown removes them (``Sandbox.close``, ``Packages.close``), which SIGTERM leads to
+too (``jupyter.termination``); a kernel that must end at once removes them here first
+(``remove_all``); SIGKILL leaves them, so every new sandbox sweeps the folders whose kernel
+is gone. Each folder's name carries its kernel's pid
 and start time, so a live kernel's folder is never taken for an orphan, even after the pid
 was reused.
 """
@@ -17,19 +18,17 @@ import logging
 import os
 import re
 import shutil
-import signal
 import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 
 PREFIX = "wasm-kernel-tmp-"  # a private /tmp
 PACKAGES_PREFIX = "wasm-kernel-packages-"  # a kernel's %pip packages
 _NAME = re.compile(rf"(?:{PREFIX}|{PACKAGES_PREFIX})(\d+)-(\d+)-")
-_LIVE: set[Path] = set()  # this process's folders, for the SIGTERM handler
+_LIVE: set[Path] = set()  # this process's folders, for remove_all
 SWEEP_DELAY = 2.0  # seconds from a sandbox's start to its sweep: off the start's path
 
 log = logging.getLogger(__name__)
@@ -43,10 +42,10 @@ def _started(pid: int) -> int | None:
         return None
 
 
-def create(prefix: str = PREFIX) -> Path:
-    """A new private folder named after this process."""
+def create(prefix: str = PREFIX, folder: Path | None = None) -> Path:
+    """A new private folder named after this process, in ``folder`` (default: TMPDIR)."""
     pid = os.getpid()
-    path = Path(tempfile.mkdtemp(prefix=f"{prefix}{pid}-{_started(pid) or 0}-"))
+    path = Path(tempfile.mkdtemp(prefix=f"{prefix}{pid}-{_started(pid) or 0}-", dir=folder))
     _LIVE.add(path)
     return path
 
@@ -89,11 +88,11 @@ def sweep(folder: str | None = None) -> list[Path]:
     return removed
 
 
-def sweep_beside() -> None:
+def sweep_beside(folder: str | None = None) -> None:
     """``sweep`` on a thread of its own, SWEEP_DELAY seconds from now: it reads /proc for
     every folder found (~2 ms each where /proc is slow, in Python, which would slow a start
     down beside it), and it never removes a running kernel's folder, this one's included."""
-    sweeper = threading.Timer(SWEEP_DELAY, sweep)
+    sweeper = threading.Timer(SWEEP_DELAY, sweep, (folder,))
     sweeper.name, sweeper.daemon = "wasm-kernel-sweep", True
     sweeper.start()
 
@@ -107,17 +106,7 @@ def running(prefix: str, folder: str | None = None) -> list[Path]:
     ]
 
 
-def remove_on_sigterm() -> None:
-    """On the main thread: SIGTERM removes this process's folders, then does what it did."""
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def handler(signum: int, frame: Any) -> None:
-        for path in list(_LIVE):
-            remove(path)
-        if callable(previous):
-            previous(signum, frame)
-            return
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, handler)
+def remove_all() -> None:
+    """Remove this process's folders: it is about to end without its clean shutdown."""
+    for path in list(_LIVE):
+        remove(path)

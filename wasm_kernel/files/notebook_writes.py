@@ -1,12 +1,12 @@
 """Writes beside the notebook (``WasmKernel.notebook_writes``): which folders get a private
 layer, and what it holds, for ``%sandbox``.
 
-The layer itself is the guest's (``_wasm_kernel_layer``): the notebook's folder stays a
-read-only WASI mount, so nothing a cell does can reach the host's files, and what cells write
-there lands in a folder of the private /tmp. That is why it needs nothing else of its own:
-the scratch quota measures it, images carry it with /tmp, and it goes when the kernel does.
-Choosing the guest over a copy-up folder on the host keeps the sandbox boundary where it was
-(no host code opens paths a cell chose in the user's folder).
+The layer is the guest's (``_wasm_kernel_layer``) for the file functions Python code calls,
+and the host's (``layer_opens``) for the WASI calls that reach the folder anyway (numpy's text
+I/O, ``io.FileIO``, C libraries): the notebook's folder stays a read-only WASI mount, and what
+cells write there lands in a folder of the private /tmp. That is why it needs nothing else of
+its own: the scratch quota measures it, images carry it with /tmp, and it goes when the kernel
+does. The host only ever reads the notebook's folder, by descriptor, without following links.
 """
 
 from __future__ import annotations

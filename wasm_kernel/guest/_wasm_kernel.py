@@ -52,8 +52,19 @@ def call_host(message, **fields):
     return _send(message, fields)
 
 
+class MessageTooLarge(ValueError):
+    """A message over the bound its declaration sets (``limit``), so never sent; output
+    (droppable) is not refused here: the host leaves it out with a notice."""
+
+
 def _send(message, fields):
-    reply = _host.call(json.dumps({"op": message.op, **fields}).encode())
+    data = json.dumps({"op": message.op, **fields})  # ASCII: one byte a character
+    if len(data) > message.limit and not message.droppable:
+        raise MessageTooLarge(
+            f"{len(data):,} bytes as sent to the host, over the bound of {message.limit:,}"
+            f" bytes ({message.limit >> 20} MiB) on one {message.op} message"
+        )
+    reply = _host.call(data.encode())
     return json.loads(reply) if reply else {}
 
 
@@ -113,6 +124,7 @@ def run_cell(source, execution_count, store_history=True, silent=False):
     _reported = False
     try:
         shell.execution_count = execution_count
+        sys.modules["_wasm_kernel_sandbox"].tell_lost_files()
         _refresh_tools()
         result = shell.run_cell(source, store_history=store_history, silent=silent)
         error = result.error_before_exec or result.error_in_exec
@@ -287,10 +299,11 @@ def close_stale_files():
         layer.reload()
 
 
-def settle(cwd, start, paths):
+def settle(cwd, start, paths, offsets, lost):
     """After the host resumed an image: this kernel's import paths and folders (the image's
-    working folder if this kernel has it, else the starting one), fresh random seeds, and
-    files of the image's session that this kernel's descriptors no longer hold."""
+    working folder if this kernel has it, else the starting one), fresh random seeds, the
+    open files the host opened again put back at their offsets, and those it could not
+    (``lost``: [fd, path]) told to the next cell."""
     import random
 
     sys.path += [path for path in paths if path not in sys.path]
@@ -306,7 +319,16 @@ def settle(cwd, start, paths):
     random.seed()
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
-    close_stale_files()
+    for fd, offset in offsets:
+        if offset is not None:
+            try:
+                os.lseek(fd, offset, os.SEEK_SET)
+            except OSError:
+                pass
+    sys.modules["_wasm_kernel_sandbox"].files_resumed(dict(lost))
+    layer = sys.modules.get("_wasm_kernel_layer")
+    if layer is not None:
+        layer.reload()
 
 
 def layer_writes(folders, layer):
@@ -411,6 +433,16 @@ def _shell_intact(candidate):
 # -- boot -------------------------------------------------------------------------------------
 
 
+def whole_version(version):
+    """CPython cuts its compiler's description at 80 characters (Py_GetVersion), and the
+    runtime's clang describes itself with its repository's URL and commit: sys.version ended
+    mid-word, its bracket open. The compiler's name and version, as native builds show them."""
+    head, bracket, compiler = version.partition(" [")
+    if not bracket or compiler.endswith("]"):
+        return version
+    return f"{head} [{compiler.split(' (', 1)[0].strip()}]"
+
+
 def boot(packages, import_paths, plain_tracebacks):
     """Make this interpreter a kernel's: the sandbox's refusals, streams, input, IPython's
     shell. Everything a kernel start costs in the guest happens here, in one call, so that a
@@ -422,6 +454,7 @@ def boot(packages, import_paths, plain_tracebacks):
     import _wasm_kernel_sandbox
 
     if first:
+        sys.version = whole_version(sys.version)
         _wasm_kernel_sandbox.install()
         __import__("_wasm_kernel_sources").install()
         __import__("_wasm_kernel_tools").install()

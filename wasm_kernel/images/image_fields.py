@@ -9,6 +9,7 @@ into one by the caller).
 from __future__ import annotations
 
 import json
+import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,12 @@ PAGE = rewrite.PAGE
 MAX_HISTORY = 64 << 20  # bytes of input history carried (uncompressed)
 MAX_HISTORY_ENTRIES = 1_000_000
 MAX_PACKAGES = 1000  # %pip pins an image may name (the host parses each again)
+MAX_HELD_FILES = 512  # descriptors an image may reopen (as many as a guest may hold)
+MAX_HELD_PATH = 1024  # characters of a reopened file's path (512 of them fit in a header)
+MAX_DESCRIPTOR = 1 << 16  # the highest descriptor number an image may name
+OFLAG_DIRECTORY = 2  # the one open flag an image may carry (no create, truncate, exclusive)
+MAX_RIGHTS = (1 << 30) - 1  # WASI preview1 defines 30 rights
+MAX_FDFLAGS = 0x1F
 
 IDENTITY_WORDS = {
     "runtime_sha256": "runtime (sha256)",
@@ -33,6 +40,34 @@ IDENTITY_WORDS = {
     "wasmtime": "wasmtime version",
     "machine": "machine type",
 }
+
+
+@dataclass(frozen=True)
+class HeldFile:
+    """A descriptor the guest held open when the image was taken, reopened at the same
+    number, path and offset when it is resumed (WASI's descriptor table is the host's, so
+    the image's memory alone would leave every file object on a dead descriptor)."""
+
+    fd: int
+    path: str  # the guest path, as opened
+    oflags: int  # only OFLAG_DIRECTORY: a reopen never creates nor truncates
+    rights: int
+    inheriting: int
+    fdflags: int  # append, sync ...
+    lookup: int  # WASI lookup flags (follow symlinks)
+    offset: int | None  # None: not seekable (a folder)
+
+    def fields(self) -> dict[str, object]:
+        return {
+            "fd": self.fd,
+            "path": self.path,
+            "oflags": self.oflags,
+            "rights": self.rights,
+            "inheriting": self.inheriting,
+            "fdflags": self.fdflags,
+            "lookup": self.lookup,
+            "offset": self.offset,
+        }
 
 
 @dataclass
@@ -44,6 +79,7 @@ class HostState:
     cwd: str = "/tmp"
     clocks: dict[int, int] = field(default_factory=dict)  # clock id -> guest reading, ns
     packages: list[str] = field(default_factory=list)  # %pip pins, "name==version"
+    held_files: list[HeldFile] = field(default_factory=list)  # by descriptor number
 
 
 @dataclass
@@ -149,6 +185,7 @@ def checked_image(
         and all(isinstance(pin, str) and 0 < len(pin) <= 300 for pin in packages),
         "bad package list",
     )
+    held_files = checked_held_files(host.get("held_files", []))  # none before they were kept
     history_size, scratch_size = header["history"], header["scratch"]
     require(is_int(history_size, 1, len(body) - offset), "history passes the file's end")
     history = json.loads(inflate(body[offset : offset + history_size], MAX_HISTORY, exact=False))
@@ -183,12 +220,38 @@ def checked_image(
             cwd=cwd,
             clocks={int(k): v for k, v in clocks.items()},
             packages=packages,
+            held_files=held_files,
         ),
         scratch=scratch,
         taken=str(header.get("taken", ""))[:64],
         memory_elsewhere=separate,
         live=live,
     )
+
+
+def checked_held_files(entries: object) -> list[HeldFile]:
+    """The image's open descriptors, each field bounded; ordered by number, each once."""
+    require(isinstance(entries, list) and len(entries) <= MAX_HELD_FILES, "bad open files")
+    assert isinstance(entries, list)
+    held: list[HeldFile] = []
+    for entry in entries:
+        require(isinstance(entry, dict) and len(entry) == 8, "bad open file")
+        fd, path, offset = entry.get("fd"), entry.get("path"), entry.get("offset")
+        require(is_int(fd, 3, MAX_DESCRIPTOR), "bad open file's descriptor")
+        require(not held or held[-1].fd < fd, "open files unordered or repeated")
+        require(
+            isinstance(path, str) and path.startswith("/") and len(path) <= MAX_HELD_PATH,
+            "bad open file's path",
+        )
+        require("\0" not in path and posixpath.normpath(path) == path, "bad open file's path")
+        require(offset is None or is_int(offset, 0, 1 << 62), "bad open file's offset")
+        require(entry.get("oflags") in (0, OFLAG_DIRECTORY), "bad open file's flags")
+        require(is_int(entry.get("rights"), 0, MAX_RIGHTS), "bad open file's rights")
+        require(is_int(entry.get("inheriting"), 0, MAX_RIGHTS), "bad open file's rights")
+        require(is_int(entry.get("fdflags"), 0, MAX_FDFLAGS), "bad open file's flags")
+        require(is_int(entry.get("lookup"), 0, 1), "bad open file's lookup flags")
+        held.append(HeldFile(**entry))
+    return held
 
 
 def inflate(data: memoryview, size: int, exact: bool = True) -> bytes:

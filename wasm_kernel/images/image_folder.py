@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from ..files import host_files
+from ..files.private_files import private_file, private_folder
 from .names import SUFFIX, ImageError, check_name
 
 STAGING = ".partial"  # staging files: ".NAME.wkimg.<random>.partial"
@@ -38,6 +38,7 @@ _CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 POLL = 0.002  # seconds between looks for an awaited image, where inotify is missing
 RECHECK = 1.0  # seconds between looks for an awaited image all the same
 GIVE_UP_CHECK = 0.1  # seconds between looks at whether to stop waiting for it
+SAVED_POLL = 0.05  # seconds between looks at a save in progress that is waited for
 WATCH_READ = 64 << 10  # bytes of inotify events read at a time (they are only a wake-up)
 IN_CREATE, IN_MOVED_TO = 0x100, 0x80  # <sys/inotify.h>
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -136,6 +137,31 @@ class ImageFolder:
         """Staging files: saves in progress, or left by kernels that were stopped."""
         return self._listed(is_staging)
 
+    def saving(self, name: str) -> bool:
+        """Whether an image of ``name`` is being written now: a staging file of its own that
+        its writer holds locked (one a stopped writer left holds no lock)."""
+        prefix = f".{self.path(name).name}."
+        for entry in self._listed(lambda found: is_staging(found) and found.startswith(prefix)):
+            try:
+                fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        return False
+
+    def wait_saved(self, name: str, seconds: float) -> None:
+        """Return once no image of ``name`` is being written, or after ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while self.saving(name) and time.monotonic() < deadline:
+            time.sleep(SAVED_POLL)
+
     def used(self, besides: Path | None = None) -> int:
         """Bytes the images and the staging files take, but the file ``besides``."""
         return sum(entry.size for entry in self.entries() + self.staged() if entry.path != besides)
@@ -151,7 +177,7 @@ class ImageFolder:
         refuse, or make room for, its size before the quota is checked."""
         target = self.path(name)
         try:
-            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            private_folder(self.directory)
             with self._locked():
                 self._sweep_locked()
                 staging, fd = self._new_staging(target)
@@ -210,7 +236,7 @@ class ImageFolder:
     def _locked(self) -> Iterator[None]:
         """The folder's lock, shared with every kernel using it; a lock file that is a link
         or not a regular file is refused."""
-        fd = host_files.open_regular(self.directory / LOCK, os.O_RDWR | os.O_CREAT)
+        fd = private_file(self.directory / LOCK)
         try:
             deadline = time.monotonic() + LOCK_WAIT
             while True:
@@ -230,7 +256,11 @@ class ImageFolder:
             os.close(fd)
 
     def sweep(self) -> None:
-        """Remove staging files whose writer is gone (killed kernels, cut hibernations)."""
+        """Remove staging files whose writer is gone (killed kernels, cut hibernations); a
+        folder an older version left readable by others is narrowed to this user first."""
+        with contextlib.suppress(OSError):
+            if self.directory.is_dir():
+                private_folder(self.directory)
         if not self.staged():  # nothing to do: no lock file made in a folder never written
             return
         try:

@@ -267,6 +267,7 @@ def write_image(
                     "cwd": host.cwd,
                     "clocks": {str(clock): value for clock, value in host.clocks.items()},
                     "packages": host.packages,
+                    "held_files": [held.fields() for held in host.held_files],
                 },
                 "history": len(history),
                 "scratch": scratch_length,

@@ -40,7 +40,8 @@ class CellAccounting(Kernel):
             return
         try:
             session = self.session.session if self.session is not None else ""
-            self.audit = AuditLog.open(path, session, guest_folders)
+            limit = self.audit_log_limit  # type: ignore[attr-defined]
+            self.audit = AuditLog.open(path, session, guest_folders, limit)
         except AuditLogUnusable as exc:
             source = f"the environment ({ENV_PREFIX}AUDIT_LOG)"
             if "audit_log" in configured:

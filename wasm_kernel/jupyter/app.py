@@ -15,7 +15,7 @@ from traitlets.utils.text import indent, wrap_paragraphs
 from ..settings.kernel_settings import KernelSettings
 from ..settings.profiles import PROFILES
 from ..settings.settings import ENV_PREFIX, FROM_PROFILE, Limit, PerProfile, Setting, _amount
-from . import request_checks
+from . import request_checks, termination
 from .kernel import WasmKernel
 from .request_checks import CheckedRequests
 
@@ -128,6 +128,11 @@ class WasmKernelApp(IPKernelApp):
         """Note when this kernel began, before its sockets exist (see request_checks)."""
         request_checks.note_start()
         super().initialize(argv)
+
+    def init_poller(self) -> None:
+        """Watch the launcher as ipykernel does, but end through SIGTERM, so that the session
+        hibernates (``termination``), where ipykernel's poller ends the process at once."""
+        termination.watch_parent(self.parent_handle)
 
     def emit_help(self, classes: bool = False) -> Generator[str, None, None]:
         """Our commands and settings first, with their real defaults; ipykernel's after.

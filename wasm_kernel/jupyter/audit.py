@@ -2,7 +2,11 @@
 network request, written by the host only, never holding what the code printed or returned.
 
 A line is at most ``MAX_LINE`` bytes, written with one ``write`` to a file opened for
-appending without following a link, so several kernels may share one log. The path is
+appending without following a link, so several kernels may share one log. The file is bounded
+(``WasmKernel.audit_log_limit``): the line that would take it past its bound renames it to
+the same name with ``.1`` (replacing the one before) and starts a new file with a ``rotated``
+line naming it; kernels sharing the log do this under a lock on the file, so each file stays
+within the bound. The path is
 checked when the kernel starts (a link, a folder, a file with other names, a file inside a
 folder mounted into the guest, or one that cannot be opened: the setting is refused and no
 cell runs). If a line cannot be written later (disk full, the file removed with its folder),
@@ -21,6 +25,7 @@ from __future__ import annotations
 import collections
 import datetime
 import errno
+import fcntl
 import hashlib
 import json
 import logging
@@ -41,6 +46,7 @@ MAX_LINE = 8192  # bytes of one record, newline included
 MAX_TEXT = 512  # characters of any one text field (a tool's name, an error's name, a URL)
 SHORT_TEXT = 32  # characters each text field keeps when a record would outgrow MAX_LINE
 BACKLOG = 1000  # lines kept in memory while the file cannot be written
+DEFAULT_LIMIT = 64 << 20  # bytes of the file (WasmKernel.audit_log_limit's default)
 _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT
 
 
@@ -75,9 +81,13 @@ def _public_url(url: str) -> str:
 class AuditLog:
     """Appends records to the operator's audit file; see the module's docstring."""
 
-    def __init__(self, path: Path, session: str):
+    def __init__(self, path: Path, session: str, limit: int = DEFAULT_LIMIT):
         self.path = path
+        self.previous = path.with_name(path.name + ".1")  # where the rotated lines go
         self.session = session
+        if limit < 2 * MAX_LINE:  # a new file must hold its rotated line and a record
+            raise ValueError(f"an audit log's bound must be at least {2 * MAX_LINE} bytes")
+        self.limit = limit
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._identity: tuple[int, int] | None = None
@@ -87,11 +97,17 @@ class AuditLog:
         self._cell: str | None = None  # the sha256 of the running cell's code
 
     @classmethod
-    def open(cls, path: str, session: str, guest_folders: Iterable[Path] = ()) -> AuditLog:
+    def open(
+        cls,
+        path: str,
+        session: str,
+        guest_folders: Iterable[Path] = (),
+        limit: int = DEFAULT_LIMIT,
+    ) -> AuditLog:
         """The log at ``path`` (absolute), opened now; AuditLogUnusable says why it cannot be.
 
         ``guest_folders``: host folders mounted into the guest, which may not hold the log (a
-        cell could read it, or replace it with a link)."""
+        cell could read it, or replace it with a link); ``limit``: bytes the file may reach."""
         target = Path(path)
         try:
             folder = target.parent.resolve(strict=True)
@@ -103,7 +119,7 @@ class AuditLog:
                     f"it is inside {mounted}, a folder mounted into the sandbox: cells could"
                     " read it or replace it"
                 )
-        audit = cls(folder / target.name, session)
+        audit = cls(folder / target.name, session, limit)
         try:
             audit._reopen()
         except OSError as exc:
@@ -202,7 +218,10 @@ class AuditLog:
     def describe(self) -> str:
         """For ``%sandbox``: where the log goes, and whether it is being written."""
         if not self._failure:
-            return f"{self.path} (one line per cell, tool call and network request)"
+            return (
+                f"{self.path} (one line per cell, tool call and network request; renamed to"
+                f" {self.previous.name} past {self.limit:,} bytes)"
+            )
         return (
             f"{self.path}, NOT being written: {self._failure}; {len(self._waiting)} lines wait"
             + (f", {self._lost} lost" if self._lost else "")
@@ -264,13 +283,37 @@ class AuditLog:
             self._failure = ""
 
     def _append(self, line: bytes) -> None:
-        if self._fd is None or not self._same_file():
-            self._reopen()
+        """Write one line, under the file's lock: the file the path names now, rotated first
+        if the line would take it past the bound."""
+        while True:
+            if self._fd is None or not self._same_file():
+                self._reopen()
+            assert self._fd is not None
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                if not self._same_file():
+                    continue  # another kernel rotated it meanwhile: take the new file
+                if os.fstat(self._fd).st_size + len(line) > self.limit:
+                    self._rotate()
+                    continue
+                written = os.write(self._fd, line)
+                if written != len(line):  # a full disk mid-line: it would join the next line
+                    os.write(self._fd, b"\n")
+                    raise OSError(errno.ENOSPC, "the line was cut short")
+                return
+            finally:
+                if self._fd is not None:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _rotate(self) -> None:
+        """Rename the full file (its lock held) and start the next with a line saying so."""
         assert self._fd is not None
-        written = os.write(self._fd, line)
-        if written != len(line):  # a full disk mid-line: the rest would join the next line
-            os.write(self._fd, b"\n")
-            raise OSError(errno.ENOSPC, "the line was cut short")
+        os.rename(self.path, self.previous)
+        self._reopen()
+        assert self._fd is not None
+        rotated = {"time": _now(), "kind": "rotated", "session": self.session}
+        note = {**rotated, "verdict": "rotated", "previous": str(self.previous)}
+        os.write(self._fd, _line({**note, "limit": self.limit}))
 
     def _same_file(self) -> bool:
         """Whether the path still names the open file (not rotated away, removed or replaced)."""

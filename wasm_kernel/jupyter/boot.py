@@ -26,6 +26,7 @@ from ..packages.packages import GUEST_FOLDER
 from ..runtime.cache import RuntimeCache
 from ..sandbox.limits import Limits
 from ..sandbox.sandbox import Sandbox
+from . import termination
 from .grants import Grants
 from .session_images import SessionImages
 
@@ -112,6 +113,10 @@ class SandboxStart:
             plain_tracebacks=settings.plain_tracebacks,
             network=bool(settings.network_allow),
         )
+        hibernated = self.images.hibernation.name
+        if hibernated is not None:
+            # the notebook's last kernel may be hibernating it now (its server was just stopped)
+            self.images.folder.wait_saved(hibernated, termination.END_SECONDS)
         if self.images.snapshots or self.images.hibernation.enabled:
             self.images.folder.sweep()  # staging files of killed kernels' saves
         expired = self.images.hibernation.sweep()

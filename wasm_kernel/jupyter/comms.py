@@ -8,8 +8,9 @@ is a guest turn (``COMM_RECEIVED``), bounded and rolled back as a cell is; the g
 against the turn's output budget and passes the active-output policy (``active_widgets``).
 ``comm_info_request`` asks the guest for its open comms.
 
-Clients are untrusted too: a comm message larger than ``MESSAGE_LIMIT`` is refused with an
-error under it, and one that has waited ``QUEUED`` seconds behind other comm messages is
+Clients are untrusted too: a comm message larger than the contract's ``COMM_RECEIVED_LIMIT``
+(its JSON text and buffers together) is refused with an error under it and a line in the
+kernel's log, and one that has waited ``QUEUED`` seconds behind other comm messages is
 dropped unhandled (``Backlog``), so that a flood holds cells back by seconds at most.
 Front ends send a widget's changes one at a time, each once the last is handled, so theirs
 never wait that long.
@@ -38,10 +39,9 @@ from .cell_messages import CellMessages, KernelDoors
 from .execute_request import Request
 from .iopub import GuestPublisher
 
-MESSAGE_LIMIT = 16 << 20  # bytes of one comm message from the front end (content and buffers)
+LIMIT = declared.COMM_RECEIVED_LIMIT  # bytes of one comm message from the front end
 QUEUED = 5.0  # seconds a comm message may wait behind others before it is dropped
 TELL_EVERY = 10.0  # seconds between notices that comm messages are dropped
-COMM_ID_LIMIT = 256
 OVER_BUDGET = (
     "the comm message was not sent: this cell's (or comm handler's) output went past its"
     " output limit (WasmKernel.output_limit)"
@@ -98,16 +98,23 @@ def checked(parent: dict) -> tuple[str, str]:
     if not isinstance(content, dict):
         return "", "the comm message's content is not an object"
     comm_id = content.get("comm_id")
-    if not isinstance(comm_id, str) or not 0 < len(comm_id) <= COMM_ID_LIMIT:
-        return "", f"the comm message needs a comm_id of at most {COMM_ID_LIMIT} characters"
+    limit = declared.COMM_ID_LIMIT
+    if not isinstance(comm_id, str) or not 0 < len(comm_id) <= limit:
+        return "", f"the comm message needs a comm_id of at most {limit} characters"
     msg_type = header.get("msg_type")
     if msg_type == "comm_open" and not isinstance(content.get("target_name"), str):
         return "", "comm_open needs a target_name"
     buffers = parent.get("buffers") or []
-    size = sum(len(memoryview(buffer).cast("B")) for buffer in buffers)
-    if size > MESSAGE_LIMIT:
-        return "", f"the comm message's buffers ({size:,} bytes) are over {MESSAGE_LIMIT:,} bytes"
     metadata = parent.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
+    size = sum(len(memoryview(buffer).cast("B")) for buffer in buffers)
+    if size <= LIMIT:  # else too large already: the JSON text need not be measured
+        size += sum(len(json.dumps(part, default=str)) for part in (content, metadata))
+    if size > LIMIT:
+        return "", (
+            f"the comm message ({size:,} bytes of JSON text and buffers, or more) is over the"
+            f" kernel's bound of {LIMIT:,} bytes on a comm message from the front end"
+        )
     text = json.dumps(
         {
             "msg_type": msg_type,
@@ -115,13 +122,11 @@ def checked(parent: dict) -> tuple[str, str]:
                 key: header[key] for key in ("msg_id", "msg_type", "session") if key in header
             },
             "content": content,
-            "metadata": metadata if isinstance(metadata, dict) else {},
+            "metadata": metadata,
             "buffers": [base64.b64encode(buffer).decode("ascii") for buffer in buffers],
         },
         default=str,
     )
-    if len(text) > MESSAGE_LIMIT * 4 // 3 + 65536:
-        return "", f"the comm message ({len(text):,} bytes) is over {MESSAGE_LIMIT:,} bytes"
     return text, ""
 
 
@@ -175,6 +180,7 @@ class HostComms(Kernel):
             return
         text, refusal = checked(parent)
         if refusal:
+            self.log.warning("refused a %s: %s", parent["header"].get("msg_type"), refusal)
             cell.fail("CommRefused", refusal)
             return
         msg_type = parent["header"]["msg_type"]

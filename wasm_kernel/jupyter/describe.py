@@ -1,4 +1,5 @@
-"""The sandbox described for people: the kernel_info banner and ``%sandbox``."""
+"""The sandbox described for people: the kernel_info banner (a few lines: what this is, the
+profile, the limits, where files go) and ``%sandbox`` (everything, with how it works)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,34 @@ from .grants import Grants
 
 if TYPE_CHECKING:
     from ..sandbox.sandbox import Sandbox
+
+
+def summary(
+    settings: Any,
+    problem: Exception | None,
+    grants: Grants,
+    limits: Limits,
+    started_from: str | None,
+    sandbox: Sandbox | None,
+    hibernation: str | None,
+) -> str:
+    """The banner: what a user needs before the first cell, and where the rest is
+    (``hibernation``: what closing the notebook does, None when it does nothing)."""
+    runtime = grants.runtime
+    if problem is not None:
+        return describe(settings, problem, grants, limits, started_from, sandbox, "", "")
+    lines = [
+        f"Python {runtime.python_version} in a WebAssembly sandbox (wasm-kernel {__version__}),"
+        f" profile {settings.profile}",
+        _per_cell(limits),
+        f"Host folders: {_folders(grants)}",
+        f"{SCRATCH}: private scratch, deleted when the kernel stops, {_scratch_size(limits)}",
+        f"Network: {describe_network(settings)}",
+        *([f"Hibernation: {hibernation}"] if hibernation is not None else []),
+        _interpreter(sandbox, started_from),
+        "%sandbox shows the whole configuration and what the last cell cost.",
+    ]
+    return "\n".join(lines)
 
 
 def describe(
@@ -38,13 +67,7 @@ def describe(
             f"Python {runtime.python_version} in a WebAssembly sandbox"
             f" (wasm-kernel {__version__}): not started.\n{problem}"
         )
-    scratch_size = (
-        f"up to {limits.scratch_limit >> 20} MiB" if limits.scratch_limit else "no size limit"
-    )
     scratch = sandbox.scratch_folder if sandbox is not None else None
-    time_limit = f"time {limits.time_limit:.10g} s" if limits.time_limit else "no time limit"
-    running = sandbox is not None and started_from is not None  # clients wait for this line
-    interpreter = f"{RUNNING_FROM}{started_from}" if running else STILL_STARTING
     tools = getattr(settings, "host_tools", None)
     operator_tools = (
         f"Host tools (WasmKernel.tools, run outside the sandbox): {', '.join(tools.operator)}\n"
@@ -56,12 +79,11 @@ def describe(
         f" (wasm-kernel {__version__}, runtime {runtime.name})\n"
         f"Profile: {settings.profile}\n"
         f"Host folders:\n{grants.describe_folders()}\n"
-        f"  {SCRATCH}: private scratch, deleted when the kernel stops, {scratch_size}\n"
+        f"  {SCRATCH}: private scratch, deleted when the kernel stops, {_scratch_size(limits)}\n"
         f"{notebook_writes.describe(settings.notebook_writes, grants.layered, scratch)}\n"
         f"Starting folder: {grants.start_dir}\n"
-        f"{interpreter}\n"
-        f"Per cell: fuel {limits.fuel:,}, {time_limit},"
-        f" memory {_size(limits.memory_limit)}, output {_size(limits.output_limit)}\n"
+        f"{_interpreter(sandbox, started_from)}\n"
+        f"{_per_cell(limits)}\n"
         f"Packages: {grants.packages.describe() if grants.packages else 'off'}\n"
         f"Rollback: {_rollback(settings, runtime.restorable, sandbox)}\n"
         f"Hibernation: {hibernation}\n"
@@ -71,6 +93,40 @@ def describe(
         "No host environment or processes."
         + (f"\nLast cell: {last_cell.describe()}" if last_cell is not None else "")
     )
+
+
+def _folders(grants: Grants) -> str:
+    """The granted folders in a line; writes to a layered one stay in the sandbox."""
+    if grants.mount_error is not None or grants.withheld or not grants.granted:
+        return grants.describe_folders().strip()
+    shown = []
+    for mount in grants.granted:
+        if mount.writable:
+            mode = "read-write"
+        elif str(mount.guest) in grants.layered:
+            mode = "read-only: writes there stay in the sandbox"
+        else:
+            mode = "read-only"
+        shown.append(f"{mount.guest} <- {mount.host} ({mode})")
+    return "; ".join(shown)
+
+
+def _interpreter(sandbox: Sandbox | None, started_from: str | None) -> str:
+    """Where the interpreter came from, once it runs: clients wait for this line."""
+    running = sandbox is not None and started_from is not None
+    return f"{RUNNING_FROM}{started_from}" if running else STILL_STARTING
+
+
+def _per_cell(limits: Limits) -> str:
+    time_limit = f"time {limits.time_limit:.10g} s" if limits.time_limit else "no time limit"
+    return (
+        f"Per cell: fuel {limits.fuel:,}, {time_limit},"
+        f" memory {_size(limits.memory_limit)}, output {_size(limits.output_limit)}"
+    )
+
+
+def _scratch_size(limits: Limits) -> str:
+    return f"up to {limits.scratch_limit >> 20} MiB" if limits.scratch_limit else "no size limit"
 
 
 def _rollback(settings: Any, restorable: bool, sandbox: Sandbox | None) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 import platformdirs
 
+from ..files import tenancy
 from ..files.mounts import SCRATCH, Mount, MountError, guest_cwd, holds_home, parse_mounts
 from ..files.notebook_writes import layered_folders
 from ..guest.modules import _wasm_kernel_contract as declared
@@ -46,14 +47,25 @@ class Grants:
     """The guest's folders and packages. ``packages`` is None when the settings are invalid
     (no sandbox starts then)."""
 
-    def __init__(self, settings: Any, runtime: Runtime, configured: set[str], valid: bool):
+    def __init__(
+        self,
+        settings: Any,
+        runtime: Runtime,
+        configured: set[str],
+        valid: bool,
+        tenant: str | None = None,
+    ):
         self.runtime = runtime
+        self.tenant = tenant  # behind a gateway, the tenant the kernel works for
+        self.withheld = ""  # why the profile's folder is not mounted
         self.granted: list[Mount] = []
         self.start_dir = SCRATCH
         self.mount_error: MountError | None = None
         self.layered: tuple[str, ...] = ()  # read-only folders whose writes go to a layer
         here = Path.cwd()
-        self.withheld = self._withheld_folder(settings, here, configured)
+        explicit = "mounts" in configured or ENV_PREFIX + "MOUNTS" in os.environ
+        if not explicit:  # the profile's mounts are of the notebook's folder
+            here, self.withheld = self._notebook_folder(settings, here)
         try:
             specs = [] if self.withheld else settings.mounts
             reserved = (runtime.lib_guest_dir, GUEST_FOLDER)
@@ -65,23 +77,42 @@ class Grants:
         self.packages = self._package_set(settings) if valid else None
 
     @staticmethod
-    def _withheld_folder(settings: Any, here: Path, configured: set[str]) -> str:
-        """Why the profile's folder is not mounted, or "". A notebook in the home folder would
-        expose keys and tokens; mounts set explicitly (config, argv, env) are the operator's."""
-        explicit = "mounts" in configured or ENV_PREFIX + "MOUNTS" in os.environ
-        if explicit or not settings.mounts or not holds_home(here):
-            return ""
-        return (
-            f"the notebook's folder {here} is (or holds) the home folder, with its keys and"
-            " settings, so it is not mounted. Keep notebooks and their data in a project"
-            " folder, or mount one with --WasmKernel.mounts."
-        )
+    def _notebook_folder(settings: Any, here: Path) -> tuple[Path, str]:
+        """The folder the profile's mounts are taken from, and why it is not mounted, or "".
+        Under a gateway it is the one the gateway names, never the gateway's own; a notebook
+        in the home folder would expose keys and tokens. (Mounts set explicitly, in config,
+        argv or env, are the operator's.)"""
+        if not settings.mounts:
+            return here, ""
+        folder, refusal = tenancy.notebook_folder(here)
+        if folder is None:
+            return here, f"{refusal}. Mount one with --WasmKernel.mounts."
+        if holds_home(folder):
+            return folder, (
+                f"the notebook's folder {folder} is (or holds) the home folder, with its keys"
+                " and settings, so it is not mounted. Keep notebooks and their data in a"
+                " project folder, or mount one with --WasmKernel.mounts."
+            )
+        return folder, ""
 
     def _package_set(self, settings: Any) -> Packages:
         source = None
         if settings.packages != OFF:
             source = Source(None if settings.packages == INDEX else Path(settings.packages))
-        wheels = Path(platformdirs.user_cache_dir("wasm-kernel")) / "wheels"  # per user
+        cache = Path(platformdirs.user_cache_dir("wasm-kernel"))
+        own = cache / tenancy.TENANTS / "refused"
+        running = None  # a tenant's kernels' package folders: theirs, counted apart
+        try:  # per user, and per tenant behind a gateway
+            own = tenancy.keyed(cache, self.tenant)
+            if self.tenant is not None:
+                running = own / "packages"
+                running.mkdir(mode=0o700, exist_ok=True)
+        except tenancy.ForeignFolder as exc:  # refused (no cell runs) rather than shared
+            settings.refuse_setting("packages", settings.packages, "the tenant's folder", str(exc))
+            running = None
+        except OSError as exc:  # a read-only cache: no quota of the tenant's to count in
+            log.warning("%%pip is off: the tenant's package folder cannot be made (%s)", exc)
+            source, running = None, None
         runtime = self.runtime
         return Packages(
             source,
@@ -89,8 +120,9 @@ class Grants:
             settings.packages_user_quota,
             runtime.stdlib.path,
             runtime.stdlib_guest_path,
-            WheelCache(wheels),
+            WheelCache(own / "wheels"),
             runtime.python_version,
+            running,
         )
 
     def pip(self, message: dict, interrupts: Interrupts) -> dict:

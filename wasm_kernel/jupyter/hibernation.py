@@ -14,11 +14,13 @@ from __future__ import annotations
 import os
 import time
 
+from ..files import tenancy
 from ..images.image_folder import Entry, ImageFolder
 from ..images.images import ImageError
-from ..settings.kernel_settings import SESSION_ENV
+from ..settings.kernel_settings import NOTEBOOK_ID_ENV, SESSION_ENV
 
 DAY = 86400.0
+MAX_KEY = 4096  # characters of a notebook's name or ID: longer is no notebook's
 
 
 def hibernated(folder: ImageFolder) -> list[Entry]:
@@ -40,6 +42,28 @@ def remove(entries: list[Entry]) -> int:
     return freed
 
 
+def notebook_key() -> str:
+    """Which notebook this kernel's session belongs to: its file ID where Jupyter Server
+    gives one (a rename or move keeps it; a new notebook at an old name gets a new one), else
+    its path, as Jupyter Server names it; "" for a kernel of no notebook."""
+    file_id = os.environ.get(NOTEBOOK_ID_ENV, "")
+    if 0 < len(file_id) <= MAX_KEY:
+        return "file-id:" + file_id
+    path = os.environ.get(SESSION_ENV, "")
+    return path if len(path) <= MAX_KEY else ""
+
+
+def no_session_reason() -> str:
+    """Why no notebook names this kernel's session, as the user can act on it."""
+    if not tenancy.under_gateway():
+        return f"Jupyter Server names one in {SESSION_ENV}"
+    return (
+        f"behind a gateway, {SESSION_ENV} reaches the kernel only when the Jupyter server"
+        f" forwards it (--GatewayClient.allowed_envs={SESSION_ENV}) and the gateway lets it"
+        f" through (EG_CLIENT_ENVS={SESSION_ENV})"
+    )
+
+
 def _mib(size: int) -> str:
     return f"{size / (1 << 20):.0f} MiB"
 
@@ -52,7 +76,7 @@ class Hibernation:
         self.enabled = enabled  # the setting (hibernate)
         self.quota = quota  # bytes for all notebooks' hibernated sessions, 0 for no quota
         self.days = days  # how long one is kept, 0 for as long as the folder's quota allows
-        self.session = os.environ.get(SESSION_ENV, "")  # the notebook, as Jupyter Server names it
+        self.session = notebook_key()
         self.forgotten = False  # %snapshot forget: this kernel does not hibernate
 
     @property
@@ -124,15 +148,21 @@ class Hibernation:
         if not self.enabled:
             return "off"
         if not self.session:
-            return f"off (no notebook: Jupyter Server names one in {SESSION_ENV})"
+            return f"off (no notebook: {no_session_reason()})"
         if self.forgotten:
             return "off for this kernel (%snapshot forget)"
         bounds = [f"kept {self.days:g} days" if self.days else "kept until reopened"]
         if self.quota:
             bounds.append(f"{_mib(self.quota)} for all notebooks' sessions")
+        follows = (
+            "the notebook, renamed or moved"
+            if self.session.startswith("file-id:")
+            else "the notebook's path (this server gives no file ID: a renamed notebook starts"
+            " fresh)"
+        )
         return (
             "on: shutting this notebook's kernel down (closing the notebook, not restarting the"
             " kernel) saves its session (variables, /tmp, input history) in"
-            f" {self.folder.directory}; reopening the notebook resumes it ({', '.join(bounds)})."
-            " `%snapshot forget` keeps this one from being saved."
+            f" {self.folder.directory}; reopening the notebook resumes it ({', '.join(bounds)};"
+            f" it follows {follows}). `%snapshot forget` keeps this one from being saved."
         )

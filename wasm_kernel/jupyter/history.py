@@ -5,15 +5,26 @@ earlier work) and session 0 / negative numbers mean "this one" / "n sessions bac
 SQLite's WAL mode without a sync per cell, which keeps recording off the round trip. If the
 history file cannot be created or written (read-only home, read-only or locked file), history
 lives in memory for this kernel, with a warning in the kernel log; the kernel still starts.
+The file (and SQLite's side files) is this user's only, 0600, and so is the per-user data
+folder holding it by default (see files/private_files.py): it holds every cell's code.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from ..files.private_files import (
+    make_parents,
+    narrow_existing,
+    private_file,
+    private_folder,
+)
+from ..settings.kernel_settings import user_data
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +53,7 @@ class History:
         if path != ":memory:":
             db = None
             try:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                _make_private(Path(path))
                 db = sqlite3.connect(path, check_same_thread=False, timeout=2)
                 return db, cls._start_session(db)
             except (OSError, sqlite3.Error) as exc:
@@ -145,3 +156,16 @@ def bounded(value: Any, fallback: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an integer, got {value!r}")
     return max(min(value, 2**62), -(2**62))
+
+
+def _make_private(path: Path) -> None:
+    """The history file 0600 before SQLite opens it (SQLite gives its journal and WAL the
+    file's mode), its side files narrowed too; its folder made private if missing, and
+    narrowed if it is the per-user data folder (a folder of the user's own choosing is
+    left as it is)."""
+    make_parents(path)
+    if path.parent == Path(user_data("")):
+        private_folder(path.parent)
+    os.close(private_file(path))
+    for suffix in ("-wal", "-shm", "-journal"):
+        narrow_existing(path.with_name(path.name + suffix))

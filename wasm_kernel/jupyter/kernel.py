@@ -27,7 +27,7 @@ import psutil
 from traitlets import Float
 
 from .. import __version__
-from ..files import kernel_folders
+from ..files import tenancy
 from ..images import images
 from ..images.image_folder import ImageFolder
 from ..network.network import Network, NetworkLimits
@@ -37,7 +37,7 @@ from ..sandbox.sandbox import Sandbox
 from ..sandbox.stops import CellStopped
 from ..settings.kernel_settings import KernelSettings, screened
 from ..settings.settings import InvalidSettings
-from . import iopub, lifeline
+from . import iopub, lifeline, termination
 from .accounting import CellAccounting
 from .boot import SandboxStart, WaitStopped
 from .cell_messages import CellMessages, KernelDoors
@@ -54,9 +54,6 @@ from .request_checks import CheckedRequests
 from .session_images import SessionImages
 
 BACKLOG_FLOOR = 64 << 20  # bytes of cell output that may wait for slow IOPub clients
-# Longest a shutdown waits for the hibernation: clients kill a kernel that has not exited
-# 5 s after its shutdown_request (jupyter_client's shutdown_wait_time).
-HIBERNATE_SECONDS = 4.0
 
 
 def _keep_working_folder_off_sys_path() -> None:
@@ -82,6 +79,23 @@ def _log_to_process_stderr() -> None:
         package.propagate = False
 
 
+def _tenant_folders(settings: Any) -> tuple[str | None, str, Path]:
+    """The tenant a gateway names (or None), and the history file and snapshot folder that
+    are this user's, or this tenant's own (see files.tenancy). Where a tenant's folder cannot
+    be trusted, the setting is refused: no cell runs rather than sharing."""
+    tenant = tenancy.tenant()
+    snapshot_dir = Path(settings.snapshot_dir).expanduser()
+    try:
+        return (
+            tenant,
+            tenancy.keyed_file(settings.history_file, tenant),
+            tenancy.keyed(snapshot_dir, tenant),
+        )
+    except tenancy.ForeignFolder as exc:
+        settings.refuse_setting("snapshot_dir", str(snapshot_dir), "the tenant's folder", str(exc))
+        return tenant, ":memory:", snapshot_dir / tenancy.TENANTS / "refused"
+
+
 class WasmKernel(
     KernelSettings,
     KernelInfo,
@@ -90,6 +104,7 @@ class WasmKernel(
     EarlyAbort,
     CheckedRequests,
     CellAccounting,
+    termination.Ending,
     HostComms,  # after CheckedRequests: it checks comm_info_request first
 ):
     implementation = "wasm-kernel"
@@ -120,19 +135,22 @@ class WasmKernel(
         _keep_working_folder_off_sys_path()
         _log_to_process_stderr()
         if threading.current_thread() is threading.main_thread():
-            kernel_folders.remove_on_sigterm()  # SIGTERM would leave the guest's files
+            termination.hibernate_on_sigterm(self._end_from_outside)
         configured = self.read_settings()
         runtime = configured_runtime(self)
         self.host_tools = kernel_tools(self)  # the operator's, imported now
         self._settings_error = InvalidSettings(self.refused) if self.refused else None
         self.runtime = runtime
         self.limits = Limits.of(self)
-        self.history = History(self.history_file)
-        self.grants = Grants(self, runtime, configured, valid=self._settings_error is None)
+        tenant, history_file, snapshot_dir = _tenant_folders(self)
+        self.history = History(history_file)
+        self.grants = Grants(
+            self, runtime, configured, valid=self._settings_error is None, tenant=tenant
+        )
         self.open_audit_log([mount.host for mount in self.grants.granted], configured)
         self._settings_error = InvalidSettings(self.refused) if self.refused else None
         self._withheld_told = False  # said once, on the first cell's stderr
-        folder = ImageFolder(Path(self.snapshot_dir).expanduser(), self.snapshot_quota)
+        folder = ImageFolder(snapshot_dir, self.snapshot_quota)
         self.session_images = SessionImages(
             folder,
             runtime.module.sha256,
@@ -231,7 +249,7 @@ class WasmKernel(
             return cell.fail(stop.ename, stop.evalue)
         self.cell_measured(request.parent, measured)
         if cell.asks_exit():
-            self._end_after_reply()
+            self._end_process(hibernate=False, delay=0.1)
         if cell.snapshot is not None:  # %snapshot save/restore: now that the turn is over
             act = partial(self.session_images.act, sandbox, *cell.snapshot, self.execution_count)
             try:
@@ -337,17 +355,6 @@ class WasmKernel(
             hist_access_type, output, session, start, stop, n, pattern, unique
         )
 
-    def _end_after_reply(self) -> None:
-        """exit() or quit() in a cell: as ipykernel does, the kernel process ends just after
-        the cell's reply is sent. The user ended the session, so it does not hibernate."""
-
-        async def end() -> None:
-            await asyncio.sleep(0.1)  # ipykernel's delay: the reply is sent meanwhile
-            await self._close(hibernate=False)
-            self.io_loop.add_callback(self.io_loop.stop)
-
-        self._ending = asyncio.ensure_future(end())
-
     async def do_shutdown(self, restart: bool) -> dict:
         await self._close(hibernate=not restart)
         return {"status": "ok", "restart": restart}
@@ -367,9 +374,10 @@ class WasmKernel(
                 count = self.execution_count
                 save = partial(self.session_images.hibernate, sandbox, count)
                 hibernation = asyncio.wrap_future(self._worker.submit(save))
-                done, _ = await asyncio.wait([hibernation], timeout=HIBERNATE_SECONDS)
+                limit = termination.HIBERNATE_SECONDS
+                done, _ = await asyncio.wait([hibernation], timeout=limit)
                 if not done:
-                    self.log.warning("the session could not hibernate in %g s", HIBERNATE_SECONDS)
+                    self.log.warning("the session could not hibernate in %g s", limit)
             sandbox.close()
             sandbox.compiled.close()
         self._worker.shutdown(wait=False, cancel_futures=True)

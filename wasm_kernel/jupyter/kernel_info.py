@@ -15,7 +15,7 @@ from ipykernel._version import kernel_protocol_version
 from ipykernel.kernelbase import Kernel
 
 from . import debug_requests
-from .describe import describe
+from .describe import describe, summary
 
 if TYPE_CHECKING:
     from ..runtime.runtime import Runtime
@@ -81,12 +81,27 @@ class KernelInfo(Kernel):
 
     @property
     def banner(self) -> str:  # type: ignore[override]
-        return self.describe_sandbox(last_cell=False)
+        """A few lines in users' words; ``%sandbox`` has the rest (``describe_sandbox``)."""
+        sandbox = self._running_sandbox()
+        hibernation = self.session_images.hibernation
+        return summary(
+            self,
+            self._settings_error,
+            self.grants,
+            self.limits,
+            self._start.started_from,
+            sandbox,
+            hibernation.describe() if hibernation.enabled and hibernation.session else None,
+        )
+
+    def _running_sandbox(self) -> Sandbox | None:
+        """The sandbox, once it has started; None while it starts or if it failed to."""
+        return self._boot.result() if self._boot.done() and not self._boot.exception() else None
 
     def describe_sandbox(self, last_cell: bool = True) -> str:
-        """The running configuration, for the banner and ``%sandbox`` (which also says what
-        the last cell cost); or why there is none."""
-        sandbox = self._boot.result() if self._boot.done() and not self._boot.exception() else None
+        """The running configuration, for ``%sandbox`` (which also says what the last cell
+        cost); or why there is none."""
+        sandbox = self._running_sandbox()
         return describe(
             self,
             self._settings_error,

@@ -12,9 +12,12 @@ that declared no tools (JupyterLab, nbclient) is never asked: the guest gets a c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import importlib.util
 import json
 import logging
+import os
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..agents.tools import (
     MAX_TOOLS,
     METADATA_KEY,
+    OPERATOR_TOOL,
     REPLY,
     REQUEST,
     HostTool,
@@ -36,14 +40,15 @@ from ..agents.tools import (
     failure,
     reply_of,
 )
-from ..guest.modules._wasm_kernel_tools import decode
+from ..guest.modules import _wasm_kernel_contract as declared
+from ..guest.modules._wasm_kernel_tools import MAX_DEPTH, decode, too_deep
 from .execute_request import Request
 
 if TYPE_CHECKING:
     from ..sandbox.interrupts import Interrupts
 
 POLL = 0.02  # seconds between checks for an interrupt while a tool runs
-RESULT_LIMIT = 16 << 20  # bytes of JSON a tool's result may take, in the guest's memory
+RESULT_LIMIT = declared.TOOL_RESULT_LIMIT  # bytes of JSON of a tool's result
 INTERRUPTED = {"interrupted": True}
 log = logging.getLogger(__name__)
 
@@ -161,12 +166,18 @@ class KernelTools:
                 return INTERRUPTED
             if not socket.poll(int(POLL * 1000)):
                 continue
-            idents, reply = session.recv(socket)
+            try:  # the content is read here, bounded (see _answer)
+                idents, reply = session.recv(socket, content=False)
+            except Exception as exc:  # a bad signature, a header nested past json's bound
+                log.warning("dropped an unreadable message on the stdin channel: %s", exc)
+                continue
             if reply is None or reply.get("msg_type") != REPLY or idents != request.stdin_ident:
                 continue  # another client's, or a reply to a call that was given up
-            answer = reply.get("content")
-            if isinstance(answer, dict) and answer.get("call_id") == call_id:
-                return _answer(answer)
+            raw = bytes(reply["content"])
+            if call_id.encode() in raw:  # the id is not guessable: only this call's reply has it
+                answer = _answer(raw, call_id)
+                if answer is not None:
+                    return answer
 
 
 def for_kernel(kernel: Any) -> KernelTools:
@@ -177,8 +188,29 @@ def for_kernel(kernel: Any) -> KernelTools:
     try:
         return KernelTools(operator_tools(kernel.tools))
     except ToolDeclarationError as exc:
-        kernel.refuse_setting("tools", list(kernel.tools), "the configuration", str(exc))
+        why = f"{exc}{_working_folder_hint(kernel.tools)}"
+        kernel.refuse_setting("tools", list(kernel.tools), "the configuration", why)
         return KernelTools({})
+
+
+def _working_folder_hint(specs: list[str]) -> str:
+    """Why a tools module beside the notebook is not found: the working folder is the
+    notebook's, which the sandbox may write to, so the kernel never imports from it."""
+    missing = []
+    for spec in specs:
+        match = OPERATOR_TOOL.match(spec.strip())
+        top = match.group(2).partition(".")[0] if match else ""
+        with contextlib.suppress(ImportError, ValueError):
+            if top and importlib.util.find_spec(top) is None:
+                missing.append(top)
+    if not missing:
+        return ""
+    return (
+        ". WasmKernel.tools are imported from the kernel's installed packages and PYTHONPATH,"
+        f" never from its working folder ({os.getcwd()}): that is the notebook's folder, which"
+        " the sandbox may write to, so it is kept off sys.path on purpose. Install"
+        f" {', '.join(missing)}, or put its folder on the kernel's PYTHONPATH"
+    )
 
 
 def _run(tool: HostTool, wire: dict) -> Any:
@@ -189,14 +221,43 @@ def _run(tool: HostTool, wire: dict) -> Any:
     return result
 
 
-def _answer(content: dict) -> dict[str, Any]:
-    """A client's tool_reply, checked: a value, or an error with text."""
+def _answer(raw: bytes, call_id: str) -> dict[str, Any] | None:
+    """A client's tool_reply to call ``call_id``, checked: a value, or an error with text
+    (None: it answers another call). Its value is nested at most MAX_DEPTH deep, the bound
+    of the values tools exchange: deeper than json can parse is refused too."""
+    try:
+        content = json.loads(raw)
+    except RecursionError:
+        return failure(too_deep())
+    except ValueError:
+        return failure(ValueError("the client's tool_reply is not JSON"))
+    if not isinstance(content, dict) or content.get("call_id") != call_id:
+        return None
     if content.get("status") == "ok" and "value" in content:
+        if _nested_deeper(content["value"], MAX_DEPTH):
+            return failure(too_deep())
         return _bounded({"value": content["value"]})
     ename, evalue = content.get("ename"), content.get("evalue")
     if not (isinstance(ename, str) and ename.isidentifier() and len(ename) < 256):
         ename = "ToolError"
+    if isinstance(evalue, (dict, list)):  # text is asked for; str() of it could recurse deep
+        evalue = "(not text)"
     return {"error": {"ename": ename, "evalue": str(evalue)[:16_000]}}
+
+
+def _nested_deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` holds anything more than ``limit`` lists or objects deep, as
+    ``decode`` counts (found without recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+    return False
 
 
 def _bounded(reply: dict[str, Any]) -> dict[str, Any]:
@@ -205,7 +266,8 @@ def _bounded(reply: dict[str, Any]) -> dict[str, Any]:
         if size > RESULT_LIMIT:
             return failure(
                 ValueError(
-                    f"the tool's result ({size:,} bytes) is over the limit of {RESULT_LIMIT:,}"
+                    f"the tool's result is too big: {size:,} bytes as JSON, over the bound of"
+                    f" {RESULT_LIMIT:,} bytes ({RESULT_LIMIT >> 20} MiB) on a tool's result"
                 )
             )
     return reply

@@ -16,6 +16,10 @@ from ..settings.profiles import Profile
 
 KERNEL_NAME = "wasm-python"
 PROVISIONER = "wasm-kernel"  # our entry point in jupyter_client.kernel_provisioners
+# Enterprise Gateway 3.x's process proxy for kernels on its own host: it writes the connection
+# file (address 127.0.0.1, ports from its port range) and runs argv with {connection_file}
+# substituted; {response_address} and {public_key} are substituted for remote proxies only
+GATEWAY_PROCESS_PROXY = "enterprise_gateway.services.processproxies.processproxy.LocalProcessProxy"
 
 
 def kernelspec_name(profile: Profile, base: str = KERNEL_NAME) -> str:
@@ -57,7 +61,13 @@ def kernelspec(
         spec["display_name"] = display_name(profile, given or spec["display_name"])
     if getattr(args, "env", None):
         spec["env"] = dict(args.env)
-    if provisioned:
+    if getattr(args, "gateway", False):
+        # Enterprise Gateway 3 (jupyter_client 6) knows no provisioners nor CurveZMQ
+        spec["metadata"] = {
+            "debugger": False,
+            "process_proxy": {"class_name": GATEWAY_PROCESS_PROXY},
+        }
+    elif provisioned:
         spec["metadata"]["kernel_provisioner"] = {"provisioner_name": PROVISIONER}
     return spec
 

@@ -15,7 +15,7 @@ import ctypes
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import wasmtime
@@ -140,7 +140,7 @@ class GuestState:
         self._start_file()
         self.take(store)
         fds = [os.dup(fd) for fd in live.fds]
-        return LiveMemory(live.pid, fds, live.parts, live.boot, live.files)
+        return replace(live, fds=fds)
 
     def forget(self) -> None:
         """Drop the checkpoint, after guest memory was mapped anew (a boot image, a saved

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import hashlib
 import mmap
 import os
 import platform
+import secrets
 import sys
 from bisect import bisect_right
 from collections.abc import Iterable
@@ -114,16 +116,35 @@ def file_mapped(base: int, start: int, end: int) -> Ranges:
     return [(low, high) for low, high, _, _ in mapped_files(base, [(start, end)])]
 
 
+_secret = (0, b"")  # (the process it is of, the secret)
+
+
+def process_secret() -> bytes:
+    """This kernel process's secret: the names of its checkpoint files carry its digest and
+    its fork images the secret itself, so that an image can name only memory that the session
+    which wrote it froze (``live_memory``). A process forked from this one makes its own."""
+    global _secret
+    if _secret[0] != os.getpid():
+        _secret = (os.getpid(), secrets.token_bytes(32))
+    return _secret[1]
+
+
+def file_name(secret: bytes) -> str:
+    """The name of the checkpoint files of the process whose secret is ``secret``."""
+    return f"{CopyOnWriteMemory.FILE_NAME}-{hashlib.sha256(secret).hexdigest()[:32]}"
+
+
 class CopyOnWriteMemory:
     """The checkpoint of guest memory ``[0, mapped)``: a memfd mapped privately over it, except
     where another file is mapped (wasmtime's view of the module's data, a boot image) and the
     guest has not written since: those pages stay that file's, shared with whoever else maps
     it, and move into the memfd when a checkpoint finds them written."""
 
-    FILE_NAME = "wasm-kernel-checkpoint"  # the memfd's name (a forked kernel checks it)
+    FILE_NAME = "wasm-kernel-checkpoint"  # how the memfd's name starts (see file_name)
 
     def __init__(self, track_writes: bool = True) -> None:
-        self._file = os.memfd_create(self.FILE_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        name = file_name(process_secret())
+        self._file = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             self._dirty = DirtyPages()
         except OSError:

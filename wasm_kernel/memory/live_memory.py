@@ -14,7 +14,10 @@ after that starts fresh and says why.
 
 What the forked kernel opens is checked, since an image is hostile input: each memfd must be
 one of ours (by its name), sealed against writes, this user's, as large as the parts need, and
-the very file the forking kernel froze (device and inode);
+the very file the forking kernel froze (device and inode), frozen by the session that wrote
+the image: the image carries that session's secret, whose digest the files' names carry
+(``cow.process_secret``), so an image naming another session's memory, even of the same
+user, is refused;
 the boot memory file is the kernel's own cache's, and must be the very file the forking
 kernel mapped (device, inode, size, modification time).
 """
@@ -23,18 +26,30 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cow import PAGE, CopyOnWriteMemory, FileKey, map_file, mapped_files, subtract
+from .cow import (
+    PAGE,
+    CopyOnWriteMemory,
+    FileKey,
+    file_name,
+    map_file,
+    mapped_files,
+    process_secret,
+    subtract,
+)
 
 BOOT = "boot"
 MEMFD_NAME = "/memfd:" + CopyOnWriteMemory.FILE_NAME
 SEALED = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK
 MAX_PARTS = 65536  # parts an image may list (each one costs the forked kernel a mapping)
 MAX_FILES = 16  # frozen files one image may name (past that, pages are copied instead)
+HEADER_KEYS = ("pid", "fds", "files", "parts", "boot", "secret")
+SECRET = re.compile(r"[0-9a-f]{64}")
 Part = tuple[int, int, int | str, int]  # guest [start, end), its file (an index of ``fds``, or
 # BOOT), the offset in that file
 
@@ -51,6 +66,7 @@ class LiveMemory:
     # each of ``fds``' (st_dev, st_ino): a process that took the forking kernel's pid later
     # cannot pass off another session's memory at the same descriptor number
     files: list[list[int]] = field(default_factory=list)
+    secret: str = ""  # the forking session's (hex), whose digest its files' names carry
 
     def header(self) -> dict[str, Any]:
         return {
@@ -59,15 +75,18 @@ class LiveMemory:
             "files": self.files,
             "parts": self.parts,
             "boot": self.boot,
+            "secret": self.secret,
         }
 
     @classmethod
     def from_header(cls, value: object, memory_size: int) -> LiveMemory:
         """The image's description, checked; ValueError says what is wrong."""
-        if not isinstance(value, dict) or set(value) != {"pid", "fds", "files", "parts", "boot"}:
+        if not isinstance(value, dict) or set(value) != {*HEADER_KEYS}:
             raise ValueError("bad live memory")
         pid, fds, parts, boot = value["pid"], value["fds"], value["parts"], value["boot"]
-        files = value["files"]
+        files, secret = value["files"], value["secret"]
+        if not (isinstance(secret, str) and SECRET.fullmatch(secret)):
+            raise ValueError("bad live memory: its secret")
         if not (
             _is_int(pid, 1, 1 << 22)
             and isinstance(fds, list)
@@ -104,7 +123,7 @@ class LiveMemory:
                 raise ValueError("live memory parts overlap, pass the memory's end or are bad")
             checked.append((start, end, source, offset))
             next_free = end
-        return cls(pid, fds, checked, boot, files)
+        return cls(pid, fds, checked, boot, files, secret)
 
 
 def _is_int(value: object, low: int, high: int) -> bool:
@@ -150,7 +169,8 @@ def freeze(
     fds = [fd] + [frozen[key] for key in keys[1:]]
     uses_boot = any(source == BOOT for _, _, source, _ in parts)
     files = [list(key) for key in keys]
-    live = LiveMemory(os.getpid(), fds, parts, boot_identity if uses_boot else [], files)
+    boot = boot_identity if uses_boot else []
+    live = LiveMemory(os.getpid(), fds, parts, boot, files, process_secret().hex())
     return live, keys[0], mapped_keys
 
 
@@ -167,6 +187,12 @@ def open_files(live: LiveMemory) -> list[int]:
             status = os.fstat(opened[-1])
             if [status.st_dev, status.st_ino] != live.files[index]:
                 raise ValueError("its memory is not the file the forking kernel froze")
+            name = "/memfd:" + file_name(bytes.fromhex(live.secret))
+            if os.readlink(f"/proc/self/fd/{opened[-1]}") not in (name, f"{name} (deleted)"):
+                raise ValueError(
+                    "its memory was frozen by another session than the one that wrote the"
+                    " image (the image's secret is not that memory's)"
+                )
             ends = [o + e - b for b, e, source, o in live.parts if source == index]
             if status.st_size < max(ends, default=0):
                 raise ValueError("its memory is smaller than its parts")

@@ -11,6 +11,10 @@ allowed tag byte for byte):
 - where marked passes text through unparsed (an HTML block: from a line that starts with
   ``<`` to a blank line) a ``<`` that could open markup the allowlist cannot vouch for becomes
   ``&lt;``, and is shown as text;
+- a link's URL (an inline link or image, a reference definition, an autolink) is judged by the
+  rule text/html's ``href`` and ``src`` are judged by (``attribute_problem``: a link to http,
+  https, mailto or a relative URL, an image from those or a ``data:image/`` URL); one it
+  refuses is removed, as text/html loses the attribute;
 - a ``javascript:`` (or ``vbscript:``, ``livescript:``) URL, also behind entities, escapes and
   spaces, gets a zero-width space before its colon, so no browser reads it as a scheme.
 
@@ -60,6 +64,21 @@ _ENTITY = re.compile(r"&(?:#[0-9]+;?|#[xX][0-9a-fA-F]+;?|[A-Za-z][A-Za-z0-9]*;?)
 _SCRIPT_SCHEME = re.compile(r"(?:java|vb|live)script:")
 _NOT_IN_URLS = frozenset(map(chr, range(0x21))) | {"\\", "\x7f"}
 MAX_ROUNDS = 8
+# Where marked reads a link's URL: after "](" (an inline link or image) or "]:" (a reference
+# definition), past spaces and one line break (and a blockquote's markers), or an autolink.
+_BEFORE_URL = r"\](\(|:)[ \t]*(?:(?:\r\n|\r|\n)(?:[ \t]*>)*[ \t]*)?"
+_AUTOLINK_START = r"(<)(?=[A-Za-z][A-Za-z0-9+.\-]{1,31}:)"
+_URL_START = re.compile(f"{_BEFORE_URL}|{_AUTOLINK_START}")
+# What any URL the rule could refuse matches (one not a web or relative URL): most Markdown
+# has none, and is left as it is after a search for each (each starts with a literal: fast)
+_MAY_BE_REFUSED = (
+    re.compile(_BEFORE_URL + r"(?!<?https?://)(?:<[^\n>]*?|[^\x00-\x20]*?)[:&]"),
+    re.compile(_AUTOLINK_START),
+)
+_BRACKETED_URL = re.compile(r"<((?:\\.|[^\n<>\\])*)>")
+_AUTOLINK = re.compile(r"<([^\x00-\x20<>]*)>")
+_BRACKET = re.compile(r"[\\\[\]]")
+_ESCAPE = re.compile(r"\\([!-/:-@\[-`{-~])")
 
 
 def clean_markdown(text: str) -> tuple[str | None, list[str], str]:
@@ -68,6 +87,7 @@ def clean_markdown(text: str) -> tuple[str | None, list[str], str]:
     removed: list[str] = []
     for _ in range(MAX_ROUNDS):
         step = _clean_markup(text, removed)
+        step = _remove_refused_urls(step, removed)
         step = _defuse_script_urls(step, removed)
         if step == text:
             break
@@ -194,6 +214,80 @@ def _start_tag(text: str, tag: re.Match[str], removed: list[str]) -> tuple[str |
         return None, tag.start()
     removed += problems
     return f"<{tag.group(1)}{''.join(kept)}{tag.group(3)}>", tag.end()
+
+
+def _remove_refused_urls(text: str, removed: list[str]) -> str:
+    """``text`` less every link URL that text/html's rule for ``href`` and ``src`` refuses
+    (an autolink's becomes text)."""
+    if not any(pattern.search(text) for pattern in _MAY_BE_REFUSED):
+        return text
+    out: list[str] = []
+    done = 0
+    image_ends: set[int] | None = None  # found when first needed
+    for start in _URL_START.finditer(text):
+        if start.start() < done:
+            continue
+        pos = start.end()
+        if start.group(2):  # an autolink: <scheme:...>
+            url = _AUTOLINK.match(text, start.start())
+            if url is None:
+                continue
+            tag, attribute, end, replacement = "a", "href", url.end(), "&lt;" + url.group()[1:]
+        else:
+            bracketed = _BRACKETED_URL.match(text, pos)
+            url = bracketed or _bare_url(text, pos)
+            raw = url.group(1)
+            if raw.startswith(("https://", "http://")) or not (":" in raw or "&" in raw):
+                continue  # a web or relative URL, whichever the tag (no entity hides a colon)
+            tag, attribute = "a", "href"
+            end, replacement = url.end(), "<>" if bracketed else ""
+        destination = html.unescape(_ESCAPE.sub(r"\1", url.group(1)))
+        problem = attribute_problem(tag, attribute, destination)
+        if start.group(1) == "(":  # an inline link, or an image: judged as an img's src too
+            as_image = attribute_problem("img", "src", destination)
+            if as_image != problem:  # which it is decides, or names what is removed
+                if image_ends is None:
+                    image_ends = _image_ends(text)
+                if start.start() in image_ends:
+                    problem = as_image
+        if problem is None:
+            continue
+        removed.append(problem)
+        out += [text[done : url.start()], replacement]
+        done = end
+    out.append(text[done:])
+    return "".join(out) if done else text
+
+
+_BARE_URL = re.compile(r"((?:\\.|[^\x00-\x20\\()]|\\|\((?:\\.|[^\x00-\x20\\()])*\))*)")
+
+
+def _bare_url(text: str, pos: int) -> re.Match[str]:
+    """A destination not in <>: no spaces, parentheses balanced (one level, as is enough to
+    judge its scheme, which comes first)."""
+    match = _BARE_URL.match(text, pos)
+    assert match is not None  # it matches the empty string
+    return match
+
+
+def _image_ends(text: str) -> set[int]:
+    """Where a ']' ends an image's alt text (``![`` to its ']', brackets within it balanced,
+    escaped ones left out): one pass over the text."""
+    ends: set[int] = set()
+    opened: list[bool] = []  # for each '[' still open: whether it opens an image
+    escaped = -1  # the last character a backslash escapes
+    for bracket in _BRACKET.finditer(text):
+        at = bracket.start()
+        if at == escaped:
+            continue
+        char = text[at]
+        if char == "\\":
+            escaped = at + 1
+        elif char == "[":
+            opened.append(at > 0 and text[at - 1] == "!" and escaped != at - 1)
+        elif opened and opened.pop():
+            ends.add(at)
+    return ends
 
 
 def _defuse_script_urls(text: str, removed: list[str]) -> str:

@@ -8,8 +8,10 @@ What ``@jupyter-widgets`` (the front end ``jupyterlab_widgets`` ships) renders a
 - the ``outputs`` of the ``Output`` widget: mime bundles, rendered as any display.
 
 Those are cleaned here (``active_html``, ``ActiveOutput.bundle``). Widget models from any other
-front-end module are refused under ``block``: their code is not part of that reviewed set,
-and some run code that their state carries (anywidget's ``_esm``). Comms that are not
+front-end module are refused under ``block``, at their comm_open and in any update that would
+switch a model's ``_model_module`` or ``_view_module`` to one: their code is not part of that
+reviewed set, and some run code that their state carries (anywidget's ``_esm``, refused in any
+widget's state). Comms that are not
 widgets reach only front-end code the operator installed, with data it must treat as such:
 they pass. Under ``allow`` nothing changes.
 
@@ -30,6 +32,7 @@ WIDGET_TARGET = "jupyter.widget"
 STANDARD_MODULES = frozenset(
     {"@jupyter-widgets/base", "@jupyter-widgets/controls", "@jupyter-widgets/output"}
 )
+CODE_KEYS = frozenset({"_esm"})  # state that front ends such as anywidget run as code
 HTML_VALUE_MODELS = frozenset({"HTMLModel", "HTMLMathModel"})
 MAX_TRACKED = 10_000  # open comms the host remembers; the rest are judged strictly
 DESCRIPTION_LIMIT = 64 * 1024  # characters of a description kept to re-send when it turns HTML
@@ -67,13 +70,14 @@ class WidgetPolicy:
             return ""
         data = content.get("data")
         state = data.get("state") if isinstance(data, dict) else None
-        if msg_type == "comm_open":
-            if content.get("target_name") != WIDGET_TARGET:
-                return ""
-            state = state if isinstance(state, dict) else {}
-            refusal = _custom_model(state)
+        if msg_type == "comm_open" and content.get("target_name") != WIDGET_TARGET:
+            return ""
+        if isinstance(state, dict):  # at its comm_open, or in any update after it
+            refusal = _front_end_code(state)
             if refusal:
                 return refusal
+        if msg_type == "comm_open":
+            state = state if isinstance(state, dict) else {}
             self._remember(
                 comm_id, Widget(model=str(state.get("_model_name")), html_description=False)
             )
@@ -92,7 +96,7 @@ class WidgetPolicy:
             if not isinstance(entry, dict) or not isinstance(entry.get("state"), dict):
                 continue
             state = entry["state"]
-            if _custom_model({"_model_module": entry.get("model_module"), **state}):
+            if _front_end_code({"_model_module": entry.get("model_module"), **state}):
                 continue  # as at its comm_open: not sent
             widget = self._widgets.get(model_id) or Widget(model=str(entry.get("model_name")))
             _clean_state(Widget(widget.model), state, active)
@@ -104,7 +108,10 @@ class WidgetPolicy:
             self._widgets[comm_id] = widget
 
 
-def _custom_model(state: dict) -> str:
+def _front_end_code(state: dict) -> str:
+    """Why a widget's state (at its comm_open, or an update) would bring front-end code the
+    policy has not reviewed: a module outside jupyterlab_widgets', or code carried as state
+    ("": it brings none)."""
     for key in ("_model_module", "_view_module"):
         module = state.get(key)
         if module is not None and module not in STANDARD_MODULES:
@@ -113,6 +120,13 @@ def _custom_model(state: dict) -> str:
                 " jupyterlab_widgets' standard widgets, so it could run code in the browser:"
                 " this kernel blocks active output (WasmKernel.active_output=allow shows it)"
             )
+    carried = sorted(CODE_KEYS.intersection(state))
+    if carried:
+        return (
+            f"the widget's state carries front-end code ({', '.join(carried)}), which the"
+            " browser would run: this kernel blocks active output"
+            " (WasmKernel.active_output=allow shows it)"
+        )
     return ""
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..files import kernel_folders, scratch
+from ..files.private_files import private_folder
 from .pip_driver import Cancelled
 from .wheels import PackageError
 
@@ -29,7 +30,7 @@ WAIT_STEP = 0.1  # seconds between attempts to take the lock, while an interrupt
 def user_lock(folder: Path, cancelled: Callable[[float], bool]) -> Iterator[None]:
     """Hold the user's package lock (in ``folder``) for the block; raises Cancelled if the
     user interrupts the wait."""
-    folder.mkdir(parents=True, exist_ok=True)
+    private_folder(folder)
     path = folder / LOCK_NAME
     try:
         descriptor = os.open(
@@ -62,10 +63,11 @@ def user_lock(folder: Path, cancelled: Callable[[float], bool]) -> Iterator[None
 
 
 def others_held(own: Path) -> int:
-    """Disk bytes in the package folders of this user's other running kernels (allocated
-    blocks, at least an entry's worth per file and folder)."""
+    """Disk bytes in the package folders of this user's (or tenant's) other running kernels,
+    which are beside ``own`` (allocated blocks, at least an entry's worth per file and
+    folder)."""
     held = 0
-    for root in kernel_folders.running(kernel_folders.PACKAGES_PREFIX):
+    for root in kernel_folders.running(kernel_folders.PACKAGES_PREFIX, str(own.parent)):
         if root == own:
             continue
         taken = scratch.usage(root)

@@ -98,14 +98,19 @@ class Packages:
         shipped_location: str,
         cache: WheelCache,
         python_version: str,
+        folder: Path | None = None,
     ):
+        """``folder``: where this kernel's package folder goes, beside those of the other
+        kernels its user quota counts (default: TMPDIR, all of this user's)."""
         self.source = source
         self.markers = guest_markers(python_version)
         self.cache = cache
         self._stdlib_zip, self._shipped_location = stdlib_zip, shipped_location
         self._shipped: dict[str, Distribution] | None = None
         self._shipped_folders: list[Mount] = []
-        self.root = kernel_folders.create(kernel_folders.PACKAGES_PREFIX)
+        self.root = kernel_folders.create(kernel_folders.PACKAGES_PREFIX, folder)
+        if folder is not None:  # killed kernels' folders there: TMPDIR's are swept anyway
+            kernel_folders.sweep_beside(str(folder))
         self.folder = WheelFolder(self.root, quota, GUEST_FOLDER, user_quota)
 
     @property

@@ -1,4 +1,6 @@
-"""The per-user cache of downloaded wheels, by sha256, shared between a user's kernels."""
+"""The per-user cache of downloaded wheels, by sha256, shared between a user's kernels: a
+folder of the user's only (0700), made so whatever the umask (what a user installs is theirs
+to know)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..files import host_files
+from ..files.private_files import private_folder
 from .wheels import PackageError
 
 
@@ -58,6 +61,7 @@ class WheelCache:
     def put(self, path: Path, sha256: str) -> Path:
         """Copy a downloaded wheel in (atomically: another kernel may be reading)."""
         place = self._place(sha256, path.name)
+        private_folder(self.folder)
         place.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=place.parent, prefix=".incoming-")
         with os.fdopen(handle, "wb") as out, open(path, "rb") as source:

@@ -45,6 +45,7 @@ import wasmtime
 
 from . import rewrite
 from .runtime import CACHE_DIR_ENV, Runtime, default_cache_dir, sha256_file, verify
+from .shared_cache import check_cache
 from .wasi_adapter import adapter_digest, adapter_wat
 
 log = logging.getLogger(__name__)
@@ -194,6 +195,7 @@ class RuntimeCache:
         try:
             if not (entry / self.RECORD).exists():
                 return None, None
+            check_cache(self.directory, entry, self.LIB, runtime.module.path.parent)
             record = self._check(entry, runtime)
             if (preloaded := _PRELOADED.get(_memo(entry, record))) is not None:
                 return preloaded, None

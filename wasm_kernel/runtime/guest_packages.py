@@ -33,6 +33,7 @@ from ..files.mounts import Mount
 from .cache import CompiledRuntime, cache_key, exported, writable
 from .runtime import manifest_dir, sha256_file
 from .runtime_files import pinned_download
+from .shared_cache import UntrustedCache, check_entry
 
 MANIFEST = "guest-packages.json"
 RECORD = "entry.json"
@@ -102,12 +103,19 @@ def _recorded(
     try:
         status = os.stat(entry / RECORD)
         stamp = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
-        return entry, _record(str(entry / RECORD), stamp)
+        record = _record(str(entry / RECORD), stamp)
     except (OSError, ValueError):
         raise PackagesUnavailable(
             f"the guest's Python packages ({packages.name}) are not in the cache {cache_dir}:"
             f" {INSTALL_HINT}."
         ) from None
+    try:  # the files' stamps are checked later; who may change them, now
+        check_entry(entry, SITE)
+    except (UntrustedCache, OSError) as exc:
+        raise PackagesUnavailable(
+            f"the guest's Python packages are not safe to use: {exc}"
+        ) from None
+    return entry, record
 
 
 @functools.lru_cache(maxsize=4)
@@ -247,7 +255,10 @@ def precompile_in_guest(compiled: CompiledRuntime, site: Path, guest_path: str) 
         if not compiled.runtime.preinitialized:
             exported(exports, "_initialize", wasmtime.Func)(store)
         source = (
-            "import compileall, py_compile, sys\n"
+            "import compileall, py_compile, sys, warnings\n"
+            # the packages' own style (ipywidgets' "\\." escapes) is their authors' concern:
+            # what the compile finds in their code is not news for the user who installs
+            "warnings.simplefilter('ignore', SyntaxWarning)\n"
             f"ok = compileall.compile_dir({guest_path!r}, quiet=1, workers=1,"
             " invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)\n"
             "sys.exit(0 if ok else 1)\n"

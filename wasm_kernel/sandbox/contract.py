@@ -268,6 +268,21 @@ def peek_op(head: bytes) -> Message | None:
     return declared.MESSAGES.get(match.group(1).decode()) if match else None
 
 
+def too_large(kind: Message, size: int) -> dict | None:
+    """The reply to a message over its declared bound (its ``limit``), if its reply can carry
+    an error (None: the message is left out, unread)."""
+    text = (
+        f"the {kind.op} message ({size:,} bytes as sent) is over the bound of {kind.limit:,}"
+        f" bytes on one {kind.op} message"
+    )
+    error = next((field for field in kind.reply if field.name == "error"), None)
+    if error is not None and error.kind == declared.OBJECT:
+        return {"error": {"ename": "ValueError", "evalue": text}}
+    if error is not None and error.kind == declared.TEXT:
+        return {"error": text}
+    return None
+
+
 def oversized_error(size: int) -> dict:
     """What an error report too large to read becomes: still an error."""
     text = f"the cell raised an error whose report ({size:,} bytes) was too large to show."

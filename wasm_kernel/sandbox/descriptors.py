@@ -14,6 +14,18 @@ calls that create, close or renumber descriptors, or that change the private /tm
   (``OSError: [Errno 33] Too many open files``), leaving the host room for its own;
 - descriptors opened by a cell that is then rolled back are closed: the restored guest has
   never heard of them;
+- an open or removal of a file in a layered folder (the notebook's, under
+  ``notebook_writes = "overlay"``) goes to the private layer in /tmp (``files/layer_opens``):
+  whatever code opens it, Python's or C's, the host folder is never written;
+- a file of /tmp removed while the guest holds it open is moved aside instead, and removed
+  when its last descriptor is closed (``unlinked_files``);
+- a path_open of a FIFO, socket or device is refused with ``ENXIO`` before wasmtime opens it
+  (the open would block out of reach of every interrupt): ``host_paths`` knows the host file
+  behind each descriptor, and the check looks at the real target, after any layer redirect;
+- during a service turn, what a call may create or grow in /tmp is noted in ``journal``
+  (``scratch_journal``), so that a turn stopped at the scratch limit can be undone;
+- every descriptor's guest path and open flags are kept, so that an image can carry them
+  and a resumed guest finds its files open again at the same numbers (``held_files``);
 - every call that may grow the private /tmp is reported through ``touched`` (the scratch
   watch only measures the folder after one), and while /tmp has no room (it is over its size
   limit) such calls fail with ``EDQUOT`` (``OSError: [Errno 19] Disk quota exceeded``);
@@ -31,28 +43,37 @@ from __future__ import annotations
 import os
 import resource
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import wasmtime
 
+from ..files.layer_opens import LayerOpens
 from ..runtime.cache import exported
 from ..runtime.wasi_adapter import I64, SIGNATURES, WASI
+from .guest_paths import (
+    FIRST_PREOPEN,
+    OFLAG_CREAT,
+    OFLAG_DIRECTORY,
+    OFLAG_TRUNC,
+    GuestPaths,
+    OpenFile,
+)
 from .host_paths import HostPaths
 from .scratch_journal import ScratchJournal
+from .unlinked_files import UnlinkedFiles
 
 ERRNO_SUCCESS = 0
 ERRNO_BADF = 8
 ERRNO_DQUOT = 19
 ERRNO_MFILE = 33
-ERRNO_NXIO = 60
+ERRNO_NXIO = 60  # a FIFO, socket or device: never opened (see host_paths)
 ERRNO_PERM = 63
-OFLAG_CREAT, OFLAG_TRUNC = 1, 8
 RIGHT_FD_WRITE = 1 << 6
-FIRST_PREOPEN = 3
-MAX_PATH = 4096  # bytes: longer paths are left to the real call, which refuses them
 MAX_GUEST_FILES = 512  # descriptors a guest may hold open (at most half the process's limit)
 MIN_GUEST_FILES = 16  # however small the process's limit: fewer and imports fail
 HOST_RESERVE = 64  # kept for the kernel's own: sockets of new threads, folder walks, images
+LAYER_ONLY = ("path_filestat_get",)  # shadowed only where a layer needs it (called very often)
 
 
 def _valtype(name: str) -> wasmtime.ValType:
@@ -79,22 +100,25 @@ def _held_now() -> int:
         return 0
 
 
-class GuestFiles:
+class GuestFiles(GuestPaths):
     """Descriptor bookkeeping for one guest interpreter (see the module docstring).
 
-    ``folders`` are the host folders pre-opened through WASI, in order; ``scratch_index`` is
-    the position of the private /tmp among them.
+    ``folders`` are the pre-opened folders as (host folder, guest path) pairs, in the order
+    WASI numbers them; ``scratch_index`` is the position of the private /tmp among them.
     """
 
     def __init__(
         self,
-        folders: Sequence[Path],
+        folders: Sequence[tuple[Path, str]],
         scratch_index: int,
         touched: Callable[[], None],
         room: Callable[[], bool],
         limit: int | None = None,
         removed: Callable[[], None] | None = None,
+        scratch_folder: Path | None = None,
+        layer: LayerOpens | None = None,
     ):
+        self.folders = [guest for _, guest in folders]
         self.protected = FIRST_PREOPEN + len(folders)  # descriptors below this are the kernel's
         self.scratch = FIRST_PREOPEN + scratch_index
         self.limit = default_limit() if limit is None else limit
@@ -103,9 +127,12 @@ class GuestFiles:
         self._removed = removed or (lambda: None)  # /tmp may have shrunk
         self._real: dict[str, wasmtime.Func] = {}
         self._memory: wasmtime.Memory | None = None
-        self.open: dict[int, tuple[bool, bool]] = {}  # fd -> (in the scratch folder, writable)
+        self.open: dict[int, OpenFile] = {}
         self._kept: set[int] = set()  # what was open at the last checkpoint
-        self.paths = HostPaths(FIRST_PREOPEN, folders)
+        self._unlinked = UnlinkedFiles(scratch_folder) if scratch_folder is not None else None
+        self._layer = layer
+        self._stack_pointer = ""  # the guest's stack pointer's export name, once bound
+        self.paths = HostPaths(FIRST_PREOPEN, [host for host, _ in folders])
         self.journal = ScratchJournal()  # what a service turn adds to /tmp (see there)
 
     # -- wiring ---------------------------------------------------------------------------------
@@ -113,6 +140,8 @@ class GuestFiles:
     def shadow(self, linker: wasmtime.Linker) -> None:
         """Define the guarded functions; call after ``define_wasi`` with shadowing allowed."""
         for name, params in SIGNATURES.items():
+            if name in LAYER_ONLY and self._layer is None:
+                continue  # wasmtime's own, at no cost per call
             func_type = wasmtime.FuncType([_valtype(p) for p in params], [wasmtime.ValType.i32()])
             linker.define_func(WASI, name, func_type, getattr(self, f"_{name}"), access_caller=True)
 
@@ -122,8 +151,11 @@ class GuestFiles:
         adapter: wasmtime.Module,
         store: wasmtime.Store,
         memory: wasmtime.Memory,
+        stack_pointer: str = "",
     ) -> None:
-        """Connect to the real WASI functions through ``adapter`` (see wasi_adapter.py)."""
+        """Connect to the real WASI functions through ``adapter`` (see wasi_adapter.py);
+        ``stack_pointer`` names the guest's stack pointer's export (a redirected path is
+        written below it, in stack the call does not use)."""
         linker = wasmtime.Linker(engine)
         linker.define_wasi()
         linker.define(store, "guest", "memory", memory)
@@ -132,6 +164,9 @@ class GuestFiles:
         for name in SIGNATURES:
             self._real[name] = exported(exports, name, wasmtime.Func)
         self._memory = memory
+        self._stack_pointer = stack_pointer
+        if not stack_pointer:  # a runtime that cannot say where its stack is: no redirects
+            self._layer = None
 
     # -- checkpoints and rollback --------------------------------------------------------------
 
@@ -142,30 +177,39 @@ class GuestFiles:
         """After a rollback: close what the rolled-back cell opened (the guest forgot it)."""
         for fd in [fd for fd in self.open if fd not in self._kept]:
             self._real["fd_close"](store, fd)
-            del self.open[fd]
-            self.paths.forget(fd)
+            self._forget(fd)
+
+    def _forget(self, fd: int) -> None:
+        """``fd`` is closed: a held file goes with the last descriptor on it."""
+        self.paths.forget(fd)
+        held = self.open.pop(fd, None)
+        if held is None or held.path is None or self._unlinked is None:
+            return
+        if all(other.path != held.path for other in self.open.values()):
+            self._unlinked.release(held.path)
 
     def writing_to_scratch(self) -> bool:
         """Whether a file in the private /tmp is open for writing (it may grow any time)."""
-        return any(scratch and writable for scratch, writable in self.open.values())
+        return any(held.in_scratch and held.writable for held in self.open.values())
 
     def held_writers(self) -> list[bytes]:
         """Host paths of the files in /tmp the guest holds open for writing."""
-        held = []
-        for fd, (scratch, writable) in self.open.items():
-            path = self.paths.path_of(fd)
-            if scratch and writable and path is not None:
-                held.append(path)
-        return held
+        writers = [fd for fd, held in self.open.items() if held.in_scratch and held.writable]
+        return self.paths.paths_of(writers)
 
     def _note_growth(self, caller: wasmtime.Caller, fd: int, path: int, path_len: int) -> None:
         """Tell the journal what a call in /tmp may create or grow."""
-        host = self.paths.resolve(fd, self._guest_path(caller, path, path_len))
+        host = self.paths.resolve(fd, self._call_name(caller, path, path_len))
         if host is not None and self._in_scratch(fd):
             self.journal.note(host[1])
 
     def _in_scratch(self, fd: int) -> bool:
-        return fd == self.scratch or self.open.get(fd, (False, False))[0]
+        held = self.open.get(fd)
+        return fd == self.scratch or (held is not None and held.in_scratch)
+
+    def real(self, name: str) -> wasmtime.Func:
+        """wasmtime's own WASI function ``name`` (one of those shadowed), for held_files."""
+        return self._real[name]
 
     # -- the shadowed WASI functions --------------------------------------------------------------
 
@@ -174,8 +218,7 @@ class GuestFiles:
             return ERRNO_SUCCESS if fd < FIRST_PREOPEN else ERRNO_PERM
         errno = self._real["fd_close"](caller, fd)
         if errno == ERRNO_SUCCESS:
-            self.open.pop(fd, None)
-            self.paths.forget(fd)
+            self._forget(fd)
         return errno
 
     def _fd_renumber(self, caller: wasmtime.Caller, fd: int, to: int) -> int:
@@ -185,7 +228,9 @@ class GuestFiles:
             return ERRNO_BADF
         errno = self._real["fd_renumber"](caller, fd, to)
         if errno == ERRNO_SUCCESS:
-            self.open[to] = self.open.pop(fd)
+            moved = self.open.pop(fd)
+            self._forget(to)
+            self.open[to] = moved
             self.paths.move(fd, to)
         return errno
 
@@ -205,10 +250,17 @@ class GuestFiles:
         if len(self.open) >= self.limit:
             return ERRNO_MFILE
         writable = bool(rights & RIGHT_FD_WRITE) or bool(oflags & (OFLAG_CREAT | OFLAG_TRUNC))
+        if self._layered(fd) is not None:
+            if writable and not self._may_grow(self.scratch):  # before any copy-up
+                return ERRNO_DQUOT
+            redirect = self._open_redirect(caller, fd, path, path_len, oflags, writable)
+            if isinstance(redirect, int):
+                return redirect
+            fd, path, path_len = redirect
         if writable and not self._may_grow(fd):
             return ERRNO_DQUOT
         assert self._memory is not None  # bound before the guest runs
-        host = self.paths.resolve(fd, self._guest_path(caller, path, path_len))
+        host = self.paths.resolve(fd, self._call_name(caller, path, path_len))
         if host is not None and not self.paths.may_open(host, follow=bool(dirflags & 1)):
             return ERRNO_NXIO
         if writable and host is not None and self._in_scratch(fd):
@@ -219,21 +271,26 @@ class GuestFiles:
         if errno == ERRNO_SUCCESS:
             at = opened & 0xFFFFFFFF  # wasm i32 values arrive signed
             new_fd = int.from_bytes(self._memory.read(caller, at, at + 4), "little")
-            self.open[new_fd] = (self._in_scratch(fd), writable)
+            self.open[new_fd] = OpenFile(
+                in_scratch=self._in_scratch(fd),
+                writable=writable,
+                path=self._opened_path(caller, fd, path, path_len),
+                oflags=oflags,
+                rights=rights,
+                inheriting=inheriting,
+                fdflags=fdflags,
+                lookup=dirflags,
+            )
             self.paths.opened(new_fd, host)
         return errno
-
-    def _guest_path(self, caller: wasmtime.Caller, path: int, path_len: int) -> bytes | None:
-        """The path a call names, or None if it is too long to be one (the real call says so)."""
-        if not 0 < path_len <= MAX_PATH:
-            return None
-        assert self._memory is not None
-        at = path & 0xFFFFFFFF
-        return bytes(self._memory.read(caller, at, at + path_len))
 
     def _path_create_directory(
         self, caller: wasmtime.Caller, fd: int, path: int, path_len: int
     ) -> int:
+        redirect = self._redirect(caller, fd, path, path_len, LayerOpens.folder_target)
+        if isinstance(redirect, int):
+            return redirect
+        fd, path, path_len = redirect
         if not self._may_grow(fd):
             return ERRNO_DQUOT
         self._note_growth(caller, fd, path, path_len)
@@ -251,9 +308,24 @@ class GuestFiles:
     ) -> int:
         if not (self._may_grow(new_fd) or self._in_scratch(fd)):  # within /tmp: no growth
             return ERRNO_DQUOT
+        before = self._opened_path(caller, fd, old, old_len)
+        after = self._opened_path(caller, new_fd, new, new_len)
         if self._in_scratch(fd):
             self._removed()
-        return self._real["path_rename"](caller, fd, old, old_len, new_fd, new, new_len)
+            if self._in_scratch(new_fd) and before != after:
+                self._hold(after)  # a file held open that the rename replaces
+        errno = self._real["path_rename"](caller, fd, old, old_len, new_fd, new, new_len)
+        if errno == ERRNO_SUCCESS and before is not None:
+            self._renamed(before, after)
+        return errno
+
+    def _renamed(self, before: str, after: str | None) -> None:
+        """Files held open keep up with their names (None: a name the host cannot tell)."""
+        for number, held in list(self.open.items()):
+            path = held.path
+            if path is not None and (path == before or path.startswith(before + "/")):
+                moved = None if after is None else after + path[len(before) :]
+                self.open[number] = replace(held, path=moved)
 
     def _path_link(
         self,
@@ -272,16 +344,51 @@ class GuestFiles:
         return self._real["path_link"](caller, fd, flags, old, old_len, new_fd, new, new_len)
 
     def _path_unlink_file(self, caller: wasmtime.Caller, fd: int, path: int, path_len: int) -> int:
+        redirect = self._redirect(caller, fd, path, path_len, LayerOpens.removal_target)
+        if isinstance(redirect, int):
+            return redirect
+        fd, path, path_len = redirect
         if self._in_scratch(fd):
             self._removed()
+            if self._hold(self._opened_path(caller, fd, path, path_len)):
+                return ERRNO_SUCCESS
         return self._real["path_unlink_file"](caller, fd, path, path_len)
+
+    def _hold(self, target: str | None) -> bool:
+        """A /tmp file removed while open is moved aside (see unlinked_files)."""
+        holders = [
+            number
+            for number, held in self.open.items()
+            if held.path == target and not held.oflags & OFLAG_DIRECTORY
+        ]
+        if target is None or not holders or self._unlinked is None:
+            return False
+        moved = self._unlinked.hold(target)
+        if moved is None:
+            return False
+        for number in holders:
+            self.open[number] = replace(self.open[number], path=moved)
+        return True
 
     def _path_remove_directory(
         self, caller: wasmtime.Caller, fd: int, path: int, path_len: int
     ) -> int:
+        redirect = self._redirect(caller, fd, path, path_len, LayerOpens.removal_target)
+        if isinstance(redirect, int):
+            return redirect
+        fd, path, path_len = redirect
         if self._in_scratch(fd):
             self._removed()
         return self._real["path_remove_directory"](caller, fd, path, path_len)
+
+    def _path_filestat_get(
+        self, caller: wasmtime.Caller, fd: int, flags: int, path: int, path_len: int, out: int
+    ) -> int:
+        redirect = self._redirect(caller, fd, path, path_len, LayerOpens.look_target)
+        if isinstance(redirect, int):
+            return redirect
+        fd, path, path_len = redirect
+        return self._real["path_filestat_get"](caller, fd, flags, path, path_len, out)
 
     def _may_grow(self, fd: int) -> bool:
         """For a call that adds to folder ``fd``: report it if that is in /tmp, and refuse it

@@ -32,7 +32,7 @@ from .stops import TIME, time_limit_interrupted
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE = 64 << 20  # largest host.call payload read from the guest
+MAX_MESSAGE = declared.MESSAGE_LIMIT  # largest host.call payload read from the guest
 WASI = "wasi_snapshot_preview1"
 WASI_EFAULT = 21
 WASI_EPERM = 63
@@ -171,8 +171,10 @@ class HostCall:
             # not output, or an error: read it as any other message
             message = contract.parse(self._memory.read(caller, ptr, size))
             return self._dispatch(message, size, caller)
-        if kind is declared.COMM:  # the guest's send raises this
-            return {"error": f"a comm message of {size:,} bytes is over the kernel's limit"}
+        if kind is not None and size > kind.limit:  # a guest that skipped its own check
+            refusal = contract.too_large(kind, size)
+            if refusal is not None:
+                return refusal
         if kind is declared.ERROR and self._receiver is not None:
             self._output.flush()
             error = contract.oversized_error(size)
@@ -182,6 +184,8 @@ class HostCall:
 
     def _dispatch(self, message: dict, size: int, caller: wasmtime.Caller) -> dict:
         kind = contract.declaration(message)
+        if size > kind.limit:
+            return contract.too_large(kind, size) or {}
         if kind is declared.ERROR and self._interrupts.soft_reason == TIME:
             self.time_limit_reported = True  # the cell's own error (TimeLimitExceeded) stands
         own = self._own.get(kind.op)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 HostPath = tuple[bytes, bytes]  # (the pre-opened folder's real path, the path under it)
@@ -55,9 +55,9 @@ class HostPaths:
             return True
         return stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)
 
-    def path_of(self, fd: int) -> bytes | None:
-        known = self._paths.get(fd)
-        return None if known is None else known[1]
+    def paths_of(self, fds: Iterable[int]) -> list[bytes]:
+        """The host paths of those of ``fds`` that are known."""
+        return [self._paths[fd][1] for fd in fds if fd in self._paths]
 
     def opened(self, fd: int, host: HostPath | None) -> None:
         if host is None:

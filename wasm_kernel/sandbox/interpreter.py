@@ -29,43 +29,17 @@ BOOT_FUEL = 20_000_000_000
 IDLE_DEADLINE = 1 << 62  # epochs: no deadline between turns
 
 
-def wasi_config(
-    compiled: CompiledRuntime,
-    scratch: Path,
-    packages: Any,
-    mounts: Sequence[Mount],
-    cwd: str,
-    output: Callable[[str, bytes], int],
-    sources: bool,
-) -> wasmtime.WasiConfig:
-    """What the guest sees of the host: the runtime's folders and its packages read-only, a
-    private /tmp, the libraries' sources where installed, the operator's mounts, a handful of
-    its own variables, and stdout/stderr streamed to ``output``. The folders are
-    ``preopens``, in its order."""
-    wasi = wasmtime.WasiConfig()
-    wasi.argv = GUEST_ARGV
-    wasi.env = [
-        ("HOME", SCRATCH),
-        ("TMPDIR", SCRATCH),
-        ("PWD", cwd),  # the guest's kernel module starts there
-        ("PYTHONTZPATH", ""),
-        ("MPLBACKEND", "module://matplotlib_inline.backend_inline"),  # as ipykernel's
-    ]
-    for host, guest, writable in preopens(compiled, scratch, packages, mounts, sources):
-        wasi.preopen_dir(str(host), guest, writable)
-    wasi.stdout_custom = lambda data: output("stdout", data)
-    wasi.stderr_custom = lambda data: output("stderr", data)
-    return wasi
-
-
-def preopens(
+def preopened(
     compiled: CompiledRuntime,
     scratch: Path,
     packages: Any,
     mounts: Sequence[Mount],
     sources: bool,
 ) -> list[tuple[Path, str, bool]]:
-    """The folders the guest sees, in the order WASI numbers them: (host, guest, writable)."""
+    """(host folder, guest path, writable) of every folder the guest sees, in the order
+    they are pre-opened (and numbered, by WASI and GuestFiles): the runtime's folders and its
+    packages read-only, the private /tmp ``scratch`` (GuestFiles' ``scratch_index``), the
+    libraries' sources where installed, the operator's mounts."""
     runtime = compiled.runtime
     folders = [
         (compiled.lib_dir, runtime.lib_guest_dir, False),
@@ -78,6 +52,29 @@ def preopens(
     # wasmtime keeps every path the guest opens inside these
     folders.extend((mount.host, mount.guest, mount.writable) for mount in mounts)
     return [(Path(host), guest, writable) for host, guest, writable in folders]
+
+
+def wasi_config(
+    folders: Sequence[tuple[Path, str, bool]],
+    cwd: str,
+    output: Callable[[str, bytes], int],
+) -> wasmtime.WasiConfig:
+    """What the guest sees of the host: ``folders`` (see ``preopened``), a handful of its own
+    variables, and stdout/stderr streamed to ``output``."""
+    wasi = wasmtime.WasiConfig()
+    wasi.argv = GUEST_ARGV
+    wasi.env = [
+        ("HOME", SCRATCH),
+        ("TMPDIR", SCRATCH),
+        ("PWD", cwd),  # the guest's kernel module starts there
+        ("PYTHONTZPATH", ""),
+        ("MPLBACKEND", "module://matplotlib_inline.backend_inline"),  # as ipykernel's
+    ]
+    for host, guest, writable in folders:
+        wasi.preopen_dir(str(host), guest, writable)
+    wasi.stdout_custom = lambda data: output("stdout", data)
+    wasi.stderr_custom = lambda data: output("stderr", data)
+    return wasi
 
 
 def has_sources(runtime: runtime_module.Runtime) -> bool:
@@ -115,14 +112,14 @@ class Interpreter:
         exports = linker.instantiate(store, compiled.module).exports(store)
         self.store = store
         self.memory = exported(exports, "memory", wasmtime.Memory)
-        files.bind(engine, compiled.adapter, store, self.memory)
+        self.named: dict[str, Any] = {
+            export.name: exports[export.name] for export in compiled.module.exports
+        }
+        files.bind(engine, compiled.adapter, store, self.memory, self._stack_pointer_name())
         self.files = files
         self.guest_memory = GuestMemory(self.memory)
         self.alloc = exported(exports, "host_alloc", wasmtime.Func)
         self._turn = exported(exports, "turn", wasmtime.Func)
-        self.named: dict[str, Any] = {
-            export.name: exports[export.name] for export in compiled.module.exports
-        }
         self.state: GuestState | None = None
         self.fresh = True
         self._closed = False
@@ -150,6 +147,26 @@ class Interpreter:
             for name, value in self.named.items()
             if name.startswith(GLOBAL_EXPORT_PREFIX) or name == BRK_EXPORT
         }
+
+    def _stack_pointer_name(self) -> str:
+        """The export of the guest's stack pointer: the runtime has one mutable global of its
+        own (wasm-ld's layout), exported by the rewrite; "" where it is not."""
+        found = [
+            name
+            for name, value in self.named.items()
+            if name.startswith(GLOBAL_EXPORT_PREFIX) and isinstance(value, wasmtime.Global)
+        ]
+        return found[0] if len(found) == 1 else ""
+
+    def stack_pointer(self) -> int:
+        """Where the guest's stack is, between turns: below it, stack nobody uses now."""
+        name = self._stack_pointer_name()
+        if not name:
+            raise ValueError("this runtime's stack pointer cannot be told apart")
+        pointer = self.named[name].value(self.store)
+        if not isinstance(pointer, int):
+            raise ValueError("this runtime's stack pointer is not an address")
+        return pointer & 0xFFFFFFFF
 
     @property
     def size(self) -> int:

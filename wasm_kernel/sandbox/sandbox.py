@@ -24,6 +24,7 @@ from pathlib import Path
 import wasmtime
 
 from ..files import kernel_folders
+from ..files.layer_opens import LayerOpens
 from ..files.mounts import SCRATCH, Mount
 from ..files.notebook_writes import GUEST_LAYER
 from ..files.scratch import ScratchWatch, Usage, usage
@@ -37,7 +38,7 @@ from .contract import guest_call
 from .descriptors import GuestFiles
 from .guest_code import install_source
 from .host_functions import MAX_MESSAGE, Discard, GuestClock, HostCall, Receiver, SymlinkRefusal
-from .interpreter import Interpreter, has_sources, preopens, wasi_config
+from .interpreter import Interpreter, has_sources, preopened, wasi_config
 from .interrupts import Interrupts, Metering
 from .limits import Limits
 from .metrics import CellMeter, CellMetrics
@@ -127,22 +128,16 @@ class Sandbox(SandboxRecovery):
     def _start(self, image: images.Image | None = None) -> Interpreter:
         """A new interpreter, booted, or resumed from ``image``."""
         sources = has_sources(self.compiled.runtime)
-        wasi = wasi_config(
-            self.compiled,
-            self._tmp,
-            self.packages,
-            self.mounts,
-            self.cwd,
-            self._guest_output,
-            sources,
-        )
-        folders = preopens(self.compiled, self._tmp, self.packages, self.mounts, sources)
+        folders = preopened(self.compiled, self._tmp, self.packages, self.mounts, sources)
+        wasi = wasi_config(folders, self.cwd, self._guest_output)
         files = GuestFiles(
-            folders=[host for host, _, _ in folders],
+            folders=[(host, guest) for host, guest, _ in folders],
             scratch_index=[guest for _, guest, _ in folders].index(SCRATCH),
             touched=self._scratch.touched,
             room=self._scratch.has_room,
             removed=self._scratch.removed,
+            scratch_folder=self._tmp,
+            layer=self._layer_opens(),
         )
         host_functions = (self._host_call, self._clock, SymlinkRefusal())
         interpreter = Interpreter(
@@ -174,6 +169,13 @@ class Sandbox(SandboxRecovery):
         if self.rollback:
             interpreter.keep_checkpoints(self.checkpoint_mode)
         return interpreter
+
+    def _layer_opens(self) -> LayerOpens | None:
+        """The host's half of the layer over the notebook's folder (see layer_opens)."""
+        folders = {mount.guest: mount.host for mount in self.mounts if mount.guest in self.layered}
+        if not folders:
+            return None
+        return LayerOpens(folders, self._tmp, self.limits.scratch_limit)
 
     @property
     def scratch_folder(self) -> Path:

@@ -13,14 +13,17 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+import wasmtime
+
 from ..guest.modules import _wasm_kernel_contract as declared
 from ..images import images
 from ..images.image_fields import HostState
 from ..images.image_writer import ScratchArchive
 from ..memory.checkpoints import CheckpointStats
 from ..memory.live_memory import LiveMemory
-from . import image_transfer
+from . import held_files, image_transfer
 from .contract import guest_call
+from .held_files import Reopening
 from .host_functions import MAX_MESSAGE, GuestClock, HostCall
 from .interpreter import Interpreter
 from .limits import Limits
@@ -28,6 +31,19 @@ from .output import OutputPump
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+
+
+def _offsets(reply: dict | None) -> dict[int, int | None]:
+    """The guest's answer of where each open file is: descriptor -> offset (None: a folder,
+    or a file that cannot seek); what is not an answer is left out."""
+    pairs = reply.get("offsets") if reply else None
+    found: dict[int, int | None] = {}
+    for pair in pairs if isinstance(pairs, list) else ():
+        if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], int):
+            offset = pair[1]
+            if offset is None or (isinstance(offset, int) and 0 <= offset <= 1 << 62):
+                found[pair[0]] = offset
+    return found
 
 
 class SandboxState:
@@ -54,7 +70,24 @@ class SandboxState:
         image_transfer.load(interpreter, image, self.limits.memory_limit)
         self._clock.resume(image.host.clocks)
         images.unpack_archive(image.scratch, self._tmp, self.limits.scratch_limit)
-        settle = guest_call(declared.SETTLE, image.host.cwd, self.cwd, list(self.import_paths))
+        held = image.host.held_files
+        try:
+            room = interpreter.stack_pointer()
+            reopening = Reopening(
+                interpreter.files, interpreter.store, interpreter.guest_memory, room
+            )
+            lost = reopening.run(held)
+        except (ValueError, OSError, IndexError, wasmtime.WasmtimeError) as exc:
+            raise images.ImageError(f"cannot open the image's files again: {exc}") from None
+        offsets = {entry.fd: entry.offset for entry in held if entry.fd not in lost}
+        settle = guest_call(
+            declared.SETTLE,
+            image.host.cwd,
+            self.cwd,
+            list(self.import_paths),
+            [[fd, offset] for fd, offset in offsets.items()],
+            [[fd, path] for fd, path in lost.items()],
+        )
         status = self._repair_turn(interpreter, settle, "the resumed interpreter trapped")
         if status != 0:
             raise images.ImageError("the resumed interpreter could not run the kernel's code")
@@ -79,7 +112,8 @@ class SandboxState:
             self._host_call.reply = None
             self._output.begin(lambda *_: None, MAX_MESSAGE, "")
             try:
-                ask = guest_call(declared.SERVE, declared.WORKING_FOLDER)
+                open_now = held_files.open_paths(interpreter.files)
+                ask = guest_call(declared.SERVE, declared.IMAGE_STATE, [fd for fd, _ in open_now])
                 self._repair_turn(interpreter, ask, "the interpreter could not be asked")
             finally:
                 self._output.end()
@@ -87,6 +121,7 @@ class SandboxState:
             reply = self._host_call.reply
             cwd = reply.get("cwd") if reply else None
             host.cwd = cwd if isinstance(cwd, str) and cwd else self.cwd
+            host.held_files = held_files.held_files(interpreter.files, _offsets(reply))
             host.clocks = self._clock.readings()
             scratch = ScratchArchive.of(self._tmp, self.limits.scratch_limit)
             live = None

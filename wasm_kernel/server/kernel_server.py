@@ -48,10 +48,13 @@ from typing import Any
 
 import setproctitle
 
+from ..files import private_files
 from ..files.host_files import file_stamps
 from ..jupyter import lifeline as lifeline_module
 
 REQUEST_LIMIT = 1 << 20  # bytes of one request: argv, env and cwd
+REQUEST_SECONDS = 10.0  # a connection that sends no request within this is closed
+WAITING_LIMIT = 64  # connections waiting for their request at once; past it, refused
 DESCRIPTORS = 4  # stdin, stdout, stderr, lifeline
 IDLE_SECONDS = float(os.environ.get("WASM_KERNEL_SERVER_IDLE", "600"))  # then the server exits
 LOG_NAME = "server.log"  # in the runtime folder: the server's output, a line per kernel
@@ -68,7 +71,7 @@ def code_fingerprint(python: str) -> str:
     upgrade must never hand out kernels of the old code, so its folder is named by this.
     The code counts by content, so that a launcher importing a source tree and one importing
     the same release installed agree on the server."""
-    package = Path(__file__).parent
+    package = Path(__file__).parents[1]  # wasm_kernel: every subpackage's code counts
     digest = hashlib.sha256(os.path.realpath(python).encode())
     sources = file_stamps(package, ".py")  # every served start asks: a stat per file
     files = tuple(sorted((name, size, mtime) for name, (size, mtime) in sources.items()))
@@ -112,8 +115,10 @@ def socket_path(folder: Path) -> Path:
 
 
 def private_folder(folder: Path) -> Path:
-    """``folder``, made if absent, refused unless it is this user's and no one else's."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    """``folder``, made if absent (missing parents 0700, whatever the umask), refused unless
+    it is this user's and no one else's (in a shared place such as /tmp, one that was open
+    to others may hold what they put there: it is not narrowed)."""
+    private_files.make_parents(folder)
     with contextlib.suppress(FileExistsError):
         folder.mkdir(mode=0o700)
     status = os.lstat(folder)
@@ -157,7 +162,7 @@ def _preload() -> None:
 
 
 def _read_request(connection: socket.socket) -> tuple[dict, list[int]]:
-    connection.settimeout(10)
+    """The request a connection sent (it is readable: this does not wait)."""
     payload, descriptors, _flags, _address = socket.recv_fds(connection, REQUEST_LIMIT, DESCRIPTORS)
     if len(descriptors) != DESCRIPTORS:
         for descriptor in descriptors:
@@ -246,13 +251,16 @@ def _become_kernel(request: dict, descriptors: list[int]) -> None:
 
 
 class Server:
-    """The accept loop: one fork per request, each child's exit told to its requester."""
+    """The accept loop: one fork per request, each child's exit told to its requester.
+    Connections wait for their request side by side (up to WAITING_LIMIT, each at most
+    REQUEST_SECONDS), so one that sends nothing holds no other back."""
 
     def __init__(self, folder: Path, lock: int, path: Path):
         self.folder = private_folder(folder)
         private_folder(path.parent)
         self.path = path
         self.children: dict[int, socket.socket] = {}  # pid -> its requester's connection
+        self.waiting: dict[socket.socket, float] = {}  # accepted, no request yet -> deadline
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         # descriptors of the server's own that a forked kernel must not keep: the lock would
         # outlive a killed server in its kernels and keep a new server from starting
@@ -272,33 +280,55 @@ class Server:
         signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the pipe
         last = time.monotonic()
         watched: list[Any] = [self.listener, wake_reader]
-        while self.children or time.monotonic() - last < IDLE_SECONDS:
-            ready, _, _ = select.select(watched, [], [], 5.0)
+        while self.children or self.waiting or time.monotonic() - last < IDLE_SECONDS:
+            now = time.monotonic()
+            wait = min([5.0, *(deadline - now for deadline in self.waiting.values())])
+            ready, _, _ = select.select([*watched, *self.waiting], [], [], max(wait, 0))
             if wake_reader in ready:
                 os.read(wake_reader, 512)
             self._reap()
             if self.listener in ready:
                 last = time.monotonic()
-                connection, _ = self.listener.accept()
-                self._answer(connection)
+                self._accept()
+            for connection in ready:
+                if self.waiting.pop(connection, None) is not None:
+                    self._answer(connection)
+            self._drop_late()
+
+    def _accept(self) -> None:
+        connection, _ = self.listener.accept()
+        if peer_uid(connection) != os.getuid():  # another user's waits for nothing here
+            _refuse(connection, "this server answers its own user only")
+            return
+        if len(self.waiting) >= WAITING_LIMIT:
+            _refuse(connection, f"{WAITING_LIMIT} connections already wait to send their request")
+            return
+        connection.setblocking(False)
+        self.waiting[connection] = time.monotonic() + REQUEST_SECONDS
+
+    def _drop_late(self) -> None:
+        now = time.monotonic()
+        for connection, deadline in list(self.waiting.items()):
+            if deadline <= now:
+                del self.waiting[connection]
+                why = f"the connection sent no request within {REQUEST_SECONDS:g} s"
+                print(f"wasm-kernel server: {why}: closed", file=sys.stderr, flush=True)
+                _refuse(connection, why)
 
     def _answer(self, connection: socket.socket) -> None:
         try:
-            if peer_uid(connection) != os.getuid():
-                raise Refused("this server answers its own user only")
             request, descriptors = _read_request(connection)
         except (Refused, OSError) as exc:
-            with contextlib.suppress(OSError):
-                connection.sendall(json.dumps({"refused": str(exc)}).encode() + b"\n")
-            connection.close()
+            _refuse(connection, str(exc))
             return
+        connection.setblocking(True)
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             self.listener.close()
             connection.close()
-            for other in self.children.values():
+            for other in [*self.children.values(), *self.waiting]:
                 other.close()
             for descriptor in self.own:
                 os.close(descriptor)
@@ -326,6 +356,12 @@ class Server:
                     code = os.waitstatus_to_exitcode(status)
                     connection.sendall(json.dumps({"exit": code}).encode() + b"\n")
                 connection.close()
+
+
+def _refuse(connection: socket.socket, why: str) -> None:
+    with contextlib.suppress(OSError):
+        connection.sendall(json.dumps({"refused": why}).encode() + b"\n")
+    connection.close()
 
 
 def main(folder: str, path: str) -> int:

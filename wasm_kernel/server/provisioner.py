@@ -149,7 +149,8 @@ class WasmKernelProvisioner(LocalProvisioner):
             try:
                 served = self._from_server(cmd, kwargs)
             except (OSError, kernel_server.Refused, ValueError, psutil.Error) as exc:
-                self.log.info("wasm-kernel: launching without the kernel server (%s)", exc)
+                # the kernel starts as well either way: for operators (--debug), not users
+                self.log.debug("wasm-kernel: launching without the kernel server (%s)", exc)
         if served is None:
             return await super().launch_kernel(cmd, **kwargs)
         self.process = served  # type: ignore[assignment]  # Popen's interface, see ServedKernel

@@ -55,11 +55,15 @@ from .settings import (
     describe_refusal,
 )
 
+MIN_AUDIT_LOG_LIMIT = 1 << 20  # some thousands of lines: smaller is a unit slip (MiB meant)
 MIN_SNAPSHOT_QUOTA = 16 << 20  # smaller holds no image at all: a unit slip
 MIN_HIBERNATION_DAYS = 0.01  # about a quarter of an hour: shorter is a unit slip (hours meant?)
 MAX_HIBERNATION_DAYS = 3650.0
 MAX_RESUME_WAIT = 600.0  # seconds: longer than any image takes to write, so a unit slip
 SESSION_ENV = "JPY_SESSION_NAME"  # the notebook's path, set by Jupyter Server
+# the notebook's file ID, which a rename keeps, set by our session manager in Jupyter Server
+# (server/notebook_sessions.py); where it is set, hibernation follows it instead of the path
+NOTEBOOK_ID_ENV = "WASM_KERNEL_NOTEBOOK_ID"
 # config sections the settings are read from (the second, as the class they are declared on)
 SECTIONS = ("WasmKernel", "KernelSettings")
 
@@ -348,9 +352,8 @@ class KernelSettings(SettingsRecord):
         unit="bytes",
         zero="no limit",
         default=1 << 30,
-        help="Bytes of host memory the fork images of one session may keep alive together: a"
-        " %snapshot fork image shares the session's memory, frozen, while the image exists"
-        " (its file on disk is small). A fork past it is refused; %snapshot delete frees them.",
+        help="Bytes of host memory a session's fork images may keep alive together (each keeps"
+        " its memory, frozen, while it exists). Past it a fork is refused: %snapshot delete.",
     ).tag(config=True)
     resume_from = Text(
         default="",
@@ -412,6 +415,16 @@ class KernelSettings(SettingsRecord):
         " following a link; refused (no cell runs) if it cannot be, or if it lies in a folder"
         " mounted into the sandbox.",
         shown=lambda: "none: no audit log (every profile)",
+    ).tag(config=True)
+    audit_log_limit = Limit(
+        integer=True,
+        low=MIN_AUDIT_LOG_LIMIT,
+        high=INT64_MAX,
+        unit="bytes",
+        default=64 << 20,
+        help="Bytes the audit log's file may reach: the line that would pass it renames the"
+        " file to the same name with '.1' (replacing the one before) and starts a new one,"
+        " whose first line says so. So the log takes at most twice this on disk.",
     ).tag(config=True)
 
 

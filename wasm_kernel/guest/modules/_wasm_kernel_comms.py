@@ -45,13 +45,17 @@ class GuestComm(BaseComm):
 
     def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys):
         content = _plain({"data": {} if data is None else data, "comm_id": self.comm_id, **keys})
-        reply = _kernel().call_host(
-            contract.COMM,
-            msg_type=msg_type,
-            content=content,
-            metadata=_plain(metadata or {}),
-            buffers=_encoded(buffers),
-        )
+        kernel = _kernel()
+        try:
+            reply = kernel.call_host(
+                contract.COMM,
+                msg_type=msg_type,
+                content=content,
+                metadata=_plain(metadata or {}),
+                buffers=_encoded(buffers),
+            )
+        except kernel.MessageTooLarge as exc:
+            raise CommNotSent(f"the comm message is too big: {exc}") from None
         if reply.get("error"):
             raise CommNotSent(reply["error"])
 

@@ -36,6 +36,7 @@ BYTES = "bytes"  # base64 of at most ``limit`` bytes, read as bytes
 BUFFERS = "buffers"  # a list of at most ``limit`` base64 strings, read as bytes
 
 REQUIRED = ...  # a field without a default must be present
+MESSAGE_LIMIT = 64 << 20  # bytes of any one message from the guest, as sent
 WORD_LIMIT = 1000
 HEADER_LIMIT = 64 * 1024  # characters of one header's name or value
 ERROR_TEXT_LIMIT = 256 * 1024  # characters of an error's value, traceback or prompt
@@ -87,18 +88,31 @@ class Shape(namedtuple("Shape", "tag fields rules")):
         return super().__new__(cls, tag, fields, rules)
 
 
-class Message(namedtuple("Message", "op fields rules reply output droppable waits")):
+class Message(namedtuple("Message", "op fields rules reply output droppable waits limit")):
     """A message from the guest, named by its ``op``. ``reply``: the fields the host's answer
     may hold. ``output``: it reaches the client, so it counts against the cell's output
     budget; ``droppable``: past that budget it is left out (an error is not: it still fails
     the cell). ``waits``: the host waits for a person, or does work of its own (pip), while
-    the guest waits, so the cell's time limit is paused."""
+    the guest waits, so the cell's time limit is paused. ``limit``: bytes of the message as
+    sent (its JSON text), at most MESSAGE_LIMIT; the host reads none larger (see
+    ``too_large``)."""
 
     __slots__ = ()
     tag_key = "op"
 
-    def __new__(cls, op, *fields, rules=(), reply=(), output=False, droppable=False, waits=False):
-        return super().__new__(cls, op, fields, rules, reply, output, droppable, waits)
+    def __new__(
+        cls,
+        op,
+        *fields,
+        rules=(),
+        reply=(),
+        output=False,
+        droppable=False,
+        waits=False,
+        limit=None,
+    ):
+        limit = MESSAGE_LIMIT if limit is None else limit
+        return super().__new__(cls, op, fields, rules, reply, output, droppable, waits, limit)
 
     @property
     def tag(self):
@@ -212,7 +226,9 @@ TOOL = Message(  # a call of one of them, its arguments by parameter name (see s
     Field("name", TEXT, limit=256),
     Field("arguments", OBJECT),
     reply=(Field("value", JSON), Field("error", OBJECT), Field("interrupted", FLAG)),
+    limit=64 << 20,  # the call with its arguments, as JSON (bytes as base64)
 )
+TOOL_RESULT_LIMIT = 16 << 20  # bytes of a tool's value as JSON, in the reply to a TOOL message
 HTTP = Message(  # a request the host makes for the cell, if WasmKernel.network_allow lets it
     "http",
     Field("method", TEXT, limit=32),
@@ -233,6 +249,7 @@ HTTP = Message(  # a request the host makes for the cell, if WasmKernel.network_
 # comms (see the guest's _wasm_kernel_comms): what a comm in the guest sends the front end
 COMM_MESSAGE_TYPES = ("comm_open", "comm_msg", "comm_close")
 COMM_BUFFERS = 64  # binary buffers one comm message may carry
+COMM_ID_LIMIT = 256  # characters of a comm_id, both ways
 COMM = Message(  # comm_open, comm_msg or comm_close on IOPub; the reply's error: not sent
     "comm",
     Field("msg_type", CHOICE, choices=COMM_MESSAGE_TYPES),
@@ -241,12 +258,13 @@ COMM = Message(  # comm_open, comm_msg or comm_close on IOPub; the reply's error
     Field("buffers", BUFFERS, limit=COMM_BUFFERS, default=[]),
     rules=(
         (
-            "a comm message needs a comm_id of at most 256 characters",
-            lambda message: len(message["content"].get("comm_id") or "") in range(1, 257),
+            f"a comm message needs a comm_id of at most {COMM_ID_LIMIT} characters",
+            lambda message: 0 < len(message["content"].get("comm_id") or "") <= COMM_ID_LIMIT,
         ),
     ),
     reply=(Field("error", TEXT),),
     output=True,
+    limit=64 << 20,  # content, metadata and buffers (as base64) together
 )
 PARENT = Message(  # the request the turn answers (ipywidgets' Output widget captures by it)
     "parent", reply=(Field("header", OBJECT),)
@@ -284,11 +302,15 @@ MESSAGES = {
 # -- entry points the host calls ----------------------------------------------------------------
 RUN_CELL = EntryPoint("run_cell", "source", "execution_count", "store_history", "silent")
 SERVE = EntryPoint("serve", "service", "*arguments")
-SETTLE = EntryPoint("settle", "cwd", "start", "paths")  # after an image is resumed
+# after an image is resumed: its open files' offsets ([fd, offset]), and those lost ([fd, path])
+SETTLE = EntryPoint("settle", "cwd", "start", "paths", "offsets", "lost")
 CLOSE_STALE_FILES = EntryPoint("close_stale_files")
 INSTALL_MODULES = EntryPoint("install_modules", "sources")
 # a comm_open, comm_msg or comm_close from the front end, as JSON text, buffers in base64
 COMM_RECEIVED = EntryPoint("comm_received", "message")
+# bytes of one comm message from the front end, its content and metadata as JSON text and its
+# buffers together; the kernel refuses a larger one before it reaches the guest (CommRefused)
+COMM_RECEIVED_LIMIT = 16 << 20
 BOOT = EntryPoint("boot", "packages", "import_paths", "plain_tracebacks")
 ALLOW_NETWORK = EntryPoint("allow_network")  # the guest's HTTP libraries use HTTP messages
 # after a boot or a resume: the read-only folders whose writes go to a private layer, and
@@ -300,7 +322,7 @@ COMPLETE = "complete"
 INSPECT = "inspect_object"
 IS_COMPLETE = "is_complete"
 EVALUATE_EXPRESSIONS = "evaluate_expressions"
-WORKING_FOLDER = "working_folder"
+IMAGE_STATE = "image_state"  # the working folder and open files' offsets, for an image
 WARM_UP = "warm_up"  # boot image only
 COMM_INFO = "comm_info"  # the open comms, for comm_info_request
 SERVICES = (
@@ -308,7 +330,7 @@ SERVICES = (
     INSPECT,
     IS_COMPLETE,
     EVALUATE_EXPRESSIONS,
-    WORKING_FOLDER,
+    IMAGE_STATE,
     WARM_UP,
     COMM_INFO,
 )

@@ -16,8 +16,9 @@ With ``WasmKernel.notebook_writes = "overlay"`` the host names the layered folde
   ``<layer>/deleted``, one JSON string a line); a folder made again under that name starts
   empty.
 
-Code that opens files through C (sqlite3, lxml's own writers) reaches the read-only mount
-itself and gets ``PermissionError`` there, as without the layer.
+Code that reaches files by its own means (numpy's text I/O, ``io.FileIO``, sqlite3, lxml)
+goes past these functions to WASI, where the host redirects the same way (its
+``files/layer_opens``); the two share the layout and the record of hidden names.
 """
 
 import builtins

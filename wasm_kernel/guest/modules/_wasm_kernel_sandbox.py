@@ -175,6 +175,7 @@ def install():
 # operation on closed file" instead of writes into another file.
 
 _file_identities = weakref.WeakKeyDictionary()  # io.FileIO -> (st_dev, st_ino), or None: new
+_lost_files = []  # paths of files an image held that did not come back, for the next cell
 
 
 def _identity(raw):
@@ -217,3 +218,32 @@ def close_stale_files():
                 raw.close()  # marks it closed even when the descriptor is already gone
             except OSError:
                 pass
+
+
+# -- files across an image ---------------------------------------------------------------------
+# A resumed image's open files were opened again by the host, at the same descriptors, paths
+# and offsets (the host's held_files): the files an image held are the same files, though a
+# copied /tmp gives them new identities. One that could not come back (removed meanwhile)
+# keeps its descriptor on a placeholder that refuses every read and write with an OSError;
+# the next cell says which paths those were.
+
+
+def files_resumed(lost):
+    """After a resume: remember the identities the reopened files have now, and the lost."""
+    for raw in list(_file_identities.keys()):
+        if not raw.closed:
+            _file_identities[raw] = _identity(raw)
+    _lost_files[:] = sorted(set(lost.values()))
+
+
+def tell_lost_files():
+    """Once, at the start of the first cell after a resume: the files that did not come back."""
+    if not _lost_files:
+        return
+    names = ", ".join(_lost_files)
+    _lost_files.clear()
+    print(
+        f"wasm-kernel: files open in the saved session are gone ({names}); the objects that"
+        " held them raise OSError when used",
+        file=sys.stderr,
+    )

@@ -91,9 +91,16 @@ def comm_info(target_name=None):
     return sys.modules["_wasm_kernel_comms"].info(target_name)
 
 
-def working_folder():
-    """Where the session is, for an image of it."""
-    return {"cwd": os.getcwd()}
+def image_state(descriptors):
+    """Where the session is, for an image of it: its working folder, and where each open
+    descriptor stands ([fd, offset]; None for one that cannot seek, such as a folder)."""
+    offsets = []
+    for fd in descriptors:
+        try:
+            offsets.append([fd, os.lseek(fd, 0, os.SEEK_CUR)])
+        except OSError:
+            offsets.append([fd, None])
+    return {"cwd": os.getcwd(), "offsets": offsets}
 
 
 def warm_up():
@@ -163,7 +170,7 @@ def _immortalize():
 
 SERVICES = types.MappingProxyType(  # read-only: _wasm_kernel._intact checks it is still this one
     {
-        contract.WORKING_FOLDER: working_folder,
+        contract.IMAGE_STATE: image_state,
         contract.COMPLETE: complete,
         contract.INSPECT: inspect_object,
         contract.IS_COMPLETE: is_complete,

@@ -16,6 +16,8 @@ widget bars (comms: see ``_wasm_kernel_comms``).
 import contextlib
 import os
 import sys
+import tempfile
+import zlib
 
 import _wasm_kernel_contract as contract
 import _wasm_kernel_debugging
@@ -29,6 +31,7 @@ from _wasm_kernel_display import (
 from _wasm_kernel_magics import NO_GUI, NO_PROCESSES
 from _wasm_kernel_tracebacks import exception_tree, sandbox_hint, without_kernel_frames
 from IPython.core.autocall import ZMQExitAutocall
+from IPython.core.compilerop import CachingCompiler
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets import Instance, Type, default
@@ -59,9 +62,22 @@ class GuestKernel:
         return "<wasm-kernel's guest side>"
 
 
+class CellFileCompiler(CachingCompiler):
+    """Names a cell's code as ipykernel does, by a path in a folder of the temporary
+    directory (``/tmp/ipykernel_<pid>/<number>.py``) where IPython's terminal has
+    ``<ipython-input-N-...>``: the debugger, warnings and ``inspect`` show what they show
+    natively. Nothing is written there (linecache holds the source, as under ipykernel)."""
+
+    def get_code_name(self, raw_code, transformed_code, number):
+        digest = zlib.crc32(raw_code.encode("utf-8", "surrogatepass"))
+        folder = os.path.join(tempfile.gettempdir(), f"ipykernel_{os.getpid()}")
+        return os.path.join(folder, f"{digest}.py")
+
+
 class ZMQInteractiveShell(InteractiveShell):
     """The shell behind ``get_ipython()`` in the sandbox (named as ipykernel's: see above)."""
 
+    compiler_class = Type(CellFileCompiler)
     displayhook_class = Type(HostDisplayHook)
     display_pub_class = Type(HostDisplayPublisher)
     kernel = Instance(GuestKernel, ())  # as ipykernel's shell.kernel: see the module's doc

@@ -34,11 +34,18 @@ ToolError.__module__ = MODULE_NAME
 # -- the values tools exchange ---------------------------------------------------------------
 
 
+def too_deep():
+    return ValueError(
+        f"a tool's value is nested more than {MAX_DEPTH} deep (lists and dicts within each"
+        " other): that is the bound on the values tools take and return"
+    )
+
+
 def encode(value, depth=0):
     """``value`` as JSON data: None, booleans, numbers, strings, lists (tuples), dicts with
     string keys, and bytes; anything else raises TypeError naming what cannot go."""
     if depth > MAX_DEPTH:
-        raise ValueError("a tool's value is nested too deeply")
+        raise too_deep()
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
@@ -64,7 +71,7 @@ def encode(value, depth=0):
 def decode(value, depth=0):
     """The value ``encode`` made: bytes back from their tag."""
     if depth > MAX_DEPTH:
-        raise ValueError("a tool's value is nested too deeply")
+        raise too_deep()
     if isinstance(value, list):
         return [decode(item, depth + 1) for item in value]
     if isinstance(value, dict):
@@ -141,7 +148,10 @@ def call(name, arguments):
         encoded = encode(arguments)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name}(): {exc}") from None
-    reply = kernel.call_host(contract.TOOL, name=name, arguments=encoded)
+    try:
+        reply = kernel.call_host(contract.TOOL, name=name, arguments=encoded)
+    except kernel.MessageTooLarge as exc:
+        raise failure("ValueError")(f"{name}(): its arguments are too big: {exc}") from None
     if reply.get("interrupted"):
         raise kernel.interruption()
     error = reply.get("error")

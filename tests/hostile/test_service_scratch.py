@@ -60,3 +60,35 @@ def test_a_completion_past_the_limit_leaves_nothing_behind(strict: Kernel) -> No
     run = ok(strict.execute(LEFT))
     assert run.result_text() == "(False, False, 1024)"
     assert "ScratchLimitExceeded" in run.stream_text("stderr")  # told on the next cell
+
+
+# a file beside the notebook opened for appending by os.open: the host's half of the layer
+# copies it up into /tmp before the request writes to it (files/layer_opens)
+BESIDE = """
+import os
+
+class Appending:
+    def __repr__(self):
+        fd = os.open('beside.bin', os.O_WRONLY | os.O_APPEND)
+        try:
+            for _ in range(96):
+                os.write(fd, bytes(1 << 20))
+        finally:
+            os.close(fd)
+        return 'appended'
+
+a = Appending()
+"""
+COPY = "/tmp/.wasm-kernel-writes/files/notebook/beside.bin"
+
+
+def test_a_copy_up_by_a_request_past_the_limit_is_removed_too(start_kernel, tmp_path) -> None:
+    (tmp_path / "beside.bin").write_bytes(bytes(4 << 20))
+    kernel = start_kernel(["--WasmKernel.scratch_limit=33554432"], cwd=tmp_path)
+    ok(kernel.execute(BESIDE))
+    run = ok(kernel.execute("", user_expressions={"r": "repr(a)"}, timeout=120))
+    result = run.content["user_expressions"]["r"]
+    assert result["ename"] == "ScratchLimitExceeded", result
+    left = ok(kernel.execute(f"os.path.exists({COPY!r}), os.path.getsize('beside.bin')"))
+    assert left.result_text() == f"(False, {4 << 20})"
+    assert (tmp_path / "beside.bin").read_bytes() == bytes(4 << 20)

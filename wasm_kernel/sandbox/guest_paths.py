@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import wasmtime
 
-from ..files.layer_opens import LayerOpens, LayerRefusal, wasi_errno
+from ..files.layer_opens import LAYER_FILES, STAGING, LayerOpens, LayerRefusal, wasi_errno
+from .host_paths import HostPaths
+from .scratch_journal import ScratchJournal
 
 OFLAG_CREAT, OFLAG_DIRECTORY, OFLAG_EXCL, OFLAG_TRUNC = 1, 2, 4, 8
 FIRST_PREOPEN = 3
@@ -51,6 +53,8 @@ class GuestPaths:
     _memory: wasmtime.Memory | None
     _layer: LayerOpens | None
     _stack_pointer: str
+    paths: HostPaths
+    journal: ScratchJournal
 
     def folder_path(self, fd: int) -> str | None:
         """The guest path of folder descriptor ``fd``, if the host knows it."""
@@ -103,6 +107,7 @@ class GuestPaths:
         guest_path = self._opened_path(caller, fd, path, length) or ""
         if layer.folder_of(guest_path) is None:
             return fd, path, length
+        self._note_layer(guest_path)
         try:
             upper = target(layer, guest_path)
         except (LayerRefusal, OSError) as refusal:
@@ -110,6 +115,17 @@ class GuestPaths:
         if upper is None:
             return fd, path, length
         return self.scratch, *self._written_below_stack(caller, upper)
+
+    def _note_layer(self, guest_path: str) -> None:
+        """During a service turn, what the layer may write in /tmp for ``guest_path`` (its
+        copy, the folders above it, a copy-up's staging file) is noted before it writes."""
+        if not self.journal.active:
+            return
+        parts = (LAYER_FILES + guest_path).split("/")
+        for inner in ["/".join(parts[:end]) for end in range(1, len(parts) + 1)] + [STAGING]:
+            host = self.paths.resolve(self.scratch, inner.encode("utf-8", "surrogateescape"))
+            if host is not None:
+                self.journal.note(host[1])
 
     def _open_redirect(
         self,

@@ -6,8 +6,10 @@ stops it as it stops a cell, but nobody is there to read "delete some files". So
 service turn the descriptor guard (descriptors.py) notes every file it lets the guest create
 or open for writing in /tmp, and every folder and link made there, with the size each file
 had before; the files held open for writing since earlier cells are noted when the turn
-begins. If the turn ends past the limit, ``undo`` puts every noted file back to its earlier
-size and removes what the turn created: /tmp is as the turn found it, in size.
+begins, and what the host's half of the notebook's layer may write in /tmp for a call (a
+copy-up and the folders above it) before it writes. If the turn ends past the limit,
+``undo`` puts every noted file back to its earlier size and removes what the turn created:
+/tmp is as the turn found it, in size.
 
 Paths are host paths inside the private /tmp (see host_paths.py); the guest cannot make
 links there, and nothing here follows one.
@@ -30,6 +32,11 @@ class ScratchJournal:
     def __init__(self) -> None:
         self._active = False
         self._noted: dict[bytes, int] = {}  # host path -> size before the turn, or _CREATED
+
+    @property
+    def active(self) -> bool:
+        """Whether a service turn is being noted."""
+        return self._active
 
     def begin(self, held: Iterable[bytes]) -> None:
         """A service turn starts; ``held`` are the files the guest holds open for writing."""

@@ -70,3 +70,31 @@ def test_a_cell_waiting_for_an_image_ends_at_its_time_limit(start_kernel, tmp_pa
     assert run.content["ename"] == "TimeLimitExceeded", run.content
     assert "time limit of 8 s" in run.content["evalue"]
     assert ok(kernel.execute("globals().get('x', 'fresh')")).result_text() == "'fresh'"
+
+
+def test_a_held_file_turned_fifo_before_a_restore_is_lost_not_waited_on(
+    start_kernel, tmp_path: Path
+) -> None:
+    """An image's open files are opened again at a restore, before the guest runs: one the
+    host has since replaced by a FIFO is refused as a cell's open is, not waited on; a
+    folder held open comes back under the same guard."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "swapped.txt").write_text("regular")
+    (data / "sub").mkdir()
+    kernel: Kernel = start_kernel(
+        [f"--WasmKernel.mounts=['{data}:/data:rw']", "--WasmKernel.time_limit=20"],
+        env={"WASM_KERNEL_SNAPSHOT_DIR": str(tmp_path / "images")},
+    )
+    held = "import os\nheld = open('/data/swapped.txt')\n"
+    ok(kernel.execute(held + "folder = os.open('/data/sub', os.O_RDONLY | os.O_DIRECTORY)"))
+    ok(kernel.execute("%snapshot save before"))
+    (data / "swapped.txt").unlink()
+    os.mkfifo(data / "swapped.txt")
+    os.mkfifo(data / "sub" / "fifo")
+    ok(kernel.execute("%snapshot restore before", timeout=60))
+    run = kernel.execute("held.read()", timeout=60)
+    assert run.content["status"] == "error", run.content
+    assert "(/data/swapped.txt)" in run.stream_text("stderr"), run.stream_text("stderr")
+    run = kernel.execute("os.open('fifo', os.O_RDONLY, dir_fd=folder)", timeout=60)
+    assert run.content["evalue"].startswith("[Errno 60]"), run.content

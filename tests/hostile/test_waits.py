@@ -98,3 +98,20 @@ def test_a_held_file_turned_fifo_before_a_restore_is_lost_not_waited_on(
     assert "(/data/swapped.txt)" in run.stream_text("stderr"), run.stream_text("stderr")
     run = kernel.execute("os.open('fifo', os.O_RDONLY, dir_fd=folder)", timeout=60)
     assert run.content["evalue"].startswith("[Errno 60]"), run.content
+
+
+def test_a_folder_held_open_and_renamed_still_meets_the_guard(start_kernel, tmp_path: Path) -> None:
+    """The guard places a folder's descriptor by the folder's host path: after a rename it
+    must look in the folder the descriptor now names, not in a new one under the old name."""
+    data = tmp_path / "data"
+    (data / "x").mkdir(parents=True)
+    os.mkfifo(data / "x" / "fifo")
+    kernel: Kernel = start_kernel([f"--WasmKernel.mounts=['{data}:/data:rw']"])
+    cell = (
+        "import os\nfolder = os.open('/data/x', os.O_RDONLY | os.O_DIRECTORY)\n"
+        "os.rename('/data/x', '/data/z')\nos.mkdir('/data/x')\n"
+        "os.open('fifo', os.O_RDONLY, dir_fd=folder)"
+    )
+    run = kernel.execute(cell, timeout=60)
+    assert run.content["evalue"].startswith("[Errno 60]"), run.content
+    assert sorted(os.listdir(data)) == ["x", "z"]

@@ -310,22 +310,18 @@ class GuestFiles(GuestPaths):
             return ERRNO_DQUOT
         before = self._opened_path(caller, fd, old, old_len)
         after = self._opened_path(caller, new_fd, new, new_len)
+        host_before = self.paths.resolve(fd, self._call_name(caller, old, old_len))
+        host_after = self.paths.resolve(new_fd, self._call_name(caller, new, new_len))
         if self._in_scratch(fd):
             self._removed()
             if self._in_scratch(new_fd) and before != after:
                 self._hold(after)  # a file held open that the rename replaces
         errno = self._real["path_rename"](caller, fd, old, old_len, new_fd, new, new_len)
-        if errno == ERRNO_SUCCESS and before is not None:
-            self._renamed(before, after)
+        if errno == ERRNO_SUCCESS:
+            self.paths.renamed(host_before, host_after)
+            if before is not None:
+                self._renamed(before, after)
         return errno
-
-    def _renamed(self, before: str, after: str | None) -> None:
-        """Files held open keep up with their names (None: a name the host cannot tell)."""
-        for number, held in list(self.open.items()):
-            path = held.path
-            if path is not None and (path == before or path.startswith(before + "/")):
-                moved = None if after is None else after + path[len(before) :]
-                self.open[number] = replace(held, path=moved)
 
     def _path_link(
         self,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import wasmtime
 
@@ -74,6 +74,14 @@ class GuestPaths:
         name = bytes(self._memory.read(caller, at, at + length)).decode("utf-8", "surrogateescape")
         joined = posixpath.normpath(posixpath.join(folder, name))
         return joined if len(joined) <= MAX_KEPT_PATH and "\0" not in joined else None
+
+    def _renamed(self, before: str, after: str | None) -> None:
+        """Files held open keep up with their names (None: a name the host cannot tell)."""
+        for number, held in list(self.open.items()):
+            path = held.path
+            if path is not None and (path == before or path.startswith(before + "/")):
+                moved = None if after is None else after + path[len(before) :]
+                self.open[number] = replace(held, path=moved)
 
     def _call_name(self, caller: wasmtime.Caller, path: int, length: int) -> bytes | None:
         """The path a call names, as it names it (relative to its folder), or None if it is

@@ -27,6 +27,7 @@ class HostPaths:
 
     def __init__(self, first: int, folders: Sequence[Path]):
         self._paths: dict[int, HostPath] = {}
+        self._preopened = range(first, first + len(folders))
         for index, folder in enumerate(folders):
             root = os.fsencode(os.path.realpath(folder))
             self._paths[first + index] = (root, root)
@@ -64,6 +65,20 @@ class HostPaths:
             self._paths.pop(fd, None)
         else:
             self._paths[fd] = host
+
+    def renamed(self, before: HostPath | None, after: HostPath | None) -> None:
+        """Descriptors at or under a renamed path follow it; where the new name cannot be
+        placed, they are no longer placed (left to wasmtime, as an unknown descriptor)."""
+        if before is None:
+            return
+        old = before[1]
+        for fd, (_, path) in list(self._paths.items()):
+            if not _inside(path, old) or fd in self._preopened:
+                continue
+            if after is None:
+                del self._paths[fd]
+            else:
+                self._paths[fd] = (after[0], after[1] + path[len(old) :])
 
     def forget(self, fd: int) -> None:
         self._paths.pop(fd, None)

@@ -92,3 +92,31 @@ def test_a_copy_up_by_a_request_past_the_limit_is_removed_too(start_kernel, tmp_
     left = ok(kernel.execute(f"os.path.exists({COPY!r}), os.path.getsize('beside.bin')"))
     assert left.result_text() == f"(False, {4 << 20})"
     assert (tmp_path / "beside.bin").read_bytes() == bytes(4 << 20)
+
+
+# a file removed while open is held aside by the host (sandbox/unlinked_files): a request
+# writing through it past the limit puts it back to its size too
+HELD_ASIDE = """
+gone = open('/tmp/gone', 'wb')
+gone.write(bytes(1024))
+gone.flush()
+os.remove('/tmp/gone')
+
+class Growing:
+    def __repr__(self):
+        for _ in range(96):
+            gone.write(bytes(1 << 20))
+            gone.flush()
+        return 'grown'
+
+g = Growing()
+"""
+
+
+def test_a_file_held_aside_grown_by_a_request_is_put_back(strict: Kernel) -> None:
+    ok(strict.execute(HELD_ASIDE))
+    run = ok(strict.execute("", user_expressions={"r": "repr(g)"}, timeout=120))
+    assert run.content["user_expressions"]["r"]["ename"] == "ScratchLimitExceeded"
+    size = ok(strict.execute("os.fstat(gone.fileno()).st_size"))
+    assert size.result_text() == "1024"
+    ok(strict.execute("open('/tmp/after', 'wb').write(bytes(1 << 20))"))  # /tmp has room again

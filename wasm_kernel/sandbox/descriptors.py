@@ -364,6 +364,7 @@ class GuestFiles(GuestPaths):
             return False
         for number in holders:
             self.open[number] = replace(self.open[number], path=moved)
+        self.paths.renamed(self._scratch_host(target), self._scratch_host(moved))
         return True
 
     def _path_remove_directory(

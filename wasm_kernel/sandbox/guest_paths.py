@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import wasmtime
 
 from ..files.layer_opens import LAYER_FILES, STAGING, LayerOpens, LayerRefusal, wasi_errno
-from .host_paths import HostPaths
+from .host_paths import HostPath, HostPaths
 from .scratch_journal import ScratchJournal
 
 OFLAG_CREAT, OFLAG_DIRECTORY, OFLAG_EXCL, OFLAG_TRUNC = 1, 2, 4, 8
@@ -82,6 +82,11 @@ class GuestPaths:
             if path is not None and (path == before or path.startswith(before + "/")):
                 moved = None if after is None else after + path[len(before) :]
                 self.open[number] = replace(held, path=moved)
+
+    def _scratch_host(self, guest_path: str) -> HostPath | None:
+        """The host path of ``guest_path``, a path in /tmp."""
+        relative = posixpath.relpath(guest_path, self.folders[self.scratch - FIRST_PREOPEN])
+        return self.paths.resolve(self.scratch, relative.encode("utf-8", "surrogateescape"))
 
     def _call_name(self, caller: wasmtime.Caller, path: int, length: int) -> bytes | None:
         """The path a call names, as it names it (relative to its folder), or None if it is

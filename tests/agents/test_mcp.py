@@ -649,3 +649,45 @@ def test_a_token_file_that_is_not_a_small_regular_file_is_refused(
     )
     assert result.returncode == 2, result.stderr
     assert reason in result.stderr and path in result.stderr
+
+
+@pytest.mark.slow
+def test_concurrent_forks_never_pass_max_sessions_and_end_with_the_server(tmp_path) -> None:
+    """Six fork_sandbox calls at once on one session under --max-sessions 3: two places are
+    left, so two forks start and four calls are refused, each before any fork has started;
+    never more than three kernels run; none outlives the server."""
+    seen: dict[int, psutil.Process] = {}
+    most = 0
+
+    async def watch() -> None:
+        nonlocal most
+        while True:
+            alive = kernels_under(os.getpid())
+            seen.update((kernel.pid, kernel) for kernel in alive)
+            most = max(most, len(alive))
+            await asyncio.sleep(0.05)
+
+    async def check(session: ClientSession) -> None:
+        assert not (await session.call_tool("run_python", {"code": "x = 1"})).is_error
+        watching = asyncio.create_task(watch())
+        answered: list[tuple[str, bool, str]] = []
+
+        async def fork(name: str) -> None:
+            result = await session.call_tool("fork_sandbox", {"name": name})
+            answered.append((name, result.is_error, text_of(result)))
+
+        await asyncio.wait_for(asyncio.gather(*(fork(f"f{n}") for n in range(6))), 150)
+        watching.cancel()
+        refused = [text for _, error, text in answered if error]
+        assert len(refused) == 4, answered
+        assert all("already runs its 3 kernels" in text for text in refused), refused
+        assert [error for _, error, _ in answered] == [True] * 4 + [False] * 2, answered
+        listed = await session.call_tool("list_sandboxes", {})
+        assert len(listed.structured_content["result"]) == 3
+
+    images = f"snapshot_dir={tmp_path / 'images'}"
+    serve(["--set", "snapshots=yes", "--set", images, "--max-sessions", "3"], check)
+    assert most <= 3, f"{most} kernels ran at once"
+    # serve() returns once the server process has ended: its kernels have ended with it
+    _, alive = psutil.wait_procs(list(seen.values()), timeout=5)
+    assert not alive, "a kernel outlived the MCP server"

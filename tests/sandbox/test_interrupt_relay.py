@@ -11,7 +11,11 @@ import pytest
 pytestmark = pytest.mark.nokernel
 
 # What a kernel's main thread does per request while another process sends SIGINTs as fast
-# as it can: the relay routes them to its pipe during the request and back after it.
+# as it can: the relay routes them to its pipe during the request and back after it. A request
+# does some work (a short sleep): a signal is delivered when a thread enters or leaves the
+# system, and a request with no system call in it would let none land inside it. The loop
+# runs for at least a second and until the relay has delivered some: on a loaded machine the
+# storm process starts late, and only the number of requests may change with the load.
 REQUESTS_UNDER_A_STORM = textwrap.dedent(
     """
     import os, signal, subprocess, sys, time
@@ -25,9 +29,13 @@ REQUESTS_UNDER_A_STORM = textwrap.dedent(
         f"while True: os.kill({os.getpid()}, signal.SIGINT)"
     )])
     requests = 0
-    end = time.monotonic() + 1.2
-    while time.monotonic() < end:
-        relay.uninstall(relay.install())
+    started = time.monotonic()
+    while time.monotonic() < started + 1.0 or len(interrupts) < 20:
+        if time.monotonic() > started + 50:
+            break
+        saved = relay.install()
+        time.sleep(0.0002)
+        relay.uninstall(saved)
         requests += 1
     storm.kill()
     storm.wait()
@@ -48,5 +56,5 @@ def test_a_storm_across_many_requests_leaves_no_signal_without_a_handler() -> No
     )
     assert done.returncode == 0, done.stderr
     requests, interrupts = map(int, done.stdout.split())
-    assert requests > 100 and interrupts > 0, done.stdout
+    assert requests > 100 and interrupts >= 20, done.stdout
     assert "race condition" not in done.stderr, done.stderr[-2000:]

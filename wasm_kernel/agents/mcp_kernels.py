@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import time
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ from ..settings.settings import TRUE_WORDS
 
 MAX_SESSIONS = 8  # kernels at once (sessions and their forks): each is a process (~150 MB)
 MAX_FORKS = 4  # forked sandboxes one MCP session may hold besides its main one
+FORK_END_WAIT = 60.0  # seconds the server's end waits for forks being started, to end them
 MAIN = "main"  # the name of a session's own sandbox
 SANDBOX_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
@@ -49,7 +51,14 @@ class Kernels:
     sessions: dict[str | None, dict[str, AsyncSession]] = field(default_factory=dict)
     used: dict[str | None, float] = field(default_factory=dict)
     calls: dict[str | None, int] = field(default_factory=dict)  # calls in progress
+    # forks being started, by session: their places and names are taken before they start,
+    # so that concurrent calls cannot all pass the check and then all start a kernel
+    starting: dict[str | None, set[str]] = field(default_factory=dict)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _turns: weakref.WeakKeyDictionary[AsyncSession, asyncio.Lock] = field(
+        default_factory=weakref.WeakKeyDictionary
+    )
+    _closing: bool = False  # the server is ending: a fork that starts meanwhile ends at once
 
     @contextlib.asynccontextmanager
     async def use(
@@ -58,6 +67,8 @@ class Kernels:
         """A sandbox of the session (its main one started on first use), with the session
         marked in use until the call ends."""
         async with self._lock:
+            if self._closing:
+                raise SessionError("the server is shutting down")
             sandboxes = self.sessions.get(key, {})
             session = sandboxes.get(sandbox)
             if session is None and sandbox != MAIN:
@@ -69,7 +80,10 @@ class Kernels:
             self.calls[key] = self.calls.get(key, 0) + 1
             self.used[key] = time.monotonic()
         try:
-            yield session
+            # one call at a time per sandbox: a session's client reads its kernel's messages
+            # for one request at a time (two concurrent forks took each other's replies)
+            async with self._turns.setdefault(session, asyncio.Lock()):
+                yield session
         finally:
             if self.sessions.get(key, {}).get(sandbox) is session:  # not closed meanwhile
                 self.calls[key] -= 1
@@ -81,28 +95,36 @@ class Kernels:
             raise SessionError(
                 f"a sandbox name is 1 to 64 letters, digits, '_' or '-', not {MAIN!r}: {name!r}"
             )
-        async with self.use(key, idle_timeout, source) as parent:
+        async with self._lock:  # the place and the name are taken before the fork waits
+            self._check_fork(key, name)
+            await self._make_room(idle_timeout)
+            self.starting.setdefault(key, set()).add(name)
+        try:
+            async with self.use(key, idle_timeout, source) as parent:
+                forked = await parent.fork()
+        except BaseException:
             async with self._lock:
-                self._check_fork(key, name)
-                await self._make_room(idle_timeout)
-            forked = await parent.fork()
+                self.starting[key].discard(name)
+            raise
+        async with self._lock:
+            ended = key not in self.sessions or self._closing
+            if not ended:
+                self.sessions[key][name] = forked
+                self.starting[key].discard(name)
+                return
+        try:  # its place is held until it has ended: close_all waits for that
+            await forked.close()
+        finally:
             async with self._lock:
-                try:  # meanwhile the session may have ended, the name or last place gone
-                    if key not in self.sessions:
-                        raise SessionError("the session ended while its sandbox was forked")
-                    self._check_fork(key, name)
-                    if self._alive() >= self.max_sessions:
-                        raise SessionError(self._full())
-                except SessionError:
-                    await forked.close()
-                    raise
-                self.sessions.setdefault(key, {})[name] = forked
+                self.starting[key].discard(name)
+        raise SessionError("the session ended while its sandbox was forked")
 
     def _check_fork(self, key: str | None, name: str) -> None:
         sandboxes = self.sessions.get(key, {})
-        if name in sandboxes:
+        starting = self.starting.get(key, set())
+        if name in sandboxes or name in starting:
             raise SessionError(f"there is a sandbox {name!r} already: close it first")
-        if len(sandboxes) - (MAIN in sandboxes) >= MAX_FORKS:
+        if len(sandboxes) - (MAIN in sandboxes) + len(starting) >= MAX_FORKS:
             raise SessionError(f"this session holds {MAX_FORKS} forks already: close one first")
 
     async def _make_room(self, idle_timeout: float) -> None:
@@ -119,7 +141,9 @@ class Kernels:
         )
 
     def _alive(self) -> int:
-        return sum(len(sandboxes) for sandboxes in self.sessions.values())
+        """Kernels running or being started."""
+        started = sum(len(sandboxes) for sandboxes in self.sessions.values())
+        return started + sum(len(names) for names in self.starting.values())
 
     def _names(self, key: str | None) -> str:
         return f"this session's sandboxes are {', '.join(self.names(key))}"
@@ -168,8 +192,14 @@ class Kernels:
             await sandboxes[name].close()
 
     async def close_all(self) -> None:
-        for key in list(self.sessions):
-            await self.close(key)
+        """At the server's end: every kernel, and those being started once they are."""
+        async with self._lock:
+            self._closing = True
+            for key in list(self.sessions):
+                await self.close(key)
+        deadline = time.monotonic() + FORK_END_WAIT
+        while any(self.starting.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # each fork closes its kernel once it has started
 
     def allows(self, setting: str) -> bool:
         """Does the kernels' ``snapshots`` or ``packages`` setting allow its tools? From

@@ -21,6 +21,7 @@ import os
 import secrets
 import select
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ LOCK_WAIT = 10.0  # seconds; the lock is held for a rename or a sweep, milliseco
 _CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 POLL = 0.002  # seconds between looks for an awaited image, where inotify is missing
 RECHECK = 1.0  # seconds between looks for an awaited image all the same
+GIVE_UP_CHECK = 0.1  # seconds between looks at whether to stop waiting for it
 SAVED_POLL = 0.05  # seconds between looks at a save in progress that is waited for
 WATCH_READ = 64 << 10  # bytes of inotify events read at a time (they are only a wake-up)
 IN_CREATE, IN_MOVED_TO = 0x100, 0x80  # <sys/inotify.h>
@@ -43,24 +45,26 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
 
 
-def wait_for(path: Path, seconds: float) -> bool:
+def wait_for(path: Path, seconds: float, give_up: threading.Event | None = None) -> bool:
     """Whether ``path`` exists, waiting up to ``seconds`` for it to appear (an image is renamed
     into place): woken by inotify on its folder, so a long wait costs nothing, and looking
     again every RECHECK seconds all the same; where inotify is missing, looking every
-    POLL seconds."""
+    POLL seconds. Setting ``give_up`` ends the wait within GIVE_UP_CHECK seconds (a cell
+    waiting on it was interrupted or ran out of time)."""
     found = path.exists()
     if found or seconds <= 0:
         return found
     deadline = time.monotonic() + seconds
+    recheck = RECHECK if give_up is None else GIVE_UP_CHECK
     watch = _watch(path.parent)
     try:
         while not path.exists():
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or (give_up is not None and give_up.is_set()):
                 return False
             if watch is None:
                 time.sleep(min(POLL, left))
-            elif select.select([watch], [], [], min(RECHECK, left))[0]:
+            elif select.select([watch], [], [], min(recheck, left))[0]:
                 with contextlib.suppress(BlockingIOError):  # what changed does not matter
                     os.read(watch, WATCH_READ)
         return True

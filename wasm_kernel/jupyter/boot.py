@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -56,6 +58,12 @@ class SandboxStart:
         self.resume_note = ""  # why an image could not be resumed, told on the first cell
         self.resumed: HostState | None = None  # host state to apply before cell 1
         self.checkpoint_due = False  # resumed: the image is what a trap in cell 1 returns to
+        # A cell waiting for resume_from's image (resume_wait) is interrupted, or runs out of
+        # time, as any cell: the image is given up (the kernel starts fresh) and the cell
+        # fails with the reason, kept here until it is told.
+        self._give_up = threading.Event()
+        self._waiting_for_image = False
+        self._wait_stopped: tuple[str, str] | None = None
 
     def checkpoint_resumed(self, started: Future[Sandbox]) -> None:
         """A resumed sandbox's first checkpoint, so that a trap in the first cell rolls back to
@@ -117,7 +125,13 @@ class SandboxStart:
         boot_image = images.boot_image_path(cache.entry_dir(self.runtime))
         if boot_image.exists():
             self.images.boot_file = images.boot_memory_path(boot_image)
-        source = self.images.to_resume(settings.resume_from, settings.resume_wait)
+        self._waiting_for_image = True
+        try:
+            source = self.images.to_resume(
+                settings.resume_from, settings.resume_wait, self._give_up
+            )
+        finally:
+            self._waiting_for_image = False
         if source is None:
             return self._from_boot_image(cache.entry_dir(self.runtime), start)
         try:
@@ -161,13 +175,58 @@ class SandboxStart:
             log.warning("booting without the boot image %s: %s", path, exc)
             return start()
 
+    def interrupt(self) -> None:
+        """A Jupyter interrupt before the sandbox stands: it ends a wait for an image."""
+        self._stop_image_wait(
+            "KeyboardInterrupt",
+            f"interrupted while waiting for the image {self.settings.resume_from!r} to resume"
+            " from (WasmKernel.resume_wait); the kernel starts a fresh interpreter instead.",
+        )
+
+    def abandon(self) -> None:
+        """The kernel is ending: stop waiting for an image (the guest thread would hold the
+        process up to resume_wait seconds after the kernel's end)."""
+        self._give_up.set()
+
+    def _stop_image_wait(self, ename: str, evalue: str) -> None:
+        if self._waiting_for_image and not self._give_up.is_set():
+            self._wait_stopped = (ename, evalue)
+            self._give_up.set()
+
     async def wait(self, boot: Future[Sandbox], notify: Callable[[str], Any]) -> Sandbox:
-        """The booted sandbox; while a one-time compile runs, say so through ``notify``."""
+        """The booted sandbox; while a one-time compile runs, say so through ``notify``.
+        Raises ``WaitStopped`` for the cell whose wait for an image was cut short."""
+        await self.settle(boot, notify)
+        sandbox = await asyncio.wrap_future(boot)
+        stopped, self._wait_stopped = self._wait_stopped, None
+        if stopped is not None:
+            raise WaitStopped(*stopped)
+        return sandbox
+
+    async def settle(self, boot: Future[Sandbox], notify: Callable[[str], Any]) -> None:
+        """Until the start is over (whether it failed or not), giving up a wait for an image
+        once the cell's time limit has passed."""
         booted = asyncio.wrap_future(boot)
         told = False
+        began = time.monotonic()
+        limit = self.limits.time_limit
         while not boot.done():
             if not told and "compil" in self.stage:
                 notify(COMPILING)
                 told = True
+            if limit and time.monotonic() - began > limit:
+                self._stop_image_wait(
+                    "TimeLimitExceeded",
+                    f"the cell waited its time limit of {limit:g} s for the image"
+                    f" {self.settings.resume_from!r} to resume from (WasmKernel.resume_wait);"
+                    " the kernel starts a fresh interpreter instead.",
+                )
             await asyncio.wait([booted], timeout=0.2)
-        return await booted
+
+
+class WaitStopped(Exception):
+    """A cell's wait for the sandbox was cut short: ``ename`` and ``evalue`` say why."""
+
+    def __init__(self, ename: str, evalue: str):
+        super().__init__(evalue)
+        self.ename = ename

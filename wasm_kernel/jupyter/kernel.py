@@ -39,9 +39,10 @@ from ..settings.kernel_settings import KernelSettings, screened
 from ..settings.settings import InvalidSettings
 from . import iopub, lifeline, termination
 from .accounting import CellAccounting
-from .boot import SandboxStart
+from .boot import SandboxStart, WaitStopped
 from .cell_messages import CellMessages, KernelDoors
 from .comms import HostComms
+from .early_abort import EarlyAbort
 from .execute_request import Request
 from .grants import Grants, configured_runtime
 from .guest_services import GuestServices
@@ -100,6 +101,7 @@ class WasmKernel(
     KernelInfo,
     GuestServices,
     RelayedInterrupts,
+    EarlyAbort,
     CheckedRequests,
     CellAccounting,
     termination.Ending,
@@ -116,6 +118,7 @@ class WasmKernel(
 
     def __init__(self, **kwargs: Any):
         self._ending: asyncio.Future | None = None  # exit() in a cell: the kernel's end
+        self._aborted_before_reply: set[str | None] = set()  # see EarlyAbort
         self._closed = False
         parent = kwargs.get("parent")
         config = kwargs.get("config") or getattr(parent, "config", None)
@@ -156,6 +159,7 @@ class WasmKernel(
             self.history,
             self.grants.granted,
             snapshots=self.snapshots,
+            fork_memory_limit=self.fork_memory_limit,
             hibernation=Hibernation(
                 folder, self.hibernate, self.hibernation_quota, self.hibernation_days
             ),
@@ -201,16 +205,13 @@ class WasmKernel(
 
     # -- execution --------------------------------------------------------------------------------
 
-    async def do_execute(
+    async def _execute(
         self,
         code: str,
         silent: bool,
-        store_history: bool = True,
-        user_expressions: dict | None = None,
-        allow_stdin: bool = False,
-        *,
-        cell_meta: Any = None,
-        cell_id: Any = None,
+        store_history: bool,
+        user_expressions: dict | None,
+        allow_stdin: bool,
     ) -> dict:
         request = Request(
             parent=self.get_parent("shell"),
@@ -224,7 +225,7 @@ class WasmKernel(
             return cell.fail("TypeError", "the code of an execute_request must be a string")
         try:
             sandbox = await self._sandbox(lambda text: cell.stream("stderr", text))
-        except InvalidSettings as exc:
+        except (InvalidSettings, WaitStopped) as exc:
             return cell.fail(exc.ename, str(exc))
         except Exception as exc:
             return cell.fail("SandboxUnavailable", f"the sandbox could not start: {exc}")
@@ -288,7 +289,9 @@ class WasmKernel(
         return await self._start.wait(self._boot, notify)
 
     def _interrupt_sandbox(self) -> None:
-        if self._boot.done() and not self._boot.exception():
+        if not self._boot.done():
+            self._start.interrupt()
+        elif not self._boot.exception():
             self._boot.result().interrupt()
 
     def _process_children(self) -> list[Any]:
@@ -319,8 +322,9 @@ class WasmKernel(
         if not self._refuse_malformed(stream, ident, parent, "execute_request"):
             resuming = self.session_images.to_resume(self.resume_from) is not None
             if not self._boot.done() and resuming:
-                # a resumed session numbers this cell after its own
-                await asyncio.wait([asyncio.wrap_future(self._boot)])
+                # a resumed session numbers this cell after its own (the cell's wait is
+                # bounded and interruptible: see SandboxStart.wait)
+                await self._start.settle(self._boot, lambda _: None)
             self._take_resumed_state()
             await super().execute_request(stream, ident, parent)
 
@@ -359,6 +363,8 @@ class WasmKernel(
         if self._closed:  # exit() and a shutdown request, both
             return
         self._closed = True
+        if not self._boot.done():
+            self._start.abandon()
         if self._boot.done() and not self._boot.exception():
             sandbox = self._boot.result()
             if hibernate:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -50,6 +51,7 @@ class SessionImages:
         granted: list[Mount],
         snapshots: bool,
         hibernation: Hibernation,
+        fork_memory_limit: int = 0,
     ):
         self.folder = folder
         self.needs = images.identity(runtime_sha256)
@@ -61,6 +63,7 @@ class SessionImages:
         self.hibernation = hibernation
         self.boot_file: Path | None = None  # the boot memory file a fork's image may map
         self._live: dict[str, list[int]] = {}  # fork image name -> its frozen memory, open
+        self.fork_memory_limit = fork_memory_limit  # bytes those may hold together; 0: none
 
     def read(self, path: Path, memory_file: Path | None = None) -> images.Image:
         return images.read_image(
@@ -127,6 +130,7 @@ class SessionImages:
             self._let_go(name)
             if live is not None:
                 self._keep(name, live.fds)
+                self._check_fork_memory(name)
                 how = "sharing this session's memory: it lasts while this kernel runs"
             else:
                 how = "a whole image" if fork else ""
@@ -188,6 +192,34 @@ class SessionImages:
         while len(self._live) > LIVE_FORKS:
             self._let_go(next(iter(self._live)))
 
+    def _check_fork_memory(self, name: str) -> None:
+        """Refuse (and remove) fork image ``name`` if the fork images now keep more memory
+        alive than ``fork_memory_limit``; first let go of the memory of images deleted
+        meanwhile by other means than %snapshot delete."""
+        for kept in [kept for kept in self._live if not self.folder.path(kept).exists()]:
+            self._let_go(kept)
+        pinned = self.fork_memory()
+        if not self.fork_memory_limit or pinned <= self.fork_memory_limit:
+            return
+        self.folder.delete(name)
+        self._let_go(name)
+        raise images.ImageError(
+            f"fork {name!r} refused: with it, this session's fork images would keep"
+            f" {pinned >> 20} MiB of memory alive, past their limit of"
+            f" {self.fork_memory_limit >> 20} MiB (WasmKernel.fork_memory_limit). Delete the"
+            " fork images no longer needed (%snapshot delete NAME), or save a whole image"
+            " (%snapshot save NAME), which counts against snapshot_quota instead."
+        )
+
+    def fork_memory(self) -> int:
+        """Bytes of memory the fork images' frozen files hold (each file counted once)."""
+        sizes: dict[tuple[int, int], int] = {}
+        for fds in self._live.values():
+            for fd in fds:
+                status = os.fstat(fd)
+                sizes[status.st_dev, status.st_ino] = status.st_blocks * 512
+        return sum(sizes.values())
+
     def _let_go(self, name: str) -> None:
         for fd in self._live.pop(name, ()):
             os.close(fd)
@@ -203,17 +235,22 @@ class SessionImages:
         except images.ImageError as exc:
             log.warning("could not hibernate this session: %s", exc)
 
-    def to_resume(self, resume_from: str, wait: float = 0.0) -> Path | None:
+    def to_resume(
+        self, resume_from: str, wait: float = 0.0, give_up: threading.Event | None = None
+    ) -> Path | None:
         """``resume_from`` (a snapshot's name or a path), else this notebook's hibernated image.
-        A named image that does not exist yet is waited for up to ``wait`` seconds: a fork's,
-        which its parent kernel writes while this one starts (see ``Session.fork``)."""
+        A named image that does not exist yet is waited for up to ``wait`` seconds, or until
+        ``give_up`` is set: a fork's, which its parent kernel writes while this one starts
+        (see ``Session.fork``)."""
         if resume_from:
             try:
                 named = self.folder.path(resume_from)
             except images.ImageError:
                 named = None
             given = Path(resume_from).expanduser()
-            if named is not None and image_folder.wait_for(named, 0 if given.exists() else wait):
+            if named is not None and image_folder.wait_for(
+                named, 0 if given.exists() else wait, give_up
+            ):
                 return named
             return given
         name = self.hibernation.name

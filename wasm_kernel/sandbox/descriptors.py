@@ -19,6 +19,11 @@ calls that create, close or renumber descriptors, or that change the private /tm
   whatever code opens it, Python's or C's, the host folder is never written;
 - a file of /tmp removed while the guest holds it open is moved aside instead, and removed
   when its last descriptor is closed (``unlinked_files``);
+- a path_open of a FIFO, socket or device is refused with ``ENXIO`` before wasmtime opens it
+  (the open would block out of reach of every interrupt): ``host_paths`` knows the host file
+  behind each descriptor, and the check looks at the real target, after any layer redirect;
+- during a service turn, what a call may create or grow in /tmp is noted in ``journal``
+  (``scratch_journal``), so that a turn stopped at the scratch limit can be undone;
 - every descriptor's guest path and open flags are kept, so that an image can carry them
   and a resumed guest finds its files open again at the same numbers (``held_files``);
 - every call that may grow the private /tmp is reported through ``touched`` (the scratch
@@ -35,6 +40,7 @@ forwards each call.
 
 from __future__ import annotations
 
+import os
 import resource
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -53,15 +59,20 @@ from .guest_paths import (
     GuestPaths,
     OpenFile,
 )
+from .host_paths import HostPaths
+from .scratch_journal import ScratchJournal
 from .unlinked_files import UnlinkedFiles
 
 ERRNO_SUCCESS = 0
 ERRNO_BADF = 8
 ERRNO_DQUOT = 19
 ERRNO_MFILE = 33
+ERRNO_NXIO = 60  # a FIFO, socket or device: never opened (see host_paths)
 ERRNO_PERM = 63
 RIGHT_FD_WRITE = 1 << 6
 MAX_GUEST_FILES = 512  # descriptors a guest may hold open (at most half the process's limit)
+MIN_GUEST_FILES = 16  # however small the process's limit: fewer and imports fail
+HOST_RESERVE = 64  # kept for the kernel's own: sockets of new threads, folder walks, images
 LAYER_ONLY = ("path_filestat_get",)  # shadowed only where a layer needs it (called very often)
 
 
@@ -70,22 +81,35 @@ def _valtype(name: str) -> wasmtime.ValType:
 
 
 def default_limit() -> int:
+    """What the guest may hold: half the process's limit, less what the kernel holds already
+    and HOST_RESERVE, at most MAX_GUEST_FILES. Under a small limit (128) the guest's half
+    left the kernel fewer than it holds after boot: its next thread to publish output found
+    none for its ZMQ socket, and no cell was answered again."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return MAX_GUEST_FILES
-    return max(16, min(MAX_GUEST_FILES, soft // 2))
+    free = soft - _held_now() - HOST_RESERVE
+    return max(MIN_GUEST_FILES, min(MAX_GUEST_FILES, soft // 2, free))
+
+
+def _held_now() -> int:
+    """How many descriptors this process holds (0 where that cannot be listed)."""
+    try:
+        return len(os.listdir("/dev/fd")) - 1  # less the listing's own
+    except OSError:
+        return 0
 
 
 class GuestFiles(GuestPaths):
     """Descriptor bookkeeping for one guest interpreter (see the module docstring).
 
-    ``folders`` are the guest paths of the folders pre-opened through WASI, in order;
-    ``scratch_index`` is the position of the private /tmp among them.
+    ``folders`` are the pre-opened folders as (host folder, guest path) pairs, in the order
+    WASI numbers them; ``scratch_index`` is the position of the private /tmp among them.
     """
 
     def __init__(
         self,
-        folders: Sequence[str],
+        folders: Sequence[tuple[Path, str]],
         scratch_index: int,
         touched: Callable[[], None],
         room: Callable[[], bool],
@@ -94,7 +118,7 @@ class GuestFiles(GuestPaths):
         scratch_folder: Path | None = None,
         layer: LayerOpens | None = None,
     ):
-        self.folders = list(folders)
+        self.folders = [guest for _, guest in folders]
         self.protected = FIRST_PREOPEN + len(folders)  # descriptors below this are the kernel's
         self.scratch = FIRST_PREOPEN + scratch_index
         self.limit = default_limit() if limit is None else limit
@@ -108,6 +132,8 @@ class GuestFiles(GuestPaths):
         self._unlinked = UnlinkedFiles(scratch_folder) if scratch_folder is not None else None
         self._layer = layer
         self._stack_pointer = ""  # the guest's stack pointer's export name, once bound
+        self.paths = HostPaths(FIRST_PREOPEN, [host for host, _ in folders])
+        self.journal = ScratchJournal()  # what a service turn adds to /tmp (see there)
 
     # -- wiring ---------------------------------------------------------------------------------
 
@@ -155,6 +181,7 @@ class GuestFiles(GuestPaths):
 
     def _forget(self, fd: int) -> None:
         """``fd`` is closed: a held file goes with the last descriptor on it."""
+        self.paths.forget(fd)
         held = self.open.pop(fd, None)
         if held is None or held.path is None or self._unlinked is None:
             return
@@ -164,6 +191,17 @@ class GuestFiles(GuestPaths):
     def writing_to_scratch(self) -> bool:
         """Whether a file in the private /tmp is open for writing (it may grow any time)."""
         return any(held.in_scratch and held.writable for held in self.open.values())
+
+    def held_writers(self) -> list[bytes]:
+        """Host paths of the files in /tmp the guest holds open for writing."""
+        writers = [fd for fd, held in self.open.items() if held.in_scratch and held.writable]
+        return self.paths.paths_of(writers)
+
+    def _note_growth(self, caller: wasmtime.Caller, fd: int, path: int, path_len: int) -> None:
+        """Tell the journal what a call in /tmp may create or grow."""
+        host = self.paths.resolve(fd, self._call_name(caller, path, path_len))
+        if host is not None and self._in_scratch(fd):
+            self.journal.note(host[1])
 
     def _in_scratch(self, fd: int) -> bool:
         held = self.open.get(fd)
@@ -193,6 +231,7 @@ class GuestFiles(GuestPaths):
             moved = self.open.pop(fd)
             self._forget(to)
             self.open[to] = moved
+            self.paths.move(fd, to)
         return errno
 
     def _path_open(
@@ -220,12 +259,17 @@ class GuestFiles(GuestPaths):
             fd, path, path_len = redirect
         if writable and not self._may_grow(fd):
             return ERRNO_DQUOT
+        assert self._memory is not None  # bound before the guest runs
+        host = self.paths.resolve(fd, self._call_name(caller, path, path_len))
+        if host is not None and not self.paths.may_open(host, follow=bool(dirflags & 1)):
+            return ERRNO_NXIO
+        if writable and host is not None and self._in_scratch(fd):
+            self.journal.note(host[1])
         errno = self._real["path_open"](
             caller, fd, dirflags, path, path_len, oflags, rights, inheriting, fdflags, opened
         )
         if errno == ERRNO_SUCCESS:
             at = opened & 0xFFFFFFFF  # wasm i32 values arrive signed
-            assert self._memory is not None  # bound before the guest runs
             new_fd = int.from_bytes(self._memory.read(caller, at, at + 4), "little")
             self.open[new_fd] = OpenFile(
                 in_scratch=self._in_scratch(fd),
@@ -237,6 +281,7 @@ class GuestFiles(GuestPaths):
                 fdflags=fdflags,
                 lookup=dirflags,
             )
+            self.paths.opened(new_fd, host)
         return errno
 
     def _path_create_directory(
@@ -248,6 +293,7 @@ class GuestFiles(GuestPaths):
         fd, path, path_len = redirect
         if not self._may_grow(fd):
             return ERRNO_DQUOT
+        self._note_growth(caller, fd, path, path_len)
         return self._real["path_create_directory"](caller, fd, path, path_len)
 
     def _path_rename(
@@ -264,22 +310,18 @@ class GuestFiles(GuestPaths):
             return ERRNO_DQUOT
         before = self._opened_path(caller, fd, old, old_len)
         after = self._opened_path(caller, new_fd, new, new_len)
+        host_before = self.paths.resolve(fd, self._call_name(caller, old, old_len))
+        host_after = self.paths.resolve(new_fd, self._call_name(caller, new, new_len))
         if self._in_scratch(fd):
             self._removed()
             if self._in_scratch(new_fd) and before != after:
                 self._hold(after)  # a file held open that the rename replaces
         errno = self._real["path_rename"](caller, fd, old, old_len, new_fd, new, new_len)
-        if errno == ERRNO_SUCCESS and before is not None:
-            self._renamed(before, after)
+        if errno == ERRNO_SUCCESS:
+            self.paths.renamed(host_before, host_after)
+            if before is not None:
+                self._renamed(before, after)
         return errno
-
-    def _renamed(self, before: str, after: str | None) -> None:
-        """Files held open keep up with their names (None: a name the host cannot tell)."""
-        for number, held in list(self.open.items()):
-            path = held.path
-            if path is not None and (path == before or path.startswith(before + "/")):
-                moved = None if after is None else after + path[len(before) :]
-                self.open[number] = replace(held, path=moved)
 
     def _path_link(
         self,
@@ -294,6 +336,7 @@ class GuestFiles(GuestPaths):
     ) -> int:
         if not self._may_grow(new_fd):
             return ERRNO_DQUOT
+        self._note_growth(caller, new_fd, new, new_len)
         return self._real["path_link"](caller, fd, flags, old, old_len, new_fd, new, new_len)
 
     def _path_unlink_file(self, caller: wasmtime.Caller, fd: int, path: int, path_len: int) -> int:
@@ -321,6 +364,7 @@ class GuestFiles(GuestPaths):
             return False
         for number in holders:
             self.open[number] = replace(self.open[number], path=moved)
+        self.paths.renamed(self._scratch_host(target), self._scratch_host(moved))
         return True
 
     def _path_remove_directory(

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import wasmtime
 
-from ..files.layer_opens import LayerOpens, LayerRefusal, wasi_errno
+from ..files.layer_opens import LAYER_FILES, STAGING, LayerOpens, LayerRefusal, wasi_errno
+from .host_paths import HostPath, HostPaths
+from .scratch_journal import ScratchJournal
 
 OFLAG_CREAT, OFLAG_DIRECTORY, OFLAG_EXCL, OFLAG_TRUNC = 1, 2, 4, 8
 FIRST_PREOPEN = 3
+MAX_PATH = 4096  # bytes of a path a call names (longer: left to the real call, which refuses it)
 MAX_KEPT_PATH = 1024  # bytes of a path kept for an image (longer: the file cannot come back)
 REDIRECT_ROOM = 4096  # guest stack bytes below its pointer that a redirected path may use
 
@@ -50,6 +53,8 @@ class GuestPaths:
     _memory: wasmtime.Memory | None
     _layer: LayerOpens | None
     _stack_pointer: str
+    paths: HostPaths
+    journal: ScratchJournal
 
     def folder_path(self, fd: int) -> str | None:
         """The guest path of folder descriptor ``fd``, if the host knows it."""
@@ -69,6 +74,28 @@ class GuestPaths:
         name = bytes(self._memory.read(caller, at, at + length)).decode("utf-8", "surrogateescape")
         joined = posixpath.normpath(posixpath.join(folder, name))
         return joined if len(joined) <= MAX_KEPT_PATH and "\0" not in joined else None
+
+    def _renamed(self, before: str, after: str | None) -> None:
+        """Files held open keep up with their names (None: a name the host cannot tell)."""
+        for number, held in list(self.open.items()):
+            path = held.path
+            if path is not None and (path == before or path.startswith(before + "/")):
+                moved = None if after is None else after + path[len(before) :]
+                self.open[number] = replace(held, path=moved)
+
+    def _scratch_host(self, guest_path: str) -> HostPath | None:
+        """The host path of ``guest_path``, a path in /tmp."""
+        relative = posixpath.relpath(guest_path, self.folders[self.scratch - FIRST_PREOPEN])
+        return self.paths.resolve(self.scratch, relative.encode("utf-8", "surrogateescape"))
+
+    def _call_name(self, caller: wasmtime.Caller, path: int, length: int) -> bytes | None:
+        """The path a call names, as it names it (relative to its folder), or None if it is
+        too long to be one (the real call says so)."""
+        if not 0 < length <= MAX_PATH:
+            return None
+        assert self._memory is not None  # bound before the guest runs
+        at = path & 0xFFFFFFFF
+        return bytes(self._memory.read(caller, at, at + length))
 
     def _layered(self, fd: int) -> LayerOpens | None:
         """The layer, if paths from folder ``fd`` may lead into a layered folder."""
@@ -93,6 +120,7 @@ class GuestPaths:
         guest_path = self._opened_path(caller, fd, path, length) or ""
         if layer.folder_of(guest_path) is None:
             return fd, path, length
+        self._note_layer(guest_path)
         try:
             upper = target(layer, guest_path)
         except (LayerRefusal, OSError) as refusal:
@@ -100,6 +128,17 @@ class GuestPaths:
         if upper is None:
             return fd, path, length
         return self.scratch, *self._written_below_stack(caller, upper)
+
+    def _note_layer(self, guest_path: str) -> None:
+        """During a service turn, what the layer may write in /tmp for ``guest_path`` (its
+        copy, the folders above it, a copy-up's staging file) is noted before it writes."""
+        if not self.journal.active:
+            return
+        parts = (LAYER_FILES + guest_path).split("/")
+        for inner in ["/".join(parts[:end]) for end in range(1, len(parts) + 1)] + [STAGING]:
+            host = self.paths.resolve(self.scratch, inner.encode("utf-8", "surrogateescape"))
+            if host is not None:
+                self.journal.note(host[1])
 
     def _open_redirect(
         self,

@@ -6,9 +6,10 @@ memory still names would be dead, and matplotlib's cached fonts, a sqlite3 conne
 open file object with it. So the host keeps, per descriptor, the guest path and flags it was
 opened with (``GuestFiles``), the image records them with the offsets the guest reports,
 and a resume opens each again at its number, before the guest runs. A file that cannot
-come back (removed, or its folder not mounted here) keeps its number, held by a folder
-descriptor with no rights, so that nothing else is ever read or written through it; the
-guest is told which, to close the file objects that hold them and say so.
+come back (removed, its folder not mounted here, or now a FIFO, socket or device, which
+path_open's guard refuses too) keeps its number, held by a folder descriptor with no rights,
+so that nothing else is ever read or written through it; the guest is told which, to close
+the file objects that hold them and say so.
 """
 
 from __future__ import annotations
@@ -105,10 +106,14 @@ class Reopening:
         name = relative.encode("utf-8", "surrogateescape")
         if len(name) > SCRATCH_ROOM - 16:
             return None
+        host = self.files.paths.resolve(folder, name)
+        if host is not None and not self.files.paths.may_open(host, follow=bool(entry.lookup & 1)):
+            return None  # now a FIFO, socket or device: the open would block (see host_paths)
         fd = self._open(
             folder, entry.lookup, name, entry.oflags, entry.rights, entry.inheriting, entry.fdflags
         )
         if fd is not None:
+            self.files.paths.opened(fd, host)
             writable = bool(entry.rights & RIGHT_FD_WRITE)
             self.files.open[fd] = OpenFile(
                 in_scratch=folder == self.files.scratch,

@@ -30,35 +30,37 @@ IDLE_DEADLINE = 1 << 62  # epochs: no deadline between turns
 
 
 def preopened(
-    compiled: CompiledRuntime, packages: Any, mounts: Sequence[Mount], sources: bool
+    compiled: CompiledRuntime,
+    scratch: Path,
+    packages: Any,
+    mounts: Sequence[Mount],
+    sources: bool,
 ) -> list[tuple[Path, str, bool]]:
     """(host folder, guest path, writable) of every folder the guest sees, in the order
-    they are pre-opened: the runtime's folders and its packages read-only, a private /tmp
-    (third: GuestFiles' ``scratch_index``), the libraries' sources where installed, the
-    operator's mounts. GuestFiles numbers them in this order."""
+    they are pre-opened (and numbered, by WASI and GuestFiles): the runtime's folders and its
+    packages read-only, the private /tmp ``scratch`` (GuestFiles' ``scratch_index``), the
+    libraries' sources where installed, the operator's mounts."""
     runtime = compiled.runtime
     folders = [
         (compiled.lib_dir, runtime.lib_guest_dir, False),
         (compiled.mpl_data_dir, f"{runtime.stdlib_guest_path}/matplotlib/mpl-data", False),
-        (None, SCRATCH, True),  # the caller's /tmp
+        (scratch, SCRATCH, True),
         (packages.host, packages.guest, False),
     ]
     if sources:  # the libraries' sources, for tracebacks (see runtime_sources)
         folders.append((runtime.sources_dir, runtime.sources_guest_dir, False))
     # wasmtime keeps every path the guest opens inside these
-    folders += [(mount.host, mount.guest, mount.writable) for mount in mounts]
-    return folders
+    folders.extend((mount.host, mount.guest, mount.writable) for mount in mounts)
+    return [(Path(host), guest, writable) for host, guest, writable in folders]
 
 
 def wasi_config(
-    folders: Sequence[tuple[Path | None, str, bool]],
-    scratch: Path,
+    folders: Sequence[tuple[Path, str, bool]],
     cwd: str,
     output: Callable[[str, bytes], int],
 ) -> wasmtime.WasiConfig:
-    """What the guest sees of the host: ``folders`` (see ``preopened``; None: the private
-    /tmp, ``scratch``), a handful of its own variables, and stdout/stderr streamed to
-    ``output``."""
+    """What the guest sees of the host: ``folders`` (see ``preopened``), a handful of its own
+    variables, and stdout/stderr streamed to ``output``."""
     wasi = wasmtime.WasiConfig()
     wasi.argv = GUEST_ARGV
     wasi.env = [
@@ -69,7 +71,7 @@ def wasi_config(
         ("MPLBACKEND", "module://matplotlib_inline.backend_inline"),  # as ipykernel's
     ]
     for host, guest, writable in folders:
-        wasi.preopen_dir(str(scratch if host is None else host), guest, writable)
+        wasi.preopen_dir(str(host), guest, writable)
     wasi.stdout_custom = lambda data: output("stdout", data)
     wasi.stderr_custom = lambda data: output("stderr", data)
     return wasi

@@ -46,6 +46,7 @@ from .output import OutputPump
 from .recovery import UNDONE, SandboxRecovery
 from .stops import (
     SCRATCH_FULL,
+    SCRATCH_STOP,
     SHUTDOWN,
     TIME,
     CellStopped,
@@ -53,6 +54,7 @@ from .stops import (
     explain_trap,
     output_notice,
     scratch_text,
+    service_scratch_text,
     time_limit_interrupted,
 )
 
@@ -126,11 +128,11 @@ class Sandbox(SandboxRecovery):
     def _start(self, image: images.Image | None = None) -> Interpreter:
         """A new interpreter, booted, or resumed from ``image``."""
         sources = has_sources(self.compiled.runtime)
-        folders = preopened(self.compiled, self.packages, self.mounts, sources)
-        wasi = wasi_config(folders, self._tmp, self.cwd, self._guest_output)
+        folders = preopened(self.compiled, self._tmp, self.packages, self.mounts, sources)
+        wasi = wasi_config(folders, self.cwd, self._guest_output)
         files = GuestFiles(
-            folders=[guest for _, guest, _ in folders],
-            scratch_index=2,
+            folders=[(host, guest) for host, guest, _ in folders],
+            scratch_index=[guest for _, guest, _ in folders].index(SCRATCH),
             touched=self._scratch.touched,
             room=self._scratch.has_room,
             removed=self._scratch.removed,
@@ -287,6 +289,10 @@ class Sandbox(SandboxRecovery):
                 notice = output_notice(limits.output_limit)
                 self._output.begin(receiver.stream, limits.output_limit, notice)
                 meter = CellMeter(limits.fuel, self._checkpoint_held(interpreter)) if cell else None
+                if cell:  # a cell's files stay, past the limit too (it says so)
+                    interpreter.files.journal.end()
+                else:  # a service request: what it adds to /tmp may be taken back
+                    interpreter.files.journal.begin(interpreter.files.held_writers())
                 try:
                     stopped = self._outcome(interpreter, source, limits, memory_at_start)
                 finally:
@@ -296,6 +302,8 @@ class Sandbox(SandboxRecovery):
                     self._output.end()
                     self._host_call.end()
             stopped = stopped or self._kept_stop(grown, limits)
+            if not cell:
+                self._settle_service_writes(interpreter, stopped, limits)
             if cell and (stopped is None or stopped.recovered):
                 interpreter.fresh = False  # this cell's changes stand
             rolled_back = False
@@ -333,10 +341,22 @@ class Sandbox(SandboxRecovery):
         memory_hit = status != 0 and self._hit_memory_limit(store, memory_at_start)
         return explain_status(status, limits, memory_hit)
 
+    def _settle_service_writes(
+        self, interpreter: Interpreter, stopped: CellStopped | None, limits: Limits
+    ) -> None:
+        """A service request that took /tmp past its limit: no one reads its error to delete
+        files, so what it wrote there is removed (see scratch_journal)."""
+        if stopped is not None and stopped.ename == SCRATCH_STOP:
+            interpreter.files.journal.undo()
+            self._scratch.removed()
+            stopped.evalue = service_scratch_text(limits)
+        else:
+            interpreter.files.journal.end()
+
     def _kept_stop(self, grown: Usage | None, limits: Limits) -> CellStopped | None:
         """A turn that finished but went past a limit first: its changes are kept."""
         if grown is not None:  # it finished before a check of /tmp caught it
-            return CellStopped("ScratchLimitExceeded", scratch_text(grown, limits), recovered=True)
+            return CellStopped(SCRATCH_STOP, scratch_text(grown, limits), recovered=True)
         if self.interrupts.soft_reason == TIME and not self._host_call.time_limit_reported:
             # it caught the time limit's interrupt and finished: what it did is kept
             return CellStopped("TimeLimitExceeded", time_limit_interrupted(limits), recovered=True)

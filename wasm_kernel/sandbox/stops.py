@@ -24,6 +24,7 @@ INTERRUPT = "interrupt"  # the user's interrupt (signal or interrupt_request)
 TIME = "time"  # the cell's wall-clock limit
 SCRATCH_FULL = "scratch"  # the private /tmp grew past its limit
 SHUTDOWN = "shutdown"  # the kernel is closing
+SCRATCH_STOP = "ScratchLimitExceeded"  # the ename of a turn stopped for it
 
 
 def set_by_operator(setting: str) -> str:
@@ -83,6 +84,13 @@ def time_limit_stopped(limits: Limits, ignored_interrupt: bool) -> CellStopped:
     )
 
 
+def service_scratch_text(limits: Limits) -> str:
+    return (
+        f"code run for a service request filled the private {SCRATCH} past its limit of"
+        f" {limits.scratch_limit >> 20} MiB; what that request wrote there was removed."
+    )
+
+
 def scratch_text(size: Usage, limits: Limits) -> str:
     if size.unmeasured:
         return (
@@ -125,7 +133,7 @@ def explain_trap(
         if stop_reason == TIME:
             return time_limit_stopped(limits, ignored_interrupt=soft_reason == TIME)
         if stop_reason == SCRATCH_FULL:
-            return CellStopped("ScratchLimitExceeded", scratch_text(scratch_size(), limits))
+            return CellStopped(SCRATCH_STOP, scratch_text(scratch_size(), limits))
         if stop_reason == SHUTDOWN:
             return CellStopped("KernelShutdown", "the kernel was shut down while the cell ran.")
         return CellStopped(

@@ -345,6 +345,16 @@ class KernelSettings(SettingsRecord):
         default=2 << 30,
         help="Bytes all images in snapshot_dir may take together; a save past it is refused.",
     ).tag(config=True)
+    fork_memory_limit = Limit(
+        integer=True,
+        low=MIN_SNAPSHOT_QUOTA,
+        high=INT64_MAX,
+        unit="bytes",
+        zero="no limit",
+        default=1 << 30,
+        help="Bytes of host memory a session's fork images may keep alive together (each keeps"
+        " its memory, frozen, while it exists). Past it a fork is refused: %snapshot delete.",
+    ).tag(config=True)
     resume_from = Text(
         default="",
         shown=lambda: (

@@ -28,6 +28,14 @@ REFUSED_HINTS = (
     ),
     (
         OSError,
+        "[Errno 60] ",  # ENXIO: a FIFO, socket or device (see sandbox/descriptors.py)
+        (
+            "(The sandbox opens only regular files and folders: a FIFO, socket or device could"
+            " keep a cell waiting past every limit.)"
+        ),
+    ),
+    (
+        OSError,
         "[Errno 33] ",  # EMFILE: the sandbox's cap on open descriptors
         (
             "(The sandbox limits how many files a kernel may hold open at once: close the ones you"

@@ -33,7 +33,7 @@ from ..files.mounts import Mount
 from .cache import CompiledRuntime, cache_key, exported, writable
 from .runtime import manifest_dir, sha256_file
 from .runtime_files import pinned_download
-from .shared_cache import UntrustedCache, check_entry
+from .shared_cache import UntrustedCache, check_entry, followed
 
 MANIFEST = "guest-packages.json"
 RECORD = "entry.json"
@@ -110,7 +110,7 @@ def _recorded(
             f" {INSTALL_HINT}."
         ) from None
     try:  # the files' stamps are checked later; who may change them, now
-        check_entry(entry, SITE)
+        check_entry(followed(entry), SITE)
     except (UntrustedCache, OSError) as exc:
         raise PackagesUnavailable(
             f"the guest's Python packages are not safe to use: {exc}"

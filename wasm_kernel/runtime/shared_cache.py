@@ -108,9 +108,9 @@ def check_cache(directory: Path, entry: Path, inside: str, files: Path) -> None:
     (the sources the guest reads) when they are kept in ``directory``."""
     try:
         check_folder(directory)
-        check_entry(_followed(entry), inside)
+        check_entry(followed(entry), inside)
         if files.parent == directory and files.is_dir():
-            check_entry(_followed(files))
+            check_entry(followed(files))
     except (UntrustedCache, OSError) as exc:
         raise UntrustedCache(
             f"the compiled-runtime cache {directory} is not safe to load: {exc}. Have its"
@@ -120,7 +120,7 @@ def check_cache(directory: Path, entry: Path, inside: str, files: Path) -> None:
         ) from None
 
 
-def _followed(path: Path) -> Path:
+def followed(path: Path) -> Path:
     """Where ``path`` leads: a link in a trusted cache folder was put there by its owner, and
     the folders above its target must be trusted as well."""
     real = path.resolve()

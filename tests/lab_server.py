@@ -4,7 +4,6 @@ the browser tests drive it with Chromium, others through its API as JupyterLab d
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
-from notebook_server import NotebookServer
+from notebook_server import NotebookServer, RefusedRequest
 
 STARTUP_TIMEOUT = 120  # seconds for JupyterLab to answer
 
@@ -34,6 +33,7 @@ class JupyterLab:
         self.token = secrets.token_hex(24)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.client = NotebookServer(f"{self.url}/", self.token)
         state = root.parent / "jupyter-state"
         self.runtime_dir = state / "runtime"
         self.leftover_kernels: list[int] = []
@@ -84,15 +84,7 @@ class JupyterLab:
 
     def api(self, path: str, method: str = "GET", body: dict | None = None) -> Any:
         """One REST call of the server's API, as a front end makes it; its JSON answer."""
-        request = urllib.request.Request(
-            f"{self.url}/api/{path}",
-            method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            body = response.read()
-        return json.loads(body) if body else None
+        return self.client.request(method, f"api/{path}", body)
 
     def wait_until_up(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT
@@ -101,7 +93,7 @@ class JupyterLab:
             try:
                 self.api("status")
                 return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
+            except (urllib.error.URLError, RefusedRequest, ConnectionError, TimeoutError):
                 assert time.monotonic() < deadline, f"JupyterLab did not answer\n{self.log_tail()}"
                 time.sleep(0.25)
 
@@ -117,7 +109,7 @@ class JupyterLab:
             try:
                 for kernel in self.api("kernels"):  # type: ignore[union-attr]
                     self.api(f"kernels/{kernel['id']}", method="DELETE")
-            except (urllib.error.URLError, OSError, ValueError):
+            except (RefusedRequest, OSError, ValueError):
                 pass
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -177,5 +169,5 @@ def pids_mentioning(text: str) -> list[int]:
 def execute(server: JupyterLab, kernel_id: str, code: str, timeout: float = 120) -> dict:
     """Run ``code`` in a kernel over the server's websocket, as JupyterLab does; the reply's
     content, with the text of its streams and results gathered under ``"output"``."""
-    cell = NotebookServer(f"{server.url}/", server.token).execute(kernel_id, code, timeout)
+    cell = server.client.execute(kernel_id, code, timeout)
     return {**cell.reply["content"], "output": cell.text()}

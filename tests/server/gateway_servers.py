@@ -9,11 +9,9 @@ kernelspecs `install --gateway` writes name it.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
-import websocket
+from lab_server import free_port
+from notebook_server import NotebookServer
 
 EG_VERSION = "3.3.0"
 READY_MARK = ".complete"
@@ -55,12 +54,6 @@ def gateway_venv() -> Path:
     return folder
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 class HttpServer:
     """A server process answering at ``url``, with the token its REST API wants."""
 
@@ -68,6 +61,7 @@ class HttpServer:
         self.port = free_port()
         self.token = uuid.uuid4().hex
         self.url = f"http://127.0.0.1:{self.port}"
+        self.client = NotebookServer(f"{self.url}/", self.token)
         self.log = log
         with log.open("w") as out:
             self.process = subprocess.Popen(
@@ -89,52 +83,16 @@ class HttpServer:
                 time.sleep(0.25)
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
-        request = urllib.request.Request(
-            self.url + path,
-            method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=120) as response:
-            text = response.read()
-        return json.loads(text) if text else None
+        return self.client.request(method, path.lstrip("/"), body)
 
     def run_cell(self, kernel_id: str, code: str, timeout: float = 120) -> tuple[dict, str, str]:
         """One cell over the kernel's websocket: its reply, stdout and stderr."""
-        ws = websocket.create_connection(
-            f"ws://127.0.0.1:{self.port}/api/kernels/{kernel_id}/channels",
-            header=[f"Authorization: token {self.token}"],
-            timeout=timeout,
-        )
-        msg_id = uuid.uuid4().hex
-        header = {"msg_id": msg_id, "msg_type": "execute_request", "username": "test"}
-        header |= {"session": uuid.uuid4().hex, "version": "5.3", "date": ""}
-        content = {"code": code, "silent": False, "store_history": True}
-        content |= {"user_expressions": {}, "allow_stdin": False, "stop_on_error": True}
-        ws.send(
-            json.dumps(
-                {"header": header, "parent_header": {}, "metadata": {}, "channel": "shell"}
-                | {"content": content, "buffers": []}
-            )
-        )
-        reply: dict | None = None
-        idle = False
+        cell = self.client.execute(kernel_id, code, timeout)
         streams = {"stdout": "", "stderr": ""}
-        try:
-            while reply is None or not idle:
-                message = json.loads(ws.recv())
-                if message.get("parent_header", {}).get("msg_id") != msg_id:
-                    continue
-                kind = message["msg_type"]
-                if message["channel"] == "shell":
-                    reply = message["content"]
-                elif kind == "stream":
-                    streams[message["content"]["name"]] += message["content"]["text"]
-                elif kind == "status":
-                    idle = message["content"]["execution_state"] == "idle"
-        finally:
-            ws.close()
-        return reply, streams["stdout"], streams["stderr"]
+        for message in cell.outputs:
+            if message["msg_type"] == "stream":
+                streams[message["content"]["name"]] += message["content"]["text"]
+        return cell.reply["content"], streams["stdout"], streams["stderr"]
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")

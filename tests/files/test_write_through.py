@@ -178,6 +178,8 @@ def test_code_and_hidden_files_stay_private_and_nothing_is_executable(start_kern
     assert stat.S_IMODE(mode) == 0o600 and not mode & 0o111
     described = kernel.execute("%sandbox").stream_text()
     assert "new data files are written through" in described, described
+    assert "new data files written there reach it" in kernel.banner()
+    assert "stay in the sandbox" not in kernel.banner()
 
 
 def test_overlay_says_once_where_a_write_went(start_kernel, tmp_path):

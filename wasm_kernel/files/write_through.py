@@ -101,7 +101,7 @@ class WriteThrough:
         layer = LayerOpens(self.folders, scratch)
         files = _layer_files(scratch, self.folders)
         if self.writes_through:  # first: what they took counts no longer
-            self._remove_deleted(layer, files)
+            self._remove_deleted(layer, scratch)
         private: dict[str, str] = {}  # guest path -> why it stays in the layer
         for guest, status in sorted(files.items()):
             why = self._write(scratch, guest, status) if self.writes_through else OVERLAID
@@ -146,11 +146,11 @@ class WriteThrough:
         self._told_quota.discard(guest)
         return ""
 
-    def _remove_deleted(self, layer: LayerOpens, files: Mapping[str, os.stat_result]) -> None:
-        """Files written through that cells deleted or renamed away go from the host too,
-        if they are still the kernel's."""
+    def _remove_deleted(self, layer: LayerOpens, scratch: Path) -> None:
+        """Files written through that cells deleted or renamed away (hidden, and not made
+        again in the layer) go from the host too, if they are still the kernel's."""
         for guest, written in list(self._written.items()):
-            if guest in files or not layer.hides(guest):
+            if not layer.hides(guest) or os.path.lexists(scratch / (LAYER_FILES + guest)):
                 continue
             del self._written[guest]
             folder = next(f for f in self.folders if guest.startswith(f + "/"))

@@ -94,8 +94,10 @@ class WriteThrough:
         self._told_private = False
         self._told_quota: set[str] = set()
 
-    def after_cell(self, scratch: Path) -> str:
-        """Write the layer's new files through; what the cell's stderr should say (or "")."""
+    def after_cell(self, scratch: Path, shown: bool = True) -> str:
+        """Write the layer's new files through; what the cell's stderr should say (or "").
+        A cell whose output is not ``shown`` (a silent request) says nothing, and uses up
+        no notice."""
         if not self.folders or (self._told_private and not self.writes_through):
             return ""
         layer = LayerOpens(self.folders, scratch)
@@ -107,6 +109,8 @@ class WriteThrough:
             why = self._write(scratch, guest, status) if self.writes_through else OVERLAID
             if why:
                 private[guest] = why
+        if not shown:
+            return ""
         return self._quota_notice(private) + self._private_notice(private, layer)
 
     # -- one file -----------------------------------------------------------------------------

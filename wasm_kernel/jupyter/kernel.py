@@ -395,7 +395,8 @@ class WasmKernel(
 async def _after_cell_files(kernel: WasmKernel, sandbox: Sandbox, cell: CellMessages) -> None:
     """New files beside the notebook written through, or the notice that a write stays private
     (files/write_through), before the reply: nbclient and papermill read the folder then."""
-    after = partial(kernel.write_through.after_cell, sandbox.scratch_folder)
+    shown = not cell.request.silent
+    after = partial(kernel.write_through.after_cell, sandbox.scratch_folder, shown)
     try:
         told = await asyncio.get_running_loop().run_in_executor(kernel._worker, after)
     except Exception:  # a bug, not a refusal: the cell's own result stands

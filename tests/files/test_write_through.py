@@ -110,6 +110,8 @@ def test_new_files_reach_the_host_as_the_native_kernel_writes_them(tmp_path):
 
 
 def test_links_planted_in_the_folder_are_never_followed(start_kernel, tmp_path):
+    """Links to a file outside, dangling, and replacing a folder or a file the kernel wrote;
+    and a written file the user then changed on the host is the user's: never written again."""
     folder = make_folder(tmp_path / "notebook")
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -119,8 +121,10 @@ def test_links_planted_in_the_folder_are_never_followed(start_kernel, tmp_path):
     kernel = start_kernel([NEW_FILES], cwd=folder)
     ok(kernel.execute("open('link.csv', 'w').write('over')\nopen('dangling.csv', 'w').write('x')"))
     ok(kernel.execute("import os; os.makedirs('d'); open('d/a.csv', 'w').write('a')"))
-    ok(kernel.execute("open('w.csv', 'w').write('w')"))
+    ok(kernel.execute("open('w.csv', 'w').write('w')\nopen('e.csv', 'w').write('e')"))
     assert (folder / "d" / "a.csv").read_text() == "a" and (folder / "w.csv").read_text() == "w"
+    with open(folder / "e.csv", "a") as edited:  # in place: same inode
+        edited.write(" by the user")
     # the folder and the file the kernel wrote are replaced by links to outside
     (folder / "d" / "a.csv").unlink()
     (folder / "d").rmdir()
@@ -128,6 +132,10 @@ def test_links_planted_in_the_folder_are_never_followed(start_kernel, tmp_path):
     (folder / "w.csv").unlink()
     (folder / "w.csv").symlink_to(outside / "secret.csv")
     ok(kernel.execute("open('d/b.csv', 'w').write('b')\nopen('w.csv', 'a').write('more')"))
+    ok(kernel.execute("open('e.csv', 'w').write('kernel')"))
+    assert (folder / "e.csv").read_text() == "e by the user"
+    ok(kernel.execute("os.remove('e.csv')"))
+    assert (folder / "e.csv").read_text() == "e by the user"
     assert sorted(os.listdir(outside)) == ["secret.csv"]
     assert (outside / "secret.csv").read_text() == "secret\n"
     assert (folder / "link.csv").is_symlink() and (folder / "dangling.csv").is_symlink()

@@ -75,7 +75,7 @@ QUOTA = "the kernel's files there are at their limit"
 class _Written:
     """A file this kernel wrote through: the host's file, and the layer's copy it came from."""
 
-    host: tuple[int, int]  # (device, inode)
+    host: tuple[int, int, int, int]  # its (device, inode, size, mtime in ns) once written
     size: int
     source: tuple[int, int, int]  # the layer copy's (inode, size, mtime in ns) when copied
 
@@ -145,7 +145,7 @@ class WriteThrough:
             return f"it could not be written there ({os.strerror(error.errno or errno.EIO)})"
         finally:
             os.close(folder_fd)
-        self._written[guest] = _Written(written[0], written[1], source)
+        self._written[guest] = _Written(written, written[2], source)
         self._ever_written.add(guest)
         self._told_quota.discard(guest)
         return ""
@@ -165,7 +165,7 @@ class WriteThrough:
                 continue
             try:
                 found = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
-                if (found.st_dev, found.st_ino) == written.host and stat.S_ISREG(found.st_mode):
+                if _stamp(found) == written.host and stat.S_ISREG(found.st_mode):
                     os.unlink(name, dir_fd=folder_fd)
             except OSError:
                 pass
@@ -216,44 +216,56 @@ class _Existing(Exception):
 
 def _copy(
     scratch: Path, guest: str, folder_fd: int, name: str, known: _Written | None
-) -> tuple[tuple[int, int], int]:
+) -> tuple[int, int, int, int]:
     """The layer's copy of ``guest`` into ``name`` in the host folder ``folder_fd``: a new
-    file, or the one this kernel wrote there (``known``). (device, inode) and bytes copied."""
+    file, or the one this kernel wrote there (``known``), untouched since (same device,
+    inode, size and modification time: a file someone changed or replaced is not the
+    kernel's any more). The host file's stamp once written."""
     flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         target = os.open(name, flags | os.O_CREAT | os.O_EXCL, FILE_MODE, dir_fd=folder_fd)
         created = True
     except FileExistsError:
-        if known is None:
+        if known is None or not _is_kernels(folder_fd, name, known):  # looked at, not opened
             raise _Existing from None
         try:
             target = os.open(name, flags, dir_fd=folder_fd)
-        except OSError:  # a link (ELOOP), a folder, a FIFO with no reader: not the kernel's
+        except OSError:  # replaced since by a link (ELOOP), a folder, a FIFO
             raise _Existing from None
         created = False
     try:
         found = os.fstat(target)
-        if not created and (
-            known is None
-            or (found.st_dev, found.st_ino) != known.host
-            or not stat.S_ISREG(found.st_mode)
-        ):
+        if not created and (known is None or _stamp(found) != known.host):
             raise _Existing
         os.fchmod(target, FILE_MODE)
         os.ftruncate(target, 0)
-        copied = _copy_from_layer(scratch, guest, target)
+        _copy_from_layer(scratch, guest, target)
+        written = _stamp(os.fstat(target))
     except BaseException:
         os.close(target)
         if created:
             os.unlink(name, dir_fd=folder_fd)
         raise
     os.close(target)
-    return (found.st_dev, found.st_ino), copied
+    return written
 
 
-def _copy_from_layer(scratch: Path, guest: str, target: int) -> int:
+def _stamp(status: os.stat_result) -> tuple[int, int, int, int]:
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+
+
+def _is_kernels(folder_fd: int, name: str, known: _Written) -> bool:
+    """Whether ``name`` is still the regular file the kernel wrote, as it left it."""
+    try:
+        found = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(found.st_mode) and _stamp(found) == known.host
+
+
+def _copy_from_layer(scratch: Path, guest: str, target: int) -> None:
     """Bytes of the layer's regular file ``guest`` into ``target``, up to the size it had
-    when opened; the count."""
+    when opened."""
     source = open_beneath(scratch, LAYER_FILES + guest, os.O_RDONLY)
     try:
         status = os.fstat(source)
@@ -265,7 +277,6 @@ def _copy_from_layer(scratch: Path, guest: str, target: int) -> int:
             left -= len(chunk)
             while chunk:
                 chunk = chunk[os.write(target, chunk) :]
-        return status.st_size - left
     finally:
         os.close(source)
 

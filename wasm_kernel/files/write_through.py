@@ -11,8 +11,9 @@ as under the native kernel. Each copy is checked on the host, every time:
   folders: nothing a host program runs or loads as code (``conftest.py``,
   ``jupyter_server_config.py``, a module shadowing one the native kernel imports, ``.git``);
 - only where the host has no entry of that name, or has the file this kernel wrote there
-  itself (same device and inode): a file that was already in the folder is never changed or
-  removed (its changes stay in the layer);
+  itself, untouched since (same device, inode, size and modification time): a file that was
+  already in the folder, or that someone changed since, is never changed or removed (a cell's
+  changes to it stay in the layer);
 - the host's folder is walked one descriptor at a time from the mount's root, each name
   opened without following a link and never ``..`` (a link in the way keeps the file
   private); folders are made 0700 and files 0600: private to the account the kernel runs as
@@ -90,6 +91,7 @@ class WriteThrough:
         self.folders = dict(folders)
         self.quota = quota
         self._written: dict[str, _Written] = {}  # by guest path
+        self._bytes = 0  # their sizes, together
         self._ever_written: set[str] = set()
         self._told_private = False
         self._told_quota: set[str] = set()
@@ -128,7 +130,7 @@ class WriteThrough:
         known = self._written.get(guest)
         if known is not None and known.source == source:
             return ""  # written through already, unchanged since
-        others = sum(written.size for path, written in self._written.items() if path != guest)
+        others = self._bytes - (known.size if known is not None else 0)
         if (self.quota and others + status.st_size > self.quota) or (
             known is None and len(self._written) >= MAX_WRITTEN
         ):
@@ -146,6 +148,7 @@ class WriteThrough:
         finally:
             os.close(folder_fd)
         self._written[guest] = _Written(written, written[2], source)
+        self._bytes = others + written[2]
         self._ever_written.add(guest)
         self._told_quota.discard(guest)
         return ""
@@ -157,6 +160,7 @@ class WriteThrough:
             if not layer.hides(guest) or os.path.lexists(scratch / (LAYER_FILES + guest)):
                 continue
             del self._written[guest]
+            self._bytes -= written.size
             folder = next(f for f in self.folders if guest.startswith(f + "/"))
             *inner, name = guest[len(folder) + 1 :].split("/")
             try:

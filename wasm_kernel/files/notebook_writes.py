@@ -6,7 +6,9 @@ and the host's (``layer_opens``) for the WASI calls that reach the folder anyway
 I/O, ``io.FileIO``, C libraries): the notebook's folder stays a read-only WASI mount, and what
 cells write there lands in a folder of the private /tmp. That is why it needs nothing else of
 its own: the scratch quota measures it, images carry it with /tmp, and it goes when the kernel
-does. The host only ever reads the notebook's folder, by descriptor, without following links.
+does. The layer only ever reads the notebook's folder, by descriptor, without following links;
+under ``new-files`` the host then copies the layer's new data files there after each cell
+(``write_through``).
 """
 
 from __future__ import annotations

@@ -172,6 +172,14 @@ def test_the_file_quota_stops_a_flood_and_the_kernel_lives(start_kernel, tmp_pat
     assert stopped.content["ename"] == "ScratchLimitExceeded", stopped.content
     assert not (folder / "big.bin").exists() or (folder / "big.bin").stat().st_size <= limit
     assert plain(ok(small.execute("1 + 1"))) == 2
+    # files written through stay on the host when a snapshot takes the layer back: they still
+    # count, so the next file that would pass the limit stays in the layer, and the cell says so
+    ok(small.execute("import os\nos.remove('big.bin')\n%snapshot save empty"))
+    ok(small.execute("open('a.bin', 'wb').write(bytes(10 << 20))"))
+    ok(small.execute("%snapshot restore empty"))
+    told = ok(small.execute("open('b.bin', 'wb').write(bytes(10 << 20))")).stream_text("stderr")
+    assert "/notebook/b.bin" in told and f"{limit:,} bytes (scratch_limit)" in told, told
+    assert (folder / "a.bin").stat().st_size == 10 << 20 and not (folder / "b.bin").exists()
 
 
 def test_code_and_hidden_files_stay_private_and_nothing_is_executable(start_kernel, tmp_path):

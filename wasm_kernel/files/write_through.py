@@ -293,6 +293,7 @@ def _host_folder(root: Path, parts: list[str], make: bool) -> int:
         for part in parts:
             if part in ("", ".", ".."):
                 raise OSError(errno.ENOENT, "not a plain name")
+            made = False
             try:
                 inner = os.open(part, FOLDER_FLAGS, dir_fd=fd)
             except FileNotFoundError:
@@ -300,8 +301,11 @@ def _host_folder(root: Path, parts: list[str], make: bool) -> int:
                     raise
                 os.mkdir(part, FOLDER_MODE, dir_fd=fd)  # mkdirat never follows a link
                 inner = os.open(part, FOLDER_FLAGS, dir_fd=fd)
+                made = True
             os.close(fd)
             fd = inner
+            if made:
+                os.fchmod(fd, FOLDER_MODE)  # whatever the umask
     except BaseException:
         os.close(fd)
         raise

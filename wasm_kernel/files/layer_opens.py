@@ -163,6 +163,15 @@ class LayerOpens:
             return None  # the host's would show again: left to the refusal it gets
         return upper
 
+    def hides(self, guest_path: str) -> bool:
+        """Whether a cell deleted (or renamed away) the host's entry at ``guest_path``."""
+        folder = self.folder_of(guest_path)
+        return folder is not None and self._hidden(guest_path, folder)
+
+    def hidden_entries(self) -> frozenset[str]:
+        """The guest paths of every host entry cells deleted or renamed away."""
+        return self._deleted()
+
     # -- the merged view ---------------------------------------------------------------------
 
     def _in_layer(self, upper: str) -> os.stat_result | None:
@@ -188,7 +197,7 @@ class LayerOpens:
         if (found.st_size, found.st_mtime_ns) == self._record[0]:
             return self._record[1]
         try:
-            fd = _open_beneath(self.scratch, RECORD, os.O_RDONLY)
+            fd = open_beneath(self.scratch, RECORD, os.O_RDONLY)
         except OSError:
             return frozenset()
         try:
@@ -228,14 +237,14 @@ class LayerOpens:
     def _copy_up(self, folder: str, guest_path: str, upper: str) -> None:
         """The host's regular file copied into the layer: beside it first, then moved into
         place, so that a copy cut short never stands for the host's file."""
-        source = _open_beneath(self.folders[folder], guest_path[len(folder) + 1 :], os.O_RDONLY)
+        source = open_beneath(self.folders[folder], guest_path[len(folder) + 1 :], os.O_RDONLY)
         try:
             status = os.fstat(source)
             if not stat.S_ISREG(status.st_mode):
                 raise LayerRefusal(errno.EACCES)
             if self.copy_limit and status.st_size > self.copy_limit:
                 raise LayerRefusal(errno.EDQUOT)
-            target = _open_beneath(self.scratch, STAGING, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            target = open_beneath(self.scratch, STAGING, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             try:
                 os.set_blocking(source, True)
                 while chunk := os.read(source, COPY_CHUNK):
@@ -289,7 +298,7 @@ def _entry(root: Path, relative: str) -> os.stat_result | None:
         os.close(fd)
 
 
-def _open_beneath(root: Path, relative: str, flags: int) -> int:
+def open_beneath(root: Path, relative: str, flags: int) -> int:
     fd, name = _parent(root, relative)
     try:
         return os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=fd)

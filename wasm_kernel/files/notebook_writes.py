@@ -6,7 +6,9 @@ and the host's (``layer_opens``) for the WASI calls that reach the folder anyway
 I/O, ``io.FileIO``, C libraries): the notebook's folder stays a read-only WASI mount, and what
 cells write there lands in a folder of the private /tmp. That is why it needs nothing else of
 its own: the scratch quota measures it, images carry it with /tmp, and it goes when the kernel
-does. The host only ever reads the notebook's folder, by descriptor, without following links.
+does. The layer only ever reads the notebook's folder, by descriptor, without following links;
+under ``new-files`` the host then copies the layer's new data files there after each cell
+(``write_through``).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from pathlib import Path
 from .host_files import open_regular
 from .mounts import SCRATCH, Mount
 
-OVERLAY, REFUSE = "overlay", "refuse"
-NOTEBOOK_WRITES = (OVERLAY, REFUSE)
+OVERLAY, NEW_FILES, REFUSE = "overlay", "new-files", "refuse"
+NOTEBOOK_WRITES = (OVERLAY, NEW_FILES, REFUSE)
 LAYER = ".wasm-kernel-writes"  # the layer's folder in /tmp
 GUEST_LAYER = f"{SCRATCH}/{LAYER}"
 LISTED = 20  # files %sandbox names
@@ -29,9 +31,9 @@ RECORD_LIMIT = 1 << 20  # bytes of the deleted-names record %sandbox reads
 
 
 def layered_folders(choice: str, mounts: Sequence[Mount], here: Path) -> tuple[str, ...]:
-    """The guest folders whose writes go to the layer: under ``overlay``, the read-only mount
-    of the kernel's own folder (Jupyter starts kernels in the notebook's)."""
-    if choice != OVERLAY:
+    """The guest folders whose writes go to the layer: under ``overlay`` and ``new-files``,
+    the read-only mount of the kernel's own folder (Jupyter starts kernels in the notebook's)."""
+    if choice not in (OVERLAY, NEW_FILES):
         return ()
     here = here.resolve()
     return tuple(mount.guest for mount in mounts if not mount.writable and mount.host == here)
@@ -40,14 +42,22 @@ def layered_folders(choice: str, mounts: Sequence[Mount], here: Path) -> tuple[s
 def describe(choice: str, folders: Sequence[str], scratch: Path | None) -> str:
     """The %sandbox line (and list): where writes beside the notebook go, and what the layer
     holds in the running sandbox's /tmp (``scratch``, None before it starts)."""
-    if choice != OVERLAY:
+    if choice not in (OVERLAY, NEW_FILES):
         return "Writes beside the notebook: refused (PermissionError; write to /tmp)"
     if not folders:
-        return "Writes beside the notebook: overlay, but no notebook folder is mounted"
-    head = (
-        f"Writes beside the notebook ({', '.join(folders)}): kept in a private layer in"
-        f" {GUEST_LAYER}; the host's files never change"
-    )
+        return f"Writes beside the notebook: {choice}, but no notebook folder is mounted"
+    if choice == NEW_FILES:
+        head = (
+            f"Writes beside the notebook ({', '.join(folders)}): new data files are written"
+            " through to the host's folder after each cell (mode 0600); changes to the files"
+            f" already there are kept in a private layer in {GUEST_LAYER}"
+        )
+    else:
+        head = (
+            f"Writes beside the notebook ({', '.join(folders)}): kept in a private layer in"
+            f" {GUEST_LAYER}; the host's files never change"
+            " (notebook_writes = 'new-files' writes new files through)"
+        )
     if scratch is None:
         return head
     layer = scratch / LAYER

@@ -103,6 +103,8 @@ def _folders(grants: Grants) -> str:
     for mount in grants.granted:
         if mount.writable:
             mode = "read-write"
+        elif str(mount.guest) in grants.layered and grants.writes_through:
+            mode = "read-only: new data files written there reach it after each cell"
         elif str(mount.guest) in grants.layered:
             mode = "read-only: writes there stay in the sandbox"
         else:

@@ -16,7 +16,7 @@ import platformdirs
 
 from ..files import tenancy
 from ..files.mounts import SCRATCH, Mount, MountError, guest_cwd, holds_home, parse_mounts
-from ..files.notebook_writes import layered_folders
+from ..files.notebook_writes import NEW_FILES, layered_folders
 from ..guest.modules import _wasm_kernel_contract as declared
 from ..packages.packages import GUEST_FOLDER, INDEX, OFF, Packages
 from ..packages.pip_driver import Cancelled, Source
@@ -62,6 +62,7 @@ class Grants:
         self.start_dir = SCRATCH
         self.mount_error: MountError | None = None
         self.layered: tuple[str, ...] = ()  # read-only folders whose writes go to a layer
+        self.writes_through = settings.notebook_writes == NEW_FILES  # new files reach the host
         here = Path.cwd()
         explicit = "mounts" in configured or ENV_PREFIX + "MOUNTS" in os.environ
         if not explicit:  # the profile's mounts are of the notebook's folder

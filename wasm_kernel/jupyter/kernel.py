@@ -28,6 +28,7 @@ from traitlets import Float
 
 from .. import __version__
 from ..files import tenancy
+from ..files.write_through import WriteThrough
 from ..images import images
 from ..images.image_folder import ImageFolder
 from ..network.network import Network, NetworkLimits
@@ -150,6 +151,8 @@ class WasmKernel(
         self.open_audit_log([mount.host for mount in self.grants.granted], configured)
         self._settings_error = InvalidSettings(self.refused) if self.refused else None
         self._withheld_told = False  # said once, on the first cell's stderr
+        layered = {m.guest: m.host for m in self.grants.granted if m.guest in self.grants.layered}
+        self.write_through = WriteThrough(self.notebook_writes, layered, self.limits.scratch_limit)
         folder = ImageFolder(snapshot_dir, self.snapshot_quota)
         self.session_images = SessionImages(
             folder,
@@ -243,10 +246,12 @@ class WasmKernel(
                 cell,
             )
         except CellStopped as stop:
+            await _after_cell_files(self, sandbox, cell)
             self.cell_measured(request.parent, stop.metrics)
             if stop.recovered:  # the cell's changes stand: keep them
                 self._worker.defer(sandbox.checkpoint)
             return cell.fail(stop.ename, stop.evalue)
+        await _after_cell_files(self, sandbox, cell)
         self.cell_measured(request.parent, measured)
         if cell.asks_exit():
             self._end_process(hibernate=False, delay=0.1)
@@ -385,3 +390,17 @@ class WasmKernel(
         self.close_audit_log()
         if self.grants.packages is not None:
             self.grants.packages.close()
+
+
+async def _after_cell_files(kernel: WasmKernel, sandbox: Sandbox, cell: CellMessages) -> None:
+    """New files beside the notebook written through, or the notice that a write stays private
+    (files/write_through), before the reply: nbclient and papermill read the folder then."""
+    shown = not cell.request.silent
+    after = partial(kernel.write_through.after_cell, sandbox.scratch_folder, shown)
+    try:
+        told = await asyncio.get_running_loop().run_in_executor(kernel._worker, after)
+    except Exception:  # a bug, not a refusal: the cell's own result stands
+        kernel.log.exception("writing files through to the notebook's folder failed")
+        return
+    if told:
+        cell.stream("stderr", told)

@@ -15,8 +15,9 @@ calls that create, close or renumber descriptors, or that change the private /tm
 - descriptors opened by a cell that is then rolled back are closed: the restored guest has
   never heard of them;
 - an open or removal of a file in a layered folder (the notebook's, under
-  ``notebook_writes = "overlay"``) goes to the private layer in /tmp (``files/layer_opens``):
-  whatever code opens it, Python's or C's, the host folder is never written;
+  ``notebook_writes = "overlay"`` or ``"new-files"``) goes to the private layer in /tmp
+  (``files/layer_opens``): whatever code opens it, Python's or C's, the guest never writes
+  the host folder (under ``new-files`` the host copies new files there between cells);
 - a file of /tmp removed while the guest holds it open is moved aside instead, and removed
   when its last descriptor is closed (``unlinked_files``);
 - a path_open of a FIFO, socket or device is refused with ``ENXIO`` before wasmtime opens it

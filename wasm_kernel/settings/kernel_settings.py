@@ -233,10 +233,10 @@ class KernelSettings(SettingsRecord):
     notebook_writes = CheckedEnum(
         list(NOTEBOOK_WRITES),
         default=FROM_PROFILE,
-        help="Files cells write in the notebook's folder (its read-only mount): 'overlay'"
-        " keeps them in a private copy-on-write layer in /tmp (the host's files never change;"
-        " later cells read them; they count against scratch_limit, go with snapshots and"
-        " hibernation, and %sandbox lists them); 'refuse' raises PermissionError.",
+        help="Files cells write in the notebook's folder (a read-only mount): 'overlay' keeps"
+        " them in a private layer in /tmp (later cells read them; scratch_limit counts them;"
+        " %sandbox lists them); 'new-files' also copies new data files to the folder after each"
+        " cell (0600, within scratch_limit; its own files never change); 'refuse' refuses them.",
     ).tag(config=True)
     packages = PackageSource(
         default=FROM_PROFILE,

@@ -21,7 +21,7 @@ class Profile:
     output_limit: int
     scratch_limit: int
     active_output: str  # "block" or "allow": see WasmKernel.active_output
-    notebook_writes: str  # "overlay" or "refuse": see WasmKernel.notebook_writes
+    notebook_writes: str  # "overlay", "new-files" or "refuse": see WasmKernel.notebook_writes
     packages: str  # "index", "off" or a wheelhouse folder: see WasmKernel.packages
     packages_quota: int  # bytes of packages one kernel may install
     keeps_history: bool  # input history in the per-user file (else in memory only)

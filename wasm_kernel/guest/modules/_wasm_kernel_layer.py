@@ -2,10 +2,11 @@
 
 The host mounts the notebook's folder read-only, so wasmtime refuses every write there
 whatever runs in here: this module never widens what the guest may do, it only redirects.
-With ``WasmKernel.notebook_writes = "overlay"`` the host names the layered folders
-(``activate``), and the file functions Python code reaches them through (``open``,
-``io.open``, ``os.open``, ``os.stat``, ``os.listdir``, ``os.scandir``, ``os.mkdir``,
-``os.rename``, ``os.remove`` ...) see one merged folder:
+With ``WasmKernel.notebook_writes = "overlay"`` (or ``"new-files"``, where the host then
+copies the layer's new data files to the host's folder after each cell) the host names the
+layered folders (``activate``), and the file functions Python code reaches them through
+(``open``, ``io.open``, ``os.open``, ``os.stat``, ``os.listdir``, ``os.scandir``,
+``os.mkdir``, ``os.rename``, ``os.remove`` ...) see one merged folder:
 
 - a file written there goes to the layer, a folder in the private /tmp that mirrors guest
   paths (``<layer>/files/notebook/out.csv``); so it counts against the scratch quota and is

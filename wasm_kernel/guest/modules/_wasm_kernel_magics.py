@@ -26,7 +26,10 @@ class SandboxMagics(Magics):
 
     @line_magic
     def sandbox(self, line):
-        """Show what the sandbox grants: profile, host folders, limits, runtime."""
+        """Show what the sandbox grants: profile, host folders, limits, runtime, and where
+        writes beside the notebook go (WasmKernel.notebook_writes: 'overlay' keeps them in a
+        private layer, listed here; 'new-files' also copies new data files to the folder on
+        disk after each cell; 'refuse')."""
         print(_kernel().call_host(contract.DESCRIBE).get("text", "(not available here)"))
 
     @line_magic

@@ -73,7 +73,16 @@ class SessionImages:
             scratch_limit=self.limits.scratch_limit,
             memory_file=memory_file,
             boot_file=self.boot_file,
+            guest_folders=self._guest_folders(),
         )
+
+    def _guest_folders(self) -> list[Path]:
+        """The host folders this kernel's guest reaches (an image there is copied in, not
+        mapped: the guest could truncate it under the mapping)."""
+        folders = [mount.host for mount in self.granted]
+        if self.packages is not None and self.packages.source is not None:
+            folders.append(self.packages.mount.host)
+        return folders
 
     def snapshot_message(self, cell: CellMessages, action: str, name: str) -> dict:
         """``%snapshot`` from the guest, during its turn: list, delete and forget at once;

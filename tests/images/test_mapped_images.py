@@ -5,7 +5,9 @@ nobody else can change or truncate that file under the mapping (this user's, wri
 one else, one link, outside the folders the guest reaches); anywhere else they are copied in.
 Checked here on real mappings (``/proc/self/maps``, and a kernel's own), and what the reader
 refuses of a crafted header; format 1 images (zstd frames) still read; a damaged raw page,
-which a resume does not read, is found by ``snapshot info``.
+which a resume does not read, is found by ``snapshot info``. An image of a session started
+from the boot image leaves out the pages still equal to the boot memory file, names that file
+by its sha256, and resumes only on that very file.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ import zstandard
 from conftest import Kernel, ok, plain
 
 from wasm_kernel.images import image_fields, image_writer, images
+from wasm_kernel.images.image_folder import ImageFolder
 from wasm_kernel.images.names import ImageError
+from wasm_kernel.runtime.cache import RuntimeCache
+from wasm_kernel.runtime.runtime import load_runtime
 
 PAGE = image_fields.PAGE
 NEEDS: dict[str, object] = {"runtime_sha256": "test"}
@@ -210,3 +215,66 @@ def test_a_kernel_resumes_a_saved_session_by_mapping_its_image(tmp_path):
         assert image.read_bytes() == before
     finally:
         resumed.shutdown()
+
+
+def boot_memory_file() -> Path:
+    """The installed cache's boot memory file, which kernels start from."""
+    cache = RuntimeCache()
+    return images.boot_memory_path(images.boot_image_path(cache.entry_dir(load_runtime())))
+
+
+def test_a_hibernated_session_leaves_out_the_pages_its_boot_image_holds(tmp_path):
+    folder = tmp_path / "images"
+    env = {"WASM_KERNEL_SNAPSHOT_DIR": str(folder), "JPY_SESSION_NAME": "notes.ipynb"}
+    kernel = Kernel(env=env)
+    try:
+        ok(kernel.execute("kept = list(range(1000))"))
+        ok(kernel.execute("%snapshot save whole"))
+    finally:
+        kernel.shutdown()  # as a notebook is closed: the session hibernates
+    folder_images = ImageFolder(folder, 0)
+    hibernated = folder_images.path(folder_images.hibernation_name("notes.ipynb"))
+    data = hibernated.read_bytes()
+    header, body, _ = images.verified_header(data)
+    boot = boot_memory_file().read_bytes()
+    assert header["memory"]["base"] == hashlib.sha256(boot).hexdigest()
+    stored = data[images.raw_offset(len(body) + images.CHECKSUM) :]
+    pages = [
+        page for first, count in header["memory"]["raw"] for page in range(first, first + count)
+    ]
+    assert len(stored) == len(pages) * PAGE and pages
+    for index, page in enumerate(pages):  # none is the boot file's own page
+        assert stored[index * PAGE : (index + 1) * PAGE] != boot[page * PAGE : (page + 1) * PAGE]
+    # a snapshot, which may outlive this boot image, holds all it needs
+    whole, _, _ = images.verified_header((folder / ("whole" + images.SUFFIX)).read_bytes())
+    assert "base" not in whole["memory"]
+    print(f"hibernated {len(data) >> 20} MiB, snapshot {whole['memory']['raw']}")
+    resumed = Kernel(env=env)
+    try:
+        assert plain(ok(resumed.execute("sum(kept)"))) == sum(range(1000))
+        assert plain(ok(resumed.execute("import numpy, pandas; pandas.__name__"))) == "pandas"
+    finally:
+        resumed.shutdown()
+
+
+@pytest.mark.nokernel
+def test_an_image_resumes_only_on_the_boot_image_it_builds_on(tmp_path):
+    memory = memory_of_pages()
+    path = written(tmp_path, memory)
+    boot = tmp_path / "boot.memory"
+    boot.write_bytes(memory[: 4 * PAGE])
+    digest = hashlib.sha256(boot.read_bytes()).hexdigest()
+    path.write_bytes(
+        _crafted(path.read_bytes(), lambda header: header["memory"].update(base=digest))
+    )
+    image = images.read_image(path, needs=NEEDS, boot_file=boot, boot_digest=digest, **LIMITS)
+    assert image.memory_file == boot and image.based
+    image.pages.close()
+    for boot_file, boot_digest in ((boot, "0" * 64), (None, digest), (boot, "")):
+        with pytest.raises(ImageError, match="builds on another boot image than this kernel's"):
+            images.read_image(
+                path, needs=NEEDS, boot_file=boot_file, boot_digest=boot_digest, **LIMITS
+            )
+    boot.write_bytes(bytes(17 * PAGE))  # larger than the image's memory
+    with pytest.raises(ImageError, match="smaller than the boot image's it builds on"):
+        images.read_image(path, needs=NEEDS, boot_file=boot, boot_digest=digest, **LIMITS)

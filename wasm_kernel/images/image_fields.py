@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import posixpath
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,7 @@ MAX_DESCRIPTOR = 1 << 16  # the highest descriptor number an image may name
 OFLAG_DIRECTORY = 2  # the one open flag an image may carry (no create, truncate, exclusive)
 MAX_RIGHTS = (1 << 30) - 1  # WASI preview1 defines 30 rights
 MAX_FDFLAGS = 0x1F
+SHA256 = re.compile(r"[0-9a-f]{64}")
 MAX_PAGES = (1 << 32) // PAGE  # of the largest memory, a 32-bit one
 MAX_RAW_RUNS = MAX_PAGES // 2  # raw extents at most (each holds a page, and one lies between)
 
@@ -101,6 +103,9 @@ class Image:
     memory_file: Path | None = None  # that file, in this kernel's cache (see boot_memory_path)
     live: LiveMemory | None = None  # a fork's: its memory is where this says (live_memory)
     boot_file: Path | None = None  # where this kernel's boot memory file is, for ``live``
+    # the sha256 of a boot image's memory file; of an image's base, where it builds on one
+    memory_digest: str = ""
+    based: bool = False  # its memory builds on a boot memory file (``memory_file``, once read)
 
     @property
     def stored_pages(self) -> int:
@@ -163,6 +168,17 @@ def checked_image(
     runs = raw_runs(memory)
     stored = memory["extents"] or runs
     require(isinstance(separate, bool) and not (separate and stored), "bad memory")
+    file_digest = memory.get("file_sha256", "")  # a boot image's (none before they were summed)
+    based_on = memory.get("base", "")  # an image's that builds on a boot memory file
+    require(
+        all(
+            digest == "" or (isinstance(digest, str) and SHA256.fullmatch(digest))
+            for digest in (file_digest, based_on)
+        ),
+        "bad memory digest",
+    )
+    require(not (based_on and (separate or "live" in memory)), "bad memory")
+    require(not (file_digest and not separate), "bad memory")
     live = None
     if "live" in memory:  # a fork's, whose memory stays in the kernel that forked
         require(not separate and not stored, "bad memory")
@@ -263,6 +279,8 @@ def checked_image(
         taken=str(header.get("taken", ""))[:64],
         memory_elsewhere=separate,
         live=live,
+        memory_digest=file_digest or based_on,
+        based=bool(based_on),
     )
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import mmap
 import os
 import stat
 import struct
@@ -65,7 +66,7 @@ def staged(path: Path, mode: int) -> Iterator[BinaryIO]:
         raise
 
 
-def changed_extents(memory: bytes | memoryview, base: bytes) -> list[tuple[int, int]]:
+def changed_extents(memory: bytes | memoryview, base: bytes | mmap.mmap) -> list[tuple[int, int]]:
     """(first page, page count) runs of ``memory`` that differ from ``base`` (zero past its end).
 
     Pages are compared as bytes (memcmp); memoryviews would compare byte by byte."""
@@ -234,22 +235,26 @@ def write_image(
     needs: dict[str, object],
     mounts: list[str],
     memory: bytes | memoryview,
-    base: bytes,
+    base: bytes | mmap.mmap,
     globals_: dict[str, int],
     host: HostState,
     scratch: ScratchArchive,
     taken: str,
     memory_file: Path | None = None,
     live: LiveMemory | None = None,
+    base_digest: str = "",
 ) -> None:
     """The image file, written into ``out`` (an empty file open for reading and writing).
     With ``memory_file`` (a boot image), the memory goes there as raw pages instead, for
     kernels to map, and the image only says that it lives elsewhere; with ``live`` (a fork),
-    it stays where it is, and the image says where (``live_memory``)."""
+    it stays where it is, and the image says where (``live_memory``). Pages equal to
+    ``base`` (zero past its end) are left out: a fresh instance's memory, or, with
+    ``base_digest`` (its sha256), a boot image's memory file, which a resume maps first."""
     view = memoryview(memory)
     runs: list[tuple[int, int]] = []
+    file_digest = ""
     if memory_file is not None:
-        write_memory_file(memory_file, view)
+        file_digest = write_memory_file(memory_file, view)
     elif live is None:
         runs = changed_extents(view, base)
     history = _compressor().compress(json.dumps(host.history).encode())
@@ -266,6 +271,8 @@ def write_image(
                     "raw": [list(run) for run in runs],
                     "raw_sha256": digest,
                     "separate": memory_file is not None,
+                    **({"file_sha256": file_digest} if file_digest else {}),
+                    **({"base": base_digest} if base_digest else {}),
                     **({"live": live.header()} if live is not None else {}),
                 },
                 "globals": globals_,
@@ -294,7 +301,8 @@ def write_image(
     if len(encoded) > room:  # only if zstd wrote more than its own bound
         raise ImageError("the image's header outgrew the room kept for it")
     out.seek(0)
-    version = FORMAT if runs else FIRST_FORMAT  # without raw extents, older kernels read it
+    # without raw extents or a base, older kernels read it as they did
+    version = FORMAT if runs or base_digest else FIRST_FORMAT
     out.write(MAGIC + struct.pack("<II", version, room) + encoded.ljust(room))
     out.flush()
     checksum = _digest_of_start(out, checked_end)
@@ -303,16 +311,20 @@ def write_image(
     out.flush()
 
 
-def write_memory_file(path: Path, memory: memoryview) -> None:
+def write_memory_file(path: Path, memory: memoryview) -> str:
     """Raw pages, zero pages left as holes (the file is sparse), written under a temporary name
-    and renamed: a kernel mapping the previous file keeps reading that one."""
+    and renamed: a kernel mapping the previous file keeps reading that one. Returns the
+    sha256 (hex) of what it holds: images that build on the file name it so."""
     zero = bytes(PAGE)
+    digest = hashlib.sha256()
     # shared by every user of the cache, as the compiled module is
     with staged(path, 0o644) as out:
         for start in range(0, len(memory), PAGE):
             page = memory[start : start + PAGE]
+            digest.update(page)
             if bytes(page) == zero:  # memcmp, where a memoryview compares item by item
                 out.seek(PAGE, io.SEEK_CUR)
             else:
                 out.write(page)
         out.truncate(len(memory))
+    return digest.hexdigest()

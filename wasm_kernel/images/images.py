@@ -63,6 +63,7 @@ from .image_fields import (
     IDENTITY_WORDS,
     MAX_HISTORY,
     PAGE,
+    SHA256,
     Image,
     check_memory_size,
     checked_image,
@@ -136,13 +137,16 @@ def read_image(
     memory_file: Path | None = None,
     boot_file: Path | None = None,
     guest_folders: list[Path] | None = None,
+    boot_digest: str = "",
 ) -> Image:
     """Read and check the image at ``path`` against this kernel; raises ImageError.
     ``memory_file`` is where a boot image's memory is (the kernel's own cache, never a name
     an image gives): an image whose memory lives elsewhere is refused without one.
     ``boot_file`` is this kernel's boot memory file, which a fork's image may map.
     ``guest_folders`` are the host folders the resuming guest reaches: the image's raw
-    extents are mapped only from a file outside them (None: copied in whatever the file)."""
+    extents are mapped only from a file outside them (None: copied in whatever the file).
+    ``boot_digest`` is the sha256 of ``boot_file``'s content: an image that builds on a boot
+    memory file resumes only where it is that one."""
     try:
         fd = host_files.open_regular(path)
     except OSError as exc:
@@ -163,6 +167,8 @@ def read_image(
     finally:
         os.close(fd)
     image.boot_file = boot_file
+    if image.based:
+        _build_on(image, boot_file, boot_digest)
     if image.memory_elsewhere:
         if memory_file is None:
             raise ImageError(
@@ -178,6 +184,41 @@ def read_image(
             )
         image.memory_file = memory_file
     return image
+
+
+def _build_on(image: Image, boot_file: Path | None, boot_digest: str) -> None:
+    """Point an image that builds on a boot memory file at this kernel's, if it is that one."""
+    if boot_file is None or image.memory_digest != boot_digest:
+        raise ImageError(
+            "the image builds on another boot image than this kernel's (another installation's,"
+            " or one built again since), so it cannot be resumed here"
+        )
+    try:
+        found = boot_file.stat().st_size
+    except OSError as exc:
+        raise ImageError(f"cannot read {boot_file}: {exc.strerror or exc}") from None
+    if found > image.memory_size:
+        raise ImageError("the image's memory is smaller than the boot image's it builds on")
+    image.memory_file = boot_file
+
+
+def boot_image_digest(path: Path) -> str:
+    """The sha256 its header gives of a boot image's memory file ("" where it gives none:
+    built before they were summed, or unreadable). The image is the kernel's own cache's."""
+    try:
+        fd = host_files.open_regular(path)
+        try:
+            size = os.fstat(fd).st_size
+            prefix = bytearray(min(size, PREFIX))
+            read_exactly(fd, memoryview(prefix))
+            head = bytearray(_header_size(prefix, size))
+            read_exactly(fd, memoryview(head))
+        finally:
+            os.close(fd)
+        digest = _decoded_header(head)["memory"]["file_sha256"]
+    except (OSError, ImageError, KeyError, TypeError):
+        return ""
+    return digest if isinstance(digest, str) and SHA256.fullmatch(digest) else ""
 
 
 def _nobody_else_changes(fd: int, path: Path, guest_folders: list[Path]) -> bool:

@@ -154,7 +154,10 @@ def test_a_cut_raw_area_is_refused_and_a_damaged_raw_page_is_found_by_info(tmp_p
     with pytest.raises(ImageError, match="raw memory pages are damaged"):
         images.describe_file(path, NEEDS)
     path.write_bytes(data)
-    assert "needs runtime (sha256): test (ok)" in images.describe_file(path, NEEDS)
+    shown = images.describe_file(path, NEEDS)
+    assert "needs runtime (sha256): test (ok)" in shown
+    assert f"stored raw:      {3 * PAGE} bytes" in shown
+    assert "builds on:       a fresh instance" in shown
 
 
 @pytest.mark.nokernel

@@ -457,10 +457,13 @@ def describe_file(path: Path, needs: dict[str, object]) -> str:
         return value if isinstance(value, dict) else {}
 
     found, memory, host = part("needs"), part("memory"), part("host")
+    raw_pages = sum(count for _, count in raw_runs(memory))  # checked with the sizes above
     lines = [
         f"image:           {path} ({size / (1 << 20):.1f} MiB on disk)",
         f"taken:           {str(header.get('taken'))[:64]}",
         f"guest memory:    {str(memory.get('size'))[:24]} bytes",
+        f"stored raw:      {raw_pages * PAGE} bytes (a resume maps them; checked here)",
+        f"builds on:       {_base_text(memory)}",
         f"execution count: {str(host.get('execution_count'))[:24]}",
         f"taken with mounts (not carried): {str(header.get('mounts'))[:400]}",
     ]
@@ -469,6 +472,13 @@ def describe_file(path: Path, needs: dict[str, object]) -> str:
         verdict = "ok" if have == wanted else f"differs: this installation has {wanted}"
         lines.append(f"needs {IDENTITY_WORDS[key]}: {str(have)[:80]} ({verdict})")
     return "\n".join(lines)
+
+
+def _base_text(memory: dict) -> str:
+    """What the omitted pages of an image's memory are, for ``describe_file``."""
+    if memory.get("base"):
+        return f"the boot image whose memory file's sha256 is {str(memory['base'])[:64]}"
+    return "a fresh instance of the runtime"
 
 
 def unpack_archive(archive: bytes, folder: Path, limit: int) -> None:

@@ -269,25 +269,36 @@ def test_strict_profile_does_not_hibernate(tmp_path):
 # -- refused images ------------------------------------------------------------------------------
 
 
+def _assembled(header: dict, blobs: bytes, raw: bytes) -> bytes:
+    """An image file of ``header``, its compressed ``blobs`` and its ``raw`` extents, with a
+    valid checksum."""
+    encoded = json.dumps(header).encode()
+    new = images.MAGIC + struct.pack("<II", images.FORMAT, len(encoded)) + encoded + blobs
+    new += hashlib.sha256(new).digest()
+    return new.ljust(images.raw_offset(len(new)), b"\0") + raw if raw else new
+
+
+def _parts(data: bytes) -> tuple[dict, bytes, bytes]:
+    """A sound image's header, compressed blobs and raw extents."""
+    header, body, offset = images.verified_header(data)
+    raw = data[images.raw_offset(len(body) + images.CHECKSUM) :] if header["memory"]["raw"] else b""
+    return header, bytes(body[offset:]), raw
+
+
 def _rebuilt(data: bytes, change) -> bytes:
     """The image with its header changed by ``change`` and a valid checksum again."""
-    header, body, offset = images.verified_header(data)
+    header, blobs, raw = _parts(data)
     change(header)
-    encoded = json.dumps(header).encode()
-    rest = bytes(body[offset:])
-    new = images.MAGIC + struct.pack("<II", images.FORMAT, len(encoded)) + encoded + rest
-    return new + hashlib.sha256(new).digest()
+    return _assembled(header, blobs, raw)
 
 
 def _with_archive(data: bytes, archive: bytes) -> bytes:
     """The image with another /tmp archive (and a valid checksum)."""
-    header, body, offset = images.verified_header(data)
+    header, blobs, raw = _parts(data)
     packed = zstandard.ZstdCompressor().compress(archive)
-    blobs = bytes(body[offset : len(body) - header["scratch"]])
+    kept = blobs[: len(blobs) - header["scratch"]]
     header["scratch"] = len(packed)
-    encoded = json.dumps(header).encode()
-    new = images.MAGIC + struct.pack("<II", images.FORMAT, len(encoded)) + encoded + blobs + packed
-    return new + hashlib.sha256(new).digest()
+    return _assembled(header, kept + packed, raw)
 
 
 def _nested_header(_: bytes) -> bytes:
@@ -300,18 +311,17 @@ def _nested_header(_: bytes) -> bytes:
 def _garbled_memory(data: bytes) -> bytes:
     """The image with every stored page overwritten (a sound file, an interpreter that cannot
     run): what a hostile image with a correct checksum could hold."""
-    header, body, offset = images.verified_header(data)
-    packer = zstandard.ZstdCompressor()
-    blobs = []
-    for extent in header["memory"]["extents"]:
-        blob = packer.compress(b"\xff" * (extent[1] * image_fields.PAGE))
-        offset += extent[2]
-        extent[2] = len(blob)
-        blobs.append(blob)
-    encoded = json.dumps(header).encode()
-    rest = b"".join(blobs) + bytes(body[offset:])
-    new = images.MAGIC + struct.pack("<II", images.FORMAT, len(encoded)) + encoded + rest
-    return new + hashlib.sha256(new).digest()
+    header, blobs, raw = _parts(data)
+    garbled = b"\xff" * len(raw)
+    header["memory"]["raw_sha256"] = hashlib.sha256(garbled).hexdigest()
+    return _assembled(header, blobs, garbled)
+
+
+def _damaged(data: bytes) -> bytes:
+    """The image with a byte of its checked part flipped (the last before its checksum)."""
+    _, body, _ = images.verified_header(data)
+    at = len(body) - 1
+    return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
 
 
 def _escaping_archive() -> bytes:
@@ -357,10 +367,7 @@ def _repeated_held(header: dict) -> None:
 
 
 BAD_IMAGES = {
-    "damaged": (
-        lambda data: data[:5000] + bytes([data[5000] ^ 0xFF]) + data[5001:],
-        "damaged or truncated",
-    ),
+    "damaged": (_damaged, "damaged or truncated"),
     "truncated": (lambda data: data[: len(data) // 2], "damaged or truncated"),
     "foreign-runtime": (
         lambda data: _rebuilt(data, _foreign),

@@ -8,8 +8,10 @@ into one by the caller).
 
 from __future__ import annotations
 
+import itertools
 import json
 import posixpath
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from ..memory.live_memory import LiveMemory
 from ..runtime import rewrite
 from . import image_archive
 from .image_archive import MAX_GUEST_PATH
-from .image_pages import ImagePages
+from .image_pages import ImagePages, RawFile
 from .names import ImageError
 
 PAGE = rewrite.PAGE
@@ -32,6 +34,9 @@ MAX_DESCRIPTOR = 1 << 16  # the highest descriptor number an image may name
 OFLAG_DIRECTORY = 2  # the one open flag an image may carry (no create, truncate, exclusive)
 MAX_RIGHTS = (1 << 30) - 1  # WASI preview1 defines 30 rights
 MAX_FDFLAGS = 0x1F
+SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_PAGES = (1 << 32) // PAGE  # of the largest memory, a 32-bit one
+MAX_RAW_RUNS = MAX_PAGES // 2  # raw extents at most (each holds a page, and one lies between)
 
 IDENTITY_WORDS = {
     "runtime_sha256": "runtime (sha256)",
@@ -98,6 +103,9 @@ class Image:
     memory_file: Path | None = None  # that file, in this kernel's cache (see boot_memory_path)
     live: LiveMemory | None = None  # a fork's: its memory is where this says (live_memory)
     boot_file: Path | None = None  # where this kernel's boot memory file is, for ``live``
+    # the sha256 of a boot image's memory file; of an image's base, where it builds on one
+    memory_digest: str = ""
+    based: bool = False  # its memory builds on a boot memory file (``memory_file``, once read)
 
     @property
     def stored_pages(self) -> int:
@@ -113,6 +121,24 @@ def is_int(value: object, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
+def raw_runs(memory: dict) -> list[tuple[int, int]]:
+    """The raw extents a header's memory lists, (first page, count) each, their shape checked
+    (format 1 has none); ``checked_image`` places them."""
+    runs = memory.get("raw", [])
+    require(isinstance(runs, list) and len(runs) <= MAX_RAW_RUNS, "bad raw memory extents")
+    checked = []
+    for entry in runs:
+        require(
+            isinstance(entry, list)
+            and len(entry) == 2
+            and is_int(entry[0], 0, MAX_PAGES - 1)
+            and is_int(entry[1], 1, MAX_PAGES),
+            "bad raw memory extent",
+        )
+        checked.append((entry[0], entry[1]))
+    return checked
+
+
 def checked_image(
     header: dict,
     body: memoryview,
@@ -120,6 +146,7 @@ def checked_image(
     needs: dict[str, object],
     memory_limit: int,
     scratch_limit: int,
+    raw_file: RawFile,
 ) -> Image:
     found = header["needs"]
     require(isinstance(found, dict), "'needs' is not an object")
@@ -138,26 +165,52 @@ def checked_image(
     memory_size = memory["size"]
     check_memory_size(memory_size, memory_limit)
     separate = memory.get("separate", False)  # images from before boot images were mapped
-    require(isinstance(separate, bool) and not (separate and memory["extents"]), "bad memory")
+    runs = raw_runs(memory)
+    stored = memory["extents"] or runs
+    require(isinstance(separate, bool) and not (separate and stored), "bad memory")
+    file_digest = memory.get("file_sha256", "")  # a boot image's (none before they were summed)
+    based_on = memory.get("base", "")  # an image's that builds on a boot memory file
+    require(
+        all(
+            digest == "" or (isinstance(digest, str) and SHA256.fullmatch(digest))
+            for digest in (file_digest, based_on)
+        ),
+        "bad memory digest",
+    )
+    require(not (based_on and (separate or "live" in memory)), "bad memory")
+    require(not (file_digest and not separate), "bad memory")
     live = None
     if "live" in memory:  # a fork's, whose memory stays in the kernel that forked
-        require(not separate and not memory["extents"], "bad memory")
+        require(not separate and not stored, "bad memory")
         try:
             live = LiveMemory.from_header(memory["live"], memory_size)
         except ValueError as exc:
             raise ImageError(str(exc)) from None
     frames: list[tuple[int, int, memoryview]] = []  # decompressed once all else is checked
     next_free = 0
+    pages = memory_size // PAGE
     for entry in memory["extents"]:
         require(isinstance(entry, list) and len(entry) == 3, "bad memory extent")
         first, count, length = entry
-        pages = memory_size // PAGE
         require(is_int(first, next_free, pages - 1), "memory extents overlap or are unordered")
         require(is_int(count, 1, pages - first), "a memory extent passes the memory's end")
         require(is_int(length, 1, len(body) - offset), "a memory extent passes the file's end")
         frames.append((first * PAGE, (first + count) * PAGE, body[offset : offset + length]))
         offset += length
         next_free = first + count
+    raw: list[tuple[int, int, int]] = []  # start, end, offset in the file
+    stored_at, next_free = raw_file.offset, 0
+    for first, count in runs:
+        require(is_int(first, next_free, pages - 1), "raw extents overlap or are unordered")
+        require(is_int(count, 1, pages - first), "a raw extent passes the memory's end")
+        raw.append((first * PAGE, (first + count) * PAGE, stored_at))
+        stored_at += count * PAGE
+        next_free = first + count
+    spans = sorted([(start, end) for start, end, _ in frames] + [(s, e) for s, e, _ in raw])
+    require(
+        all(end <= start for (_, end), (start, _) in itertools.pairwise(spans)),
+        "raw and compressed memory extents overlap",
+    )
     globals_ = header["globals"]
     require(
         isinstance(globals_, dict)
@@ -212,7 +265,7 @@ def checked_image(
         needs=found,
         mounts=mounts,
         memory_size=memory_size,
-        pages=ImagePages(memory_size, frames),
+        pages=ImagePages(memory_size, frames, raw, raw_file),
         globals=globals_,
         host=HostState(
             execution_count=count,
@@ -226,6 +279,8 @@ def checked_image(
         taken=str(header.get("taken", ""))[:64],
         memory_elsewhere=separate,
         live=live,
+        memory_digest=file_digest or based_on,
+        based=bool(based_on),
     )
 
 

@@ -125,6 +125,7 @@ class SandboxStart:
         boot_image = images.boot_image_path(cache.entry_dir(self.runtime))
         if boot_image.exists():
             self.images.boot_file = images.boot_memory_path(boot_image)
+            self.images.boot_digest = images.boot_image_digest(boot_image)
         self._waiting_for_image = True
         try:
             source = self.images.to_resume(

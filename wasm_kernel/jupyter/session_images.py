@@ -62,6 +62,7 @@ class SessionImages:
         self.snapshots = snapshots
         self.hibernation = hibernation
         self.boot_file: Path | None = None  # the boot memory file a fork's image may map
+        self.boot_digest = ""  # its sha256, which an image that builds on it names
         self._live: dict[str, list[int]] = {}  # fork image name -> its frozen memory, open
         self.fork_memory_limit = fork_memory_limit  # bytes those may hold together; 0: none
 
@@ -73,7 +74,17 @@ class SessionImages:
             scratch_limit=self.limits.scratch_limit,
             memory_file=memory_file,
             boot_file=self.boot_file,
+            guest_folders=self._guest_folders(),
+            boot_digest=self.boot_digest,
         )
+
+    def _guest_folders(self) -> list[Path]:
+        """The host folders this kernel's guest reaches (an image there is copied in, not
+        mapped: the guest could truncate it under the mapping)."""
+        folders = [mount.host for mount in self.granted]
+        if self.packages is not None and self.packages.source is not None:
+            folders.append(self.packages.mount.host)
+        return folders
 
     def snapshot_message(self, cell: CellMessages, action: str, name: str) -> dict:
         """``%snapshot`` from the guest, during its turn: list, delete and forget at once;
@@ -175,6 +186,7 @@ class SessionImages:
         execution_count: int,
         out: BinaryIO,
         fork: bool = False,
+        on_boot_image: bool = False,
     ) -> LiveMemory | None:
         """The session's image into ``out``; returns a fork's frozen memory (see
         ``Sandbox.save_image``)."""
@@ -184,7 +196,8 @@ class SessionImages:
             history=[(line, source) for _, line, source in entries],
             packages=self.packages.pins() if self.packages is not None else [],
         )
-        return sandbox.save_image(out, host, [str(mount) for mount in self.granted], fork=fork)
+        mounts = [str(mount) for mount in self.granted]
+        return sandbox.save_image(out, host, mounts, fork=fork, on_boot_image=on_boot_image)
 
     def _keep(self, name: str, fds: list[int]) -> None:
         """Keep a fork image's memory open while the image exists, LIVE_FORKS at most."""
@@ -230,7 +243,8 @@ class SessionImages:
         if name is None:
             return
         try:
-            write = partial(self._write, sandbox, execution_count)
+            # short-lived, resumed on this machine: it may build on the boot image
+            write = partial(self._write, sandbox, execution_count, on_boot_image=True)
             self.folder.store(name, write, admit=self.hibernation.make_room)
         except images.ImageError as exc:
             log.warning("could not hibernate this session: %s", exc)

@@ -62,6 +62,7 @@ MAX_FOREIGN_PARTS = 2048
 # held twice) rather than dropping: the pages cells keep rewriting (reference counts,
 # allocator state) stay, bulk data a cell wrote once is dropped as without write-protection.
 KEPT_LIMIT = 64 << 20
+WRITE_FROM = 1 << 20  # bytes from which a checkpoint writes a range into its file (see _save)
 
 
 def map_file(address: int, length: int, fd: int, offset: int) -> None:
@@ -151,8 +152,9 @@ class CopyOnWriteMemory:
             os.close(self._file)
             raise
         # The file shared over all the address space a guest can have (only its first
-        # ``mapped`` bytes exist): a checkpoint copies written pages in with no system call,
-        # and without the GIL (ctypes.memmove), so that the kernel answers messages meanwhile.
+        # ``mapped`` bytes exist): a checkpoint copies small runs of written pages in with no
+        # system call, and without the GIL (ctypes.memmove), so that the kernel answers
+        # messages meanwhile.
         shared = mmap.MAP_SHARED | getattr(mmap, "MAP_NORESERVE", 0)
         prot = mmap.PROT_READ | mmap.PROT_WRITE
         self._view_address = libc.mmap(None, GUEST_SPAN, prot, shared, self._file, 0)
@@ -208,9 +210,22 @@ class CopyOnWriteMemory:
         return file
 
     def _save(self, base: int, start: int, end: int) -> int:
-        """Guest memory ``[start, end)`` (offsets from ``base``) into the file."""
-        ctypes.memmove(self._view_address + start, base + start, end - start)
-        return end - start
+        """Guest memory ``[start, end)`` (offsets from ``base``) into the file: through the
+        shared view, or, for a large range, by ``pwrite`` (both without the GIL). Copied
+        through the view, each page the file does not hold yet faults in, allocated and
+        zeroed, before it is filled: a cell's fresh 100 MiB took ~160-230 ms that way, against
+        ~85-95 ms written (measured 2026-11-28, 2 loaded cores); the first fork after such a
+        cell waits for that checkpoint."""
+        length = end - start
+        if length < WRITE_FROM:
+            ctypes.memmove(self._view_address + start, base + start, length)
+            return length
+        source = (ctypes.c_char * length).from_address(base + start)
+        with memoryview(source).cast("B") as pages:
+            done = 0
+            while done < length:
+                done += os.pwrite(self._file, pages[done:], start + done)
+        return length
 
     def _written(self, base: int, start: int, end: int) -> Ranges:
         return [

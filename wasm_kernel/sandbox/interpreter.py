@@ -122,6 +122,9 @@ class Interpreter:
         self._turn = exported(exports, "turn", wasmtime.Func)
         self.state: GuestState | None = None
         self.fresh = True
+        # the boot memory file guest memory was mapped from, and its sha256 ("" unknown): a
+        # fork names its pages, a save leaves out the pages still equal to it
+        self.memory_base: tuple[Path, str] | None = None
         self._closed = False
 
     def initialize(self) -> None:

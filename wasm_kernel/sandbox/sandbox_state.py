@@ -55,7 +55,6 @@ class SandboxState:
     _output: OutputPump
     _clock: GuestClock
     _tmp: Path
-    _boot_image: images.Image | None
     _changed: bool
     _closing: bool
     limits: Limits
@@ -101,12 +100,14 @@ class SandboxState:
         mounts: list[str],
         memory_file: Path | None = None,
         fork: bool = False,
+        on_boot_image: bool = False,
     ) -> LiveMemory | None:
         """This interpreter as an image file written into ``out``, taken between turns (its
         memory as a raw file at ``memory_file`` instead, for a boot image). With ``fork``,
         its memory stays where it is, frozen for the fork to map (``live_memory``), where
         checkpoints are copy-on-write; the frozen memory is returned, for the caller to keep
-        open while the image exists."""
+        open while the image exists. With ``on_boot_image``, the image leaves out the pages
+        still equal to the boot memory file the guest was mapped from (``capture``)."""
         with self._turn_lock:
             interpreter = self._interpreter
             self._host_call.reply = None
@@ -127,10 +128,12 @@ class SandboxState:
             live = None
             if fork and interpreter.state is not None and interpreter.state.shares:
                 self._take_checkpoint(interpreter)  # the frozen file must hold every page
-                boot_file = self._boot_image.memory_file if self._boot_image else None
+                boot_file = interpreter.memory_base[0] if interpreter.memory_base else None
                 live = interpreter.state.hand_over(interpreter.store, boot_file)
             try:
-                image_transfer.capture(interpreter, out, host, mounts, scratch, memory_file, live)
+                image_transfer.capture(
+                    interpreter, out, host, mounts, scratch, memory_file, live, on_boot_image
+                )
             except BaseException:
                 for fd in live.fds if live is not None else ():
                     os.close(fd)

@@ -394,7 +394,7 @@ class KernelSettings(SettingsRecord):
         zero="no quota of their own; snapshot_quota still applies",
         default=512 << 20,
         help="Bytes the hibernated sessions of all notebooks may take together (each is about"
-        " 16 MiB plus the session's data); to make room for a new one, the least recently"
+        " 10 MiB plus the session's data); to make room for a new one, the least recently"
         " saved are removed.",
     ).tag(config=True)
     hibernation_days = Limit(

@@ -136,8 +136,8 @@ def run_cell(source, execution_count, store_history=True, silent=False):
         _report(exc)
     try:
         payloads = shell.payload_manager.read_payload()
-        shell.payload_manager.clear_payload()
-        if payloads:
+        if payloads:  # clearing an empty list would cost every cell a trait change
+            shell.payload_manager.clear_payload()
             call_host(contract.PAYLOAD, payload=payloads)
     except BaseException as exc:
         _report(exc)

@@ -198,7 +198,7 @@ class SandboxStart:
         """The booted sandbox; while a one-time compile runs, say so through ``notify``.
         Raises ``WaitStopped`` for the cell whose wait for an image was cut short."""
         await self.settle(boot, notify)
-        sandbox = await asyncio.wrap_future(boot)
+        sandbox = boot.result()  # done: what the start returned, or raises what it raised
         stopped, self._wait_stopped = self._wait_stopped, None
         if stopped is not None:
             raise WaitStopped(*stopped)
@@ -206,7 +206,10 @@ class SandboxStart:
 
     async def settle(self, boot: Future[Sandbox], notify: Callable[[str], Any]) -> None:
         """Until the start is over (whether it failed or not), giving up a wait for an image
-        once the cell's time limit has passed."""
+        once the cell's time limit has passed. A start that is over costs nothing: no future
+        to chain across threads (a wake-up of the event loop), for every cell."""
+        if boot.done():
+            return
         booted = asyncio.wrap_future(boot)
         told = False
         began = time.monotonic()

@@ -325,8 +325,10 @@ class WasmKernel(
 
     async def execute_request(self, stream: Any, ident: Any, parent: dict) -> None:
         if not self._refuse_malformed(stream, ident, parent, "execute_request"):
-            resuming = self.session_images.to_resume(self.resume_from) is not None
-            if not self._boot.done() and resuming:
+            if (
+                not self._boot.done()
+                and self.session_images.to_resume(self.resume_from) is not None
+            ):
                 # a resumed session numbers this cell after its own (the cell's wait is
                 # bounded and interruptible: see SandboxStart.wait)
                 await self._start.settle(self._boot, lambda _: None)

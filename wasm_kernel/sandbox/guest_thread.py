@@ -69,7 +69,9 @@ class InterruptRelay:
     The thread may read late (a loaded machine): when a request ends, a fence byte goes down
     the pipe behind its signals, and the next request starts only once the thread has passed
     it. Whatever it delivers meanwhile finds no turn running, so an interrupt reaches only
-    the request it arrived in.
+    the request it arrived in. The wait is at the next request's start, not at the end of
+    this one: the idle status clients wait for does not wait for the thread to be scheduled,
+    and by the time the next request arrives the thread has long passed the fence.
 
     The do-nothing handler stays installed between requests too, where ipykernel would put
     SIG_IGN back: a signal that lands while the handler changes to SIG_IGN is left tripped
@@ -86,31 +88,43 @@ class InterruptRelay:
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)
         self._passed = threading.Event()
+        self._passed.set()  # no request has ended yet: no fence to pass
+        self._fence_sent = 0.0  # when the last fence went down the pipe (monotonic seconds)
         threading.Thread(target=self._run, name="wasm-kernel-interrupts", daemon=True).start()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, _DO_NOTHING)
 
     def install(self) -> int:
-        """On the main thread: route SIGINT to the pipe; returns the descriptor to restore."""
+        """On the main thread: once the thread has handled every signal of the requests
+        before, route SIGINT to the pipe; returns the descriptor to restore."""
+        self._await_fence()
         return signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
 
     def uninstall(self, wakeup: int) -> None:
         signal.set_wakeup_fd(wakeup)
-        self._fence()
+        self._send_fence()
 
-    def _fence(self) -> None:
-        """Wait until the thread has handled every signal that arrived before now."""
+    def _send_fence(self) -> None:
+        """A fence behind the signals that arrived before now (see ``_await_fence``)."""
         self._passed.clear()
-        deadline = time.monotonic() + self.FENCE_WAIT
+        self._fence_sent = time.monotonic()
+        deadline = self._fence_sent + self.FENCE_WAIT
         while True:
             try:
                 os.write(self._write, bytes([self.FENCE]))
-                break
+                return
             except BlockingIOError:  # the pipe is full of signals: the thread is draining it
                 if time.monotonic() > deadline:
+                    self._passed.set()  # no fence went: none to wait for
                     return
                 time.sleep(0.001)
-        if not self._passed.wait(max(0.0, deadline - time.monotonic())):
+
+    def _await_fence(self) -> None:
+        """Wait until the thread has passed the last fence (at most FENCE_WAIT after it went)."""
+        if self._passed.is_set():
+            return
+        left = self._fence_sent + self.FENCE_WAIT - time.monotonic()
+        if not self._passed.wait(max(0.0, left)):
             logging.getLogger(__name__).warning(
                 "the interrupt relay is %.0f s behind", self.FENCE_WAIT
             )

@@ -56,6 +56,9 @@ def jsonable(data):
     anything JSON cannot hold shown by its str."""
     encoded = {}
     for key, value in (data or {}).items():
+        if type(value) is str:  # as it would come back (the commonest: text/plain)
+            encoded[str(key)] = value
+            continue
         if isinstance(value, (bytes, bytearray)):
             value = base64.b64encode(value).decode("ascii")
         encoded[str(key)] = json.loads(json.dumps(value, default=str))

@@ -20,11 +20,9 @@ Layout: ``MAGIC``, the format version (u32), the header's length (u32), the head
 perhaps padded with spaces), the compressed blobs the header describes, the sha256 of
 everything before it (the checked part, which a resume reads whole), then, from the next
 ``PAGE`` boundary, the raw extents, whose sha256 is in the header. A resume maps the raw
-extents and never reads them: a damaged one is found by ``snapshot info``, not at resume (the
-checksum tells a damaged file from a malformed one, and nothing more; reading the pages to
-sum them cost more than the rest of the resume). Format 1 is format 2 without raw extents,
-and is read as such. ``image_writer`` writes images; this module defines the format and
-reads them.
+extents and never reads them (summing them cost more than the rest of the resume): a damaged
+one is found by ``snapshot info``. Format 1 is format 2 without raw extents. ``image_writer``
+writes images; this module defines the format and reads them.
 
 An image is hostile input (anyone can write one, and compute its checksum): ``read_image``
 checks the format, the checksum, every field's type and bound (memory within the kernel's

@@ -10,8 +10,8 @@ that instantiates the runtime and runs every program in one turn, so what differ
 variants is the engine alone. Every guest clock reads the CPU time of the thread running the
 guest (and native programs are timed with ``time.thread_time``), so other processes' turns on
 the cores are not counted. Prints, per program, the best run in ms and its ratio to native, and
-the geometric means. A variant's compiled module is kept under the cache folder
-(``guest-pace/``), as compiling one takes minutes.
+the geometric means. A variant's compiled module is kept in a private folder of the user's
+cache (``wasm-kernel-bench/guest-pace``), as compiling one takes minutes.
 
 ``--perfmap`` makes wasmtime write ``/tmp/perf-PID.map`` for ``perf report``; run one variant
 under ``perf record -e cpu-clock`` (the machine's hardware counters may be absent) with
@@ -24,10 +24,14 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+import platformdirs
 
 BENCH = Path(__file__).resolve().parent
 PROGRAMS = BENCH / "programs"
@@ -73,7 +77,6 @@ def run_guest(overrides: dict[str, object], reps: int, perfmap: bool) -> None:
     from wasm_kernel.runtime.cache import (
         ENGINE_SETTINGS,
         RuntimeCache,
-        default_cache_dir,
         exported,
     )
     from wasm_kernel.runtime.runtime import load_runtime
@@ -92,7 +95,7 @@ def run_guest(overrides: dict[str, object], reps: int, perfmap: bool) -> None:
         module = wasmtime.Module.deserialize_file(engine, str(entry_module))
     else:
         identity = json.dumps([compiled.runtime.key, settings], sort_keys=True)
-        folder = default_cache_dir() / "guest-pace"
+        folder = platformdirs.user_cache_path("wasm-kernel-bench") / "guest-pace"
         path = folder / (hashlib.sha256(identity.encode()).hexdigest()[:24] + ".cwasm")
         if path.exists():
             module = wasmtime.Module.deserialize_file(engine, str(path))
@@ -101,8 +104,10 @@ def run_guest(overrides: dict[str, object], reps: int, perfmap: bool) -> None:
             module = wasmtime.Module(
                 engine, rewrite.make_restorable(compiled.runtime.module.path.read_bytes())
             )
-            folder.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(module.serialize())
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=folder, delete=False) as partial:
+                partial.write(module.serialize())  # private (0600) until complete, then renamed
+            os.replace(partial.name, path)
     store = wasmtime.Store(engine)
     if settings["consume_fuel"]:
         store.set_fuel(1 << 62)

@@ -1,5 +1,5 @@
 """What a kernel says of itself: kernel_info (the language, the banner describing the
-sandbox), ``%sandbox``'s description, and the answer to the visual debugger.
+sandbox) and ``%sandbox``'s description.
 
 A mixin of ``WasmKernel``, which owns the sandbox's start and the settings it describes.
 """
@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from ipykernel._version import kernel_protocol_version
 from ipykernel.kernelbase import Kernel
 
-from . import debug_requests
 from .describe import describe, summary
 
 if TYPE_CHECKING:
@@ -56,9 +55,6 @@ class KernelInfo(Kernel):
             "help_links": self.help_links,
             "supported_features": ["kernel subshells"] if self._supports_kernel_subshells else [],
         }
-
-    async def do_debug_request(self, msg: Any) -> dict:
-        return debug_requests.refusal(msg)
 
     @property
     def language_info(self) -> dict[str, Any]:  # type: ignore[override]

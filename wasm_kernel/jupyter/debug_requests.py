@@ -97,7 +97,10 @@ class DebugRequests(Kernel):
     _breakpoint_ids = itertools.count(1)
 
     async def do_debug_request(self, msg: Any) -> dict:
-        request = msg if isinstance(msg, dict) else {}
+        reply = await self._debug_reply(msg if isinstance(msg, dict) else {})
+        return {"seq": self.debug_session.next_seq(), **reply}
+
+    async def _debug_reply(self, request: dict) -> dict:
         if not self.debugger:
             return refusal(request, NOT_OFFERED)
         command = request.get("command")
@@ -111,7 +114,8 @@ class DebugRequests(Kernel):
             if not session.stopped:
                 return refusal(request, NOT_STOPPED)
             session.resume(command)
-            return _response(request, True, {"allThreadsContinued": True})
+            body = {"allThreadsContinued": True} if command == "continue" else None
+            return _response(request, True, body)
         if command in GUEST_STOPPED or command in GUEST_ANY:
             return await self._guest_answer(request, command, arguments)
         return refusal(request, f"{str(command)[:64]!r} is not supported by this kernel")

@@ -48,8 +48,12 @@ class DebugSession:
         self._waiting: queue.Queue[tuple[dict, Future[dict]] | str] = queue.Queue(STOPPED_LIMIT)
         self._answering: Future[dict] | None = None
 
+    def next_seq(self) -> int:
+        """The number of the kernel's next DAP message (responses and events)."""
+        return next(self._seq)
+
     def event(self, name: str, body: dict, parent: dict | None = None) -> None:
-        message = {"seq": next(self._seq), "type": "event", "event": name, "body": body}
+        message = {"seq": self.next_seq(), "type": "event", "event": name, "body": body}
         self._publish(message, self._parent if parent is None else parent)
 
     def for_cell(self) -> dict[str, list[int]]:

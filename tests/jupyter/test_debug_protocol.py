@@ -208,7 +208,10 @@ def test_a_stopped_cell_waits_past_its_time_limit_and_ends_on_interrupt(start_ke
 
 
 def test_turned_off_the_debugger_says_so(start_kernel) -> None:
+    """WasmKernel.debugger=False: kernel_info does not offer it; requests get a DAP error."""
     kernel = start_kernel(["--WasmKernel.debugger=False"])
+    features = kernel.client.kernel_info(reply=True, timeout=WAIT)["content"]["supported_features"]
+    assert "debugger" not in features
     panel = Panel(kernel)
     for content in (
         {"type": "request", "seq": 1, "command": "initialize", "arguments": {}},

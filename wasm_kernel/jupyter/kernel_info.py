@@ -40,12 +40,13 @@ class KernelInfo(Kernel):
     _boot: Future[Sandbox]
     _start: SandboxStart
     _settings_error: InvalidSettings | None
+    debugger: bool
 
     @property
     def kernel_info(self) -> dict[str, Any]:
-        """ipykernel's version imports its debugger to offer it whenever debugpy is installed:
-        the guest has none, and importing debugpy prints a warning about frozen modules that
-        reaches clients as stderr output (``jupyter console`` shows it after the banner)."""
+        """ipykernel's version imports debugpy to offer its debugger: this kernel's is its own
+        (``debug_requests``), offered unless the operator turned it off."""
+        features = ["kernel subshells"] if self._supports_kernel_subshells else []
         return {
             "protocol_version": kernel_protocol_version,
             "implementation": self.implementation,
@@ -53,7 +54,7 @@ class KernelInfo(Kernel):
             "language_info": self.language_info,
             "banner": self.banner,
             "help_links": self.help_links,
-            "supported_features": ["kernel subshells"] if self._supports_kernel_subshells else [],
+            "supported_features": features + (["debugger"] if self.debugger else []),
         }
 
     @property

@@ -185,7 +185,7 @@ def test_the_panels_sequence_as_on_the_native_kernel(kernels: tuple[Kernel, Kern
 def test_a_stopped_cell_waits_past_its_time_limit_and_ends_on_interrupt(start_kernel) -> None:
     """Stopped, the cell waits for the person: its time limit does not run; an interrupt
     ends it with KeyboardInterrupt, the session and the kernel's state live on."""
-    # the interrupt's grace, for a loaded machine: the traceback must be written within it
+    # the interrupt's grace, for a loaded machine: the traceback is written within it
     kernel = start_kernel(["--WasmKernel.time_limit=2", "--WasmKernel.interrupt_grace=30"])
     panel = Panel(kernel)
     panel.start(CELL, BREAKPOINT)
@@ -205,6 +205,34 @@ def test_a_stopped_cell_waits_past_its_time_limit_and_ends_on_interrupt(start_ke
     assert panel.request("debugInfo")["body"]["breakpoints"]  # the host's session stands
     assert panel.request("stackTrace", threadId=1)["success"] is False  # nothing stopped
     assert kernel.execute("print(x)").stream_text() == "5\n", reply
+
+
+def test_pause_stops_a_running_cell_where_it_is(start_kernel) -> None:
+    """The pause button stops a running cell (here a loop that never ends) at its next line;
+    the panel reads its variables there; continue lets it run on, an interrupt ends it."""
+    kernel = start_kernel(["--WasmKernel.interrupt_grace=30"])  # for a loaded machine
+    panel = Panel(kernel)
+    panel.start(CELL, BREAKPOINT)
+    assert panel.request("pause", threadId=1)["success"] is False  # nothing runs
+    msg_id = panel.client.execute("n = 0\nwhile n >= 0:\n    n += 1\n")
+    time.sleep(0.5)
+    assert panel.request("pause", threadId=1)["success"]
+    assert panel.event("stopped")["body"]["reason"] == "pause"
+    frame = panel.top_frame()
+    assert (frame["name"], frame["line"] in (2, 3)) == ("<module>", True)
+    assert panel.request("evaluate", expression="n > 0", frameId=frame["id"])["body"] == {
+        "result": "True",
+        "type": "bool",
+        "variablesReference": 0,
+        "presentationHint": {},
+    }
+    panel.request("continue", threadId=1)
+    panel.event("continued")
+    kernel.manager.interrupt_kernel()
+    reply = panel.reply(msg_id)
+    assert (reply["status"], reply["ename"]) == ("error", "KeyboardInterrupt")
+    run = kernel.execute("print(n > 0)")
+    assert run.stream_text() == "True\n", (reply, run.content)
 
 
 def test_turned_off_the_debugger_says_so(start_kernel) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ipykernel.kernelbase import Kernel
 
@@ -21,6 +21,9 @@ from ..guest.modules import _wasm_kernel_cell_files as cell_files
 from ..guest.modules import _wasm_kernel_contract as declared
 from ..output.active_output import ActiveOutput
 from .debug_session import DebugSession, NotStopped
+
+if TYPE_CHECKING:
+    from ..sandbox.sandbox import Sandbox
 
 NOT_OFFERED = (
     "the visual debugger is turned off in this kernel (WasmKernel.debugger). Use %debug after"
@@ -94,6 +97,7 @@ class DebugRequests(Kernel):
     active_output: str
     debug_session: DebugSession
     _service: Callable[..., Awaitable[dict]]
+    _running_sandbox: Callable[[], Sandbox | None]
     _breakpoint_ids = itertools.count(1)
 
     async def do_debug_request(self, msg: Any) -> dict:
@@ -223,6 +227,16 @@ class DebugRequests(Kernel):
             for n in lines
         ]
         return _response(request, True, {"breakpoints": verified})
+
+    def _dap_pause(self, request: dict, _arguments: dict) -> dict:
+        """Stop the running cell at its next line of the user's code."""
+        session = self.debug_session
+        if not session.stopped:
+            sandbox = self._running_sandbox() if session.cell_running else None
+            if sandbox is None:
+                return refusal(request, "no cell is running")
+            sandbox.interrupt(pause=True)
+        return _response(request, True)
 
     def _dap_source(self, request: dict, arguments: dict) -> dict:
         code = self.debug_session.sources.get(_path(arguments) or "")

@@ -96,6 +96,17 @@ def _on_line(code, line):
     return None
 
 
+def pause(frame):
+    """The panel's pause, from the interrupt handler: stop at the next line of the user's
+    code (``frame`` is where the cell was: perhaps in a library it called)."""
+    _stepper.reason = "pause"
+    if not _stepper.active:
+        _stepper.set_trace(frame)
+        _stepper.active = True
+    else:
+        _stepper.set_step()
+
+
 def cell_ended():
     """Whatever a stop left tracing ends with the cell."""
     _stepper.finish()
@@ -111,6 +122,7 @@ class Stepper(bdb.Bdb):
     def __init__(self):
         super().__init__()
         self.active = False
+        self.reason = None  # why the next stop stops, if not a breakpoint or a step ("pause")
 
     def stop_here(self, frame):
         return _is_user(frame) and super().stop_here(frame)
@@ -131,7 +143,8 @@ class Stepper(bdb.Bdb):
         pass
 
     def user_line(self, frame):
-        self.stop(frame, "breakpoint" if self.break_here(frame) else "step")
+        reason, self.reason = self.reason, None
+        self.stop(frame, reason or ("breakpoint" if self.break_here(frame) else "step"))
 
     def stop(self, frame, reason):
         """Wait on the host, answering its requests, until it says how to go on."""

@@ -130,6 +130,7 @@ def session(kernel: Kernel) -> dict:
         for v in inspected["body"]["variables"]
         if v["type"] not in ("", "function")
     }
+    heard["rich"] = panel.request("richInspectVariables", variableName="z")["body"]
     heard["disconnect"] = panel.request("disconnect", restart=False, terminateDebuggee=True)
     heard["after"] = panel.request("debugInfo")["body"]["isStarted"]
     return heard
@@ -179,6 +180,7 @@ def test_the_panels_sequence_as_on_the_native_kernel(kernels: tuple[Kernel, Kern
         native["inspectVariables"]["body"]["variables"][0]
     )
     assert ours["names"] == native["names"] == {"x": "5", "y": "6", "z": "12"}
+    assert ours["rich"] == native["rich"] == {"data": {"text/plain": "12"}, "metadata": {}}
     assert ours["after"] is native["after"] is False
 
 

@@ -196,7 +196,7 @@ class Stopped:
             request = reply.get("request")
             if request is None:
                 return reply.get("resume", "continue")
-            reply = _kernel().call_host(contract.DEBUG_ANSWER, **answer(request, self))
+            reply = _answer(answer(request, self))
 
     def frame(self, arguments):
         number = arguments.get("frameId")
@@ -277,6 +277,15 @@ class Stopped:
             raise ValueError("dstVariableName and srcVariableName must be valid identifiers")
         _kernel().shell.user_ns[target] = frame.f_locals[source]
         return {}
+
+
+def _answer(answered):
+    """Send an answer; one over the message's bound is a failure that says so."""
+    kernel = _kernel()
+    try:
+        return kernel.call_host(contract.DEBUG_ANSWER, **answered)
+    except kernel.MessageTooLarge as exc:
+        return kernel.call_host(contract.DEBUG_ANSWER, success=False, failure=str(exc))
 
 
 # -- requests answered with or without a stop ---------------------------------------------

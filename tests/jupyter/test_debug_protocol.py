@@ -237,6 +237,28 @@ def test_pause_stops_a_running_cell_where_it_is(start_kernel) -> None:
     assert run.stream_text() == "True\n", (reply, run.content)
 
 
+def test_a_trap_after_a_step_rolls_back_and_the_session_goes_on(start_kernel) -> None:
+    """A cell that runs out of fuel after the person stepped is rolled back like any trap;
+    the session's breakpoints are the host's, so the next run stops again."""
+    kernel = start_kernel(["--WasmKernel.fuel=1000000000"])
+    spin = "kept = 1\nkept = 2\nwhile True:\n    pass\n"
+    panel = Panel(kernel)
+    panel.start(spin, 1)
+    msg_id = panel.client.execute(spin)
+    panel.event("stopped")
+    panel.request("next", threadId=1)
+    panel.event("stopped")
+    assert panel.top_frame()["line"] == 2
+    panel.request("continue", threadId=1)
+    assert panel.reply(msg_id)["ename"] == "FuelExhausted"
+    assert kernel.execute("print('kept' in dir())").stream_text() == "False\n"  # rolled back
+    msg_id = panel.client.execute(spin)
+    assert panel.event("stopped")["body"]["reason"] == "breakpoint"
+    assert panel.top_frame()["line"] == 1
+    kernel.manager.interrupt_kernel()
+    assert panel.reply(msg_id)["ename"] == "KeyboardInterrupt"
+
+
 def test_turned_off_the_debugger_says_so(start_kernel) -> None:
     """WasmKernel.debugger=False: kernel_info does not offer it; requests get a DAP error."""
     kernel = start_kernel(["--WasmKernel.debugger=False"])

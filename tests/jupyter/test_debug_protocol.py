@@ -259,6 +259,25 @@ def test_a_trap_after_a_step_rolls_back_and_the_session_goes_on(start_kernel) ->
     assert panel.reply(msg_id)["ename"] == "KeyboardInterrupt"
 
 
+def test_the_idle_variables_pane_expands_and_module_sources_are_read(kernel: Kernel) -> None:
+    """While no cell runs, the variables pane's containers expand (paged), and the source of
+    a file a frame may be in (a module of the user's) is read in the sandbox."""
+    module = "def helper():\n    return 3\n"
+    code = f"d = {{'k': [1, 2]}}\nopen('/tmp/helper_module.py', 'w').write({module!r})"
+    assert kernel.execute(code).content["status"] == "ok"
+    panel = Panel(kernel)
+    shown = panel.request("inspectVariables")["body"]["variables"]
+    d = next(v for v in shown if v["name"] == "d")
+    inside = panel.request("variables", variablesReference=d["variablesReference"])["body"]
+    (k,) = inside["variables"]
+    assert (k["name"], k["value"], k["type"]) == ("k", "[1, 2]", "list")
+    page = panel.request("variables", variablesReference=k["variablesReference"], start=1, count=1)
+    assert [(v["name"], v["value"]) for v in page["body"]["variables"]] == [("1", "2")]
+    source = panel.request("source", source={"path": "/tmp/helper_module.py"})
+    assert source["body"]["content"] == module
+    assert panel.request("source", source={"path": "/tmp/absent.py"})["success"] is False
+
+
 def test_turned_off_the_debugger_says_so(start_kernel) -> None:
     """WasmKernel.debugger=False: kernel_info does not offer it; requests get a DAP error."""
     kernel = start_kernel(["--WasmKernel.debugger=False"])

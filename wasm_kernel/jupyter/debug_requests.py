@@ -11,6 +11,7 @@ the stdin channel (see the guest's debugging module).
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -37,8 +38,8 @@ SOURCE_LIMIT = 4 << 20  # characters of a dumped cell
 KEPT_CELLS = 1000  # dumped cells kept, and files with breakpoints
 LINES_LIMIT = 1000  # breakpoints in one file
 RESUMES = ("continue", "next", "stepIn", "stepOut")
-GUEST_STOPPED = ("stackTrace", "scopes", "variables", "evaluate", "copyToGlobals")
-GUEST_ANY = ("inspectVariables", "richInspectVariables", "modules")
+GUEST_STOPPED = ("stackTrace", "scopes", "evaluate", "copyToGlobals")
+GUEST_ANY = ("variables", "inspectVariables", "richInspectVariables", "modules", "source")
 CAPABILITIES = {
     "supportsConfigurationDoneRequest": True,
     "supportsDelayedStackTraceLoading": True,
@@ -113,7 +114,8 @@ class DebugRequests(Kernel):
         session = self.debug_session
         own = getattr(self, f"_dap_{command}", None) if isinstance(command, str) else None
         if own is not None:
-            return own(request, arguments)
+            answered = own(request, arguments)
+            return await answered if inspect.isawaitable(answered) else answered
         if command in RESUMES:
             if not session.stopped:
                 return refusal(request, NOT_STOPPED)
@@ -238,8 +240,12 @@ class DebugRequests(Kernel):
             sandbox.interrupt(pause=True)
         return _response(request, True)
 
-    def _dap_source(self, request: dict, arguments: dict) -> dict:
-        code = self.debug_session.sources.get(_path(arguments) or "")
-        if code is None:
+    async def _dap_source(self, request: dict, arguments: dict) -> dict:
+        """A dumped cell's code, or a file the guest reads (a module beside the notebook)."""
+        path = _path(arguments)
+        code = self.debug_session.sources.get(path or "")
+        if code is not None:
+            return _response(request, True, {"content": code})
+        if path is None:
             return _response(request, False, {}, "source unavailable")
-        return _response(request, True, {"content": code})
+        return await self._guest_answer(request, "source", {"path": path})

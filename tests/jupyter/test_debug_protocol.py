@@ -278,6 +278,15 @@ def test_the_idle_variables_pane_expands_and_module_sources_are_read(kernel: Ker
     assert panel.request("source", source={"path": "/tmp/absent.py"})["success"] is False
 
 
+@pytest.mark.parametrize("op", ["debug_stop", "debug_answer"])
+def test_a_cell_cannot_stop_itself_without_a_panel(kernel: Kernel, op: str) -> None:
+    """A stop waits for a person with the time limit paused: with no debug session (no panel
+    to answer), the host lets the cell go on at once."""
+    message = {"op": op, "reason": "pause", "success": True}
+    code = f"import _host, json\nprint(json.loads(_host.call(json.dumps({message!r}).encode())))"
+    assert kernel.execute(code).stream_text() == "{'resume': 'continue', 'breakpoints': {}}\n"
+
+
 def test_turned_off_the_debugger_says_so(start_kernel) -> None:
     """WasmKernel.debugger=False: kernel_info does not offer it; requests get a DAP error."""
     kernel = start_kernel(["--WasmKernel.debugger=False"])

@@ -195,8 +195,12 @@ def test_a_stopped_cell_waits_past_its_time_limit_and_ends_on_interrupt(start_ke
     panel.event("stopped")
     time.sleep(3)  # longer than the cell's time limit, stopped
     assert panel.top_frame()["line"] == BREAKPOINT
+    # the debugger's console runs a statement in the frame; a local copied to the globals
+    panel.request("evaluate", expression="a = 40", frameId=1, context="repl")
+    panel.request("copyToGlobals", srcVariableName="a", dstVariableName="g", srcFrameId=1)
     panel.request("continue", threadId=1)
     assert panel.reply(msg_id)["status"] == "ok"
+    assert kernel.execute("print(g, y)").stream_text() == "40 41\n"
     kernel.execute("x = 6")
     msg_id = panel.client.execute(CELL)
     panel.event("stopped")

@@ -280,8 +280,18 @@ class Stopped(Shown):
         return {"scopes": [local, shared]}
 
     def evaluate(self, arguments):
+        """An expression's value in a frame; from the debugger's console (context "repl") a
+        statement runs there too."""
         frame = self.frame(arguments)
-        value = eval(str(arguments.get("expression", "")), frame.f_globals, frame.f_locals)
+        text = str(arguments.get("expression", ""))
+        try:
+            code = compile(text, "<debugger>", "eval")
+        except SyntaxError:
+            if arguments.get("context") != "repl":
+                raise
+            exec(compile(text, "<debugger>", "exec"), frame.f_globals, frame.f_locals)
+            return {"result": "", "variablesReference": 0}
+        value = eval(code, frame.f_globals, frame.f_locals)
         return {
             "result": _shown(value),
             "type": type(value).__name__,

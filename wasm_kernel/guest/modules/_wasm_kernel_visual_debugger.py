@@ -142,7 +142,10 @@ class Stepper(bdb.Bdb):
         pass  # stepping in stops at the callee's first line
 
     def user_return(self, frame, return_value):
-        pass
+        """A step out of a function stops where it returns to, as debugpy's does."""
+        caller = frame.f_back
+        if frame is self.returnframe and caller is not None and _is_user(caller):
+            self.stop(caller, "step")
 
     def user_exception(self, frame, exc_info):
         pass

@@ -114,6 +114,7 @@ def cell_ended():
     """Whatever a stop left tracing ends with the cell, and the pane's earlier variables
     are let go (it asks again)."""
     _stepper.finish()
+    _stepper.reason = None  # a pause that never reached the user's code
     _idle_references.clear()
 
 

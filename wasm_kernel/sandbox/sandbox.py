@@ -222,9 +222,9 @@ class Sandbox(SandboxRecovery):
         self._scratch.close()
         kernel_folders.remove(self._tmp)
 
-    def interrupt(self) -> None:
-        """Jupyter interrupt: KeyboardInterrupt in the cell, or a hard stop after the grace time."""
-        self._metering.interrupt()
+    def interrupt(self, pause: bool = False) -> None:
+        """Jupyter interrupt (see Metering.interrupt); ``pause``: the visual debugger's."""
+        self._metering.interrupt(pause)
 
     def _hit_memory_limit(
         self, store: wasmtime.Store | wasmtime.Caller, memory_at_start: int
@@ -246,12 +246,12 @@ class Sandbox(SandboxRecovery):
         receiver: Receiver,
         store_history: bool = True,
         silent: bool = False,
+        breakpoints: dict[str, list[int]] | None = None,
     ) -> CellMetrics:
-        """Run a notebook cell; output and messages go to ``receiver``; returns what it cost.
-        Raises CellStopped (with what it cost)."""
-        call = guest_call(
-            declared.RUN_CELL, source, int(execution_count), bool(store_history), bool(silent)
-        )
+        """Run a notebook cell (with the visual debugger's ``breakpoints``); output and messages
+        go to ``receiver``; returns what it cost. Raises CellStopped (with what it cost)."""
+        count, flags = int(execution_count), (bool(store_history), bool(silent))
+        call = guest_call(declared.RUN_CELL, source, count, *flags, breakpoints or {})
         measured = self._turn(call, receiver, self.limits, cell=True)
         assert measured is not None
         return measured

@@ -92,18 +92,51 @@ class NotebookServer:
         )
         return str(session["kernel"]["id"])
 
-    def execute(self, kernel_id: str, code: str, seconds: float = 120.0) -> Cell:
-        """Run one cell over the kernel's websocket; the reply and the outputs it produced."""
+    def _channels(self, kernel_id: str, session: str, seconds: float) -> websocket.WebSocket:
         url = self.url.replace("http", "ws", 1) + f"api/kernels/{kernel_id}/channels"
-        session = uuid.uuid4().hex
-        socket = websocket.create_connection(
+        return websocket.create_connection(
             f"{url}?session_id={session}",
             header=[f"Authorization: token {self.token}"],
             timeout=seconds,
         )
+
+    def debug(self, kernel_id: str, commands: list[str], seconds: float = 60.0) -> list[dict]:
+        """Debug Adapter Protocol requests (no arguments) on the control channel, as
+        JupyterLab's debugger panel sends them over the websocket; their replies' contents."""
+        session = uuid.uuid4().hex
+        socket = self._channels(kernel_id, session, seconds)
+        replies = []
+        try:
+            for seq, command in enumerate(commands, 1):
+                msg_id = uuid.uuid4().hex
+                content = {"type": "request", "seq": seq, "command": command, "arguments": {}}
+                socket.send(
+                    json.dumps(_message("debug_request", "control", msg_id, session, content))
+                )
+                while True:
+                    message = json.loads(socket.recv())
+                    parent = message.get("parent_header", {}).get("msg_id")
+                    if parent == msg_id and message["msg_type"] == "debug_reply":
+                        replies.append(message["content"])
+                        break
+        finally:
+            socket.close()
+        return replies
+
+    def execute(self, kernel_id: str, code: str, seconds: float = 120.0) -> Cell:
+        """Run one cell over the kernel's websocket; the reply and the outputs it produced."""
+        session = uuid.uuid4().hex
+        socket = self._channels(kernel_id, session, seconds)
         try:
             msg_id = uuid.uuid4().hex
-            socket.send(json.dumps(_execute_request(msg_id, session, code)))
+            content = {
+                "code": code,
+                "silent": False,
+                "store_history": True,
+                "user_expressions": {},
+                "allow_stdin": False,
+            }
+            socket.send(json.dumps(_message("execute_request", "shell", msg_id, session, content)))
             deadline = time.monotonic() + seconds
             cell: Cell | None = None
             outputs: list[dict] = []
@@ -126,11 +159,11 @@ class NotebookServer:
             socket.close()
 
 
-def _execute_request(msg_id: str, session: str, code: str) -> dict:
+def _message(msg_type: str, channel: str, msg_id: str, session: str, content: dict) -> dict:
     return {
         "header": {
             "msg_id": msg_id,
-            "msg_type": "execute_request",
+            "msg_type": msg_type,
             "session": session,
             "username": "test",
             "version": "5.3",
@@ -138,14 +171,8 @@ def _execute_request(msg_id: str, session: str, code: str) -> dict:
         },
         "parent_header": {},
         "metadata": {},
-        "content": {
-            "code": code,
-            "silent": False,
-            "store_history": True,
-            "user_expressions": {},
-            "allow_stdin": False,
-        },
-        "channel": "shell",
+        "content": content,
+        "channel": channel,
         "buffers": [],
     }
 

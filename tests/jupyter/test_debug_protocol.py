@@ -339,3 +339,41 @@ def test_turned_off_the_debugger_says_so(start_kernel) -> None:
         assert "WasmKernel.debugger" in reply["content"]["message"]
         assert reply["content"]["request_seq"] == (1 if content["seq"] == 1 else 0)
     assert kernel.execute("print(6 * 7)").stream_text() == "42\n"
+
+
+@pytest.mark.parametrize("origin", ["strict profile", "snapshot restore", "resume_from"])
+def test_the_panel_where_sessions_come_from(start_kernel, tmp_path, origin: str) -> None:
+    """The panel stops, reads variables and steps in a strict kernel, in a session brought
+    back by ``%snapshot restore`` (the breakpoints, set before the restore, are the host's and
+    stand), and in a session resumed in another kernel process."""
+    env = {"WASM_KERNEL_SNAPSHOT_DIR": str(tmp_path)}
+    if origin == "strict profile":
+        kernel = start_kernel(kernel_name="wasm-python-strict")
+        panel = Panel(kernel)
+        panel.start(CELL, BREAKPOINT)
+        kernel.execute("w = 'kept'")
+    else:
+        saved = start_kernel(env=env)
+        saved.execute("w = 'kept'")
+        assert saved.execute("%snapshot save before").content["status"] == "ok"
+        if origin == "snapshot restore":
+            kernel = saved
+            panel = Panel(kernel)
+            panel.start(CELL, BREAKPOINT)
+            kernel.execute("w = 'changed'")
+            assert kernel.execute("%snapshot restore before").content["status"] == "ok"
+        else:
+            kernel = start_kernel(["--WasmKernel.resume_from=before"], env=env)
+            panel = Panel(kernel)
+            panel.start(CELL, BREAKPOINT)
+    msg_id = panel.client.execute(CELL)
+    assert panel.event("stopped")["body"]["reason"] == "breakpoint"
+    frame = panel.top_frame()
+    assert (frame["name"], frame["line"]) == ("f", BREAKPOINT)
+    local = panel.request("scopes", frameId=frame["id"])["body"]["scopes"][0]
+    shown = panel.request("variables", variablesReference=local["variablesReference"])
+    assert [(v["name"], v["value"]) for v in shown["body"]["variables"]] == [("a", "5")]
+    assert panel.steps(["next"]) == [("next", [("f", 3), ("<module>", 5)])]
+    panel.request("continue", threadId=1)
+    assert panel.reply(msg_id)["status"] == "ok"
+    assert kernel.execute("print(w, z)").stream_text() == "kept 12\n"

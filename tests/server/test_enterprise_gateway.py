@@ -231,3 +231,24 @@ def test_gateway_kernelspec_is_what_eg_runs(site: Site) -> None:
     assert spec["argv"][0] == sys.executable and "{connection_file}" in spec["argv"]
     assert [arg for arg in spec["argv"] if "{" in arg] == ["{connection_file}"]
     assert os.access(spec["argv"][0], os.X_OK)
+
+
+def test_the_debugger_panel_through_the_gateway(site: Site, gateway: HttpServer) -> None:
+    """JupyterLab's debugger panel, behind EG: the kernelspec offers it, and the debug
+    requests the panel sends on the control channel reach the kernel and are answered."""
+    spec = json.loads((site.kernels / "share/jupyter/kernels/wasm-python/kernel.json").read_text())
+    assert spec["metadata"]["debugger"] is True
+    env = {"KERNEL_USERNAME": "frank", "KERNEL_WORKING_DIR": str(site.working_dir("frank"))}
+    kernel = start_kernel(gateway, env)
+    try:
+        ok(gateway.run_cell(kernel, "seen_by_the_panel = 41 + 1"))
+        answers = gateway.client.debug(kernel, ["debugInfo", "initialize", "attach", "debugInfo"])
+        before, initialized, attached, after = answers
+        assert before["body"]["isStarted"] is False, before
+        assert initialized["success"] and attached["success"], answers
+        assert after["body"]["isStarted"] is True, after
+        (shown,) = gateway.client.debug(kernel, ["inspectVariables"])
+        named = {v["name"]: v["value"] for v in shown["body"]["variables"]}
+        assert named.get("seen_by_the_panel") == "42", shown
+    finally:
+        gateway.request("DELETE", f"/api/kernels/{kernel}")

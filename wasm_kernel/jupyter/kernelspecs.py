@@ -64,7 +64,7 @@ def kernelspec(
     if getattr(args, "gateway", False):
         # Enterprise Gateway 3 (jupyter_client 6) knows no provisioners nor CurveZMQ
         spec["metadata"] = {
-            "debugger": False,
+            "debugger": True,
             "process_proxy": {"class_name": GATEWAY_PROCESS_PROXY},
         }
     elif provisioned:

@@ -24,7 +24,7 @@ import pytest
 from conftest import Kernel, ok, plain
 from test_images import _with_archive, environment, error_of
 
-from wasm_kernel.images import images
+from wasm_kernel.images import image_archive, images
 
 GUARD = 1536 << 20  # a kernel past this resident size is killed: a refusal takes nothing
 
@@ -244,7 +244,7 @@ def test_the_unpack_stops_at_the_limit_whatever_the_check_said(tmp_path):
     target = tmp_path / "scratch"
     target.mkdir()
     with pytest.raises(images.ImageError, match="more than this kernel's /tmp limit of 3 MiB"):
-        images.unpack_archive(out.getvalue(), target, 3 << 20)
+        image_archive.unpack_checked(out.getvalue(), target, 3 << 20)
     written = sum(path.stat().st_size for path in target.rglob("*") if path.is_file())
     assert written == 2 << 20  # two whole files and two folders fit; the third would not
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import ok, plain
 
-from wasm_kernel.images import image_fields, image_writer, images
+from wasm_kernel.images import image_archive, image_fields, image_writer, images
 
 STATE = """
 import hashlib, os
@@ -107,7 +107,7 @@ def test_a_streamed_image_reads_back_whole(tmp_path):
     assert (image.host.execution_count, image.host.history) == (5, [(1, "x = 1")])
     unpacked = tmp_path / "unpacked"
     unpacked.mkdir()
-    images.unpack_archive(image.scratch, unpacked, 1 << 30)
+    image_archive.unpack_checked(image.scratch, unpacked, 1 << 30)
     assert sorted(str(p.relative_to(unpacked)) for p in unpacked.rglob("*")) == [
         "empty",
         "folder",

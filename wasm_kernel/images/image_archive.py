@@ -15,6 +15,8 @@ import os
 import tarfile
 from pathlib import Path, PurePosixPath
 
+from .names import ImageError
+
 MAX_MEMBERS = 100_000  # files and folders an unpack may create
 MAX_GUEST_PATH = 4096
 BLOCK = 4096  # the least a file or folder takes on disk, as scratch.py measures it
@@ -126,3 +128,12 @@ def unpack(archive: bytes, folder: Path, limit: int) -> None:
                 while left and (chunk := source.read(min(left, 1 << 20))):
                     out.write(chunk)
                     left -= len(chunk)
+
+
+def unpack_checked(archive: bytes, folder: Path, limit: int) -> None:
+    """``unpack``, what goes wrong said as an ``ImageError``."""
+    try:
+        unpack(archive, folder, limit)
+    except (OSError, ValueError, tarfile.TarError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ImageError(f"cannot unpack the image's /tmp: {reason}") from None

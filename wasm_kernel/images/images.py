@@ -56,7 +56,6 @@ from ..files.host_files import read_exactly
 from ..runtime import guest_packages, rewrite
 from ..runtime.cache import wasmtime_version
 from ..runtime.runtime import manifest_dir
-from . import image_archive
 from .image_fields import (
     IDENTITY_WORDS,
     MAX_HISTORY,
@@ -206,11 +205,7 @@ def boot_image_digest(path: Path) -> str:
     try:
         fd = host_files.open_regular(path)
         try:
-            size = os.fstat(fd).st_size
-            prefix = bytearray(min(size, PREFIX))
-            read_exactly(fd, memoryview(prefix))
-            head = bytearray(_header_size(prefix, size))
-            read_exactly(fd, memoryview(head))
+            _, head = _read_head(fd)
         finally:
             os.close(fd)
         digest = _decoded_header(head)["memory"]["file_sha256"]
@@ -384,6 +379,17 @@ def _header_size(prefix: Buffer, size: int) -> int:
     return header_size
 
 
+def _read_head(fd: int) -> tuple[int, bytearray]:
+    """An image file's size and its header's bytes, read from its start (bounded by
+    ``_header_size``)."""
+    size = os.fstat(fd).st_size
+    prefix = bytearray(min(size, PREFIX))
+    read_exactly(fd, memoryview(prefix))
+    head = bytearray(_header_size(prefix, size))
+    read_exactly(fd, memoryview(head))
+    return size, head
+
+
 def _decoded_header(encoded: bytes | bytearray | memoryview) -> dict:
     try:
         header = json.loads(bytes(encoded))
@@ -425,11 +431,7 @@ def describe_file(path: Path, needs: dict[str, object]) -> str:
     try:
         fd = host_files.open_regular(path)
         try:
-            size = os.fstat(fd).st_size
-            prefix = bytearray(min(size, PREFIX))
-            read_exactly(fd, memoryview(prefix))
-            head = bytearray(_header_size(prefix, size))
-            read_exactly(fd, memoryview(head))
+            size, head = _read_head(fd)
             checked = size  # as far as can be told without a header
             try:
                 header = _decoded_header(head)
@@ -477,15 +479,6 @@ def _base_text(memory: dict) -> str:
     if memory.get("base"):
         return f"the boot image whose memory file's sha256 is {str(memory['base'])[:64]}"
     return "a fresh instance of the runtime"
-
-
-def unpack_archive(archive: bytes, folder: Path, limit: int) -> None:
-    """Extract a checked archive into ``folder``, within ``limit`` bytes on disk (0: none)."""
-    try:
-        image_archive.unpack(archive, folder, limit)
-    except (OSError, ValueError, tarfile.TarError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise ImageError(f"cannot unpack the image's /tmp: {reason}") from None
 
 
 def boot_image_path(entry: Path) -> Path:

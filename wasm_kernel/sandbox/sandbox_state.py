@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import wasmtime
 
 from ..guest.modules import _wasm_kernel_contract as declared
-from ..images import images
+from ..images import image_archive, images
 from ..images.image_fields import HostState
 from ..images.image_writer import ScratchArchive
 from ..memory.checkpoints import CheckpointStats
@@ -68,7 +68,7 @@ class SandboxState:
         (this kernel's folders and import paths, fresh random seeds, stale files)."""
         image_transfer.load(interpreter, image, self.limits.memory_limit)
         self._clock.resume(image.host.clocks)
-        images.unpack_archive(image.scratch, self._tmp, self.limits.scratch_limit)
+        image_archive.unpack_checked(image.scratch, self._tmp, self.limits.scratch_limit)
         held = image.host.held_files
         try:
             room = interpreter.stack_pointer()

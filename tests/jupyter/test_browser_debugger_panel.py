@@ -14,6 +14,7 @@ Uses the JupyterLab server and Chromium set-up of ``test_browser.py``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import secrets
@@ -91,7 +92,7 @@ def decode_frame(payload: str | bytes) -> dict | None:
     if count < 6 or len(payload) < 8 * (count + 1):
         return None
     offsets = [int.from_bytes(payload[8 * i : 8 * i + 8], "little") for i in range(1, count + 1)]
-    parts = [payload[start:end] for start, end in zip(offsets, offsets[1:], strict=False)]
+    parts = [payload[start:end] for start, end in itertools.pairwise(offsets)]
     header, _parent, _metadata, content = (json.loads(part) for part in parts[1:5])
     return {"header": header, "content": content}
 

@@ -246,31 +246,6 @@ def test_frames_that_fill_memory_are_let_go(start_kernel: Callable[..., Kernel])
     assert converse(kernel, "%debug", ["p kept", "q"]).streams["stdout"].endswith("1\n")
 
 
-@pytest.mark.parametrize(
-    "content",
-    [
-        {"type": "request", "seq": 1, "command": "initialize", "arguments": {}},
-        {"seq": "not a number", "command": ["not", "text"]},
-    ],
-)
-def test_visual_debugger_is_not_offered_and_says_so(
-    kernels: tuple[Kernel, Kernel], content: dict
-) -> None:
-    """Neither kernel_info nor the kernelspec offers JupyterLab's debugger panel; a
-    debug_request sent anyway gets a DAP error response (it used to get no reply at all)."""
-    kernel = kernels[1]
-    features = kernel.client.kernel_info(reply=True, timeout=30)["content"]["supported_features"]
-    assert "debugger" not in features
-    assert kernel.manager.kernel_spec.metadata["debugger"] is False
-    kernel.client.control_channel.send(kernel.client.session.msg("debug_request", content))
-    reply = kernel.client.get_control_msg(timeout=30)
-    assert reply["msg_type"] == "debug_reply"
-    assert reply["content"]["success"] is False
-    assert "does not offer the visual debugger" in reply["content"]["message"]
-    assert reply["content"]["request_seq"] == (1 if content["seq"] == 1 else 0)
-    assert converse(kernel, "print(6 * 7)", []).streams["stdout"] == "42\n"
-
-
 def test_debug_in_jupyter_console() -> None:
     """The console answers the debugger's input_requests at its own prompt."""
     pexpect = pytest.importorskip("pexpect")

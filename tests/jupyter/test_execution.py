@@ -501,10 +501,11 @@ def test_kernel_info_version_matches_interpreter(kernel: Kernel) -> None:
     assert reply["language_info"]["version"] == guest
 
 
-def test_kernel_info_does_not_offer_a_debugger(kernel: Kernel) -> None:
-    """Frontends turn on their debugger UI for this feature; guest code cannot be debugged."""
+def test_kernel_info_offers_the_debugger(kernel: Kernel) -> None:
+    """JupyterLab turns its debugger panel on for this feature (see test_debug_protocol)."""
     reply = request(kernel, "kernel_info")["content"]
-    assert "debugger" not in reply.get("supported_features", [])
+    assert "debugger" in reply["supported_features"]
+    assert kernel.manager.kernel_spec.metadata["debugger"] is True
 
 
 # -- scientific stack ---------------------------------------------------------------------------

@@ -503,7 +503,7 @@ def call_arguments(source: str, entry: declared.EntryPoint) -> list[Any]:
 )
 def test_run_cell_arguments_read_back_exactly(cell):
     """Any source text is passed as a literal: quotes, newlines and unicode cannot break out."""
-    arguments = (cell, 7, True, False)
+    arguments = (cell, 7, True, False, {cell: [1, 2]})
     source = contract.guest_call(declared.RUN_CELL, *arguments)
     assert source.startswith(f"__import__({declared.GUEST_MODULE!r}).run_cell(")
     back = call_arguments(source, declared.RUN_CELL)
@@ -516,7 +516,7 @@ def test_nested_plain_data_reads_back_exactly():
     assert repr(call_arguments(source, declared.INSTALL_MODULES)) == repr([data])
 
 
-@pytest.mark.parametrize("count", [0, 1, 3, 5, 10])
+@pytest.mark.parametrize("count", [0, 1, 4, 6, 10])
 def test_run_cell_refuses_a_wrong_argument_count(count):
     with pytest.raises(TypeError):
         contract.guest_call(declared.RUN_CELL, *(["x"] * count))
@@ -555,7 +555,7 @@ class _Str(str):
 def test_guest_call_refuses_non_plain_data(argument):
     """Only data whose repr is a literal: anything else could run code in the guest."""
     with pytest.raises(TypeError):
-        contract.guest_call(declared.RUN_CELL, argument, 1, True, False)
+        contract.guest_call(declared.RUN_CELL, argument, 1, True, False, {})
 
 
 @pytest.mark.parametrize("extra", [0, 1, 2, 5, 50])

@@ -114,8 +114,9 @@ def _report(exc):
 # -- cells ----------------------------------------------------------------------------------
 
 
-def run_cell(source, execution_count, store_history=True, silent=False):
+def run_cell(source, execution_count, store_history=True, silent=False, breakpoints=None):
     """Run one notebook cell through IPython; report its outcome through the host.
+    ``breakpoints``: the visual debugger's (see _wasm_kernel_visual_debugger).
 
     Ends the turn with status DAMAGED when the cell broke what the host relies on in here,
     so that the host rolls the cell back instead of keeping a kernel that cannot run cells.
@@ -126,7 +127,12 @@ def run_cell(source, execution_count, store_history=True, silent=False):
         shell.execution_count = execution_count
         sys.modules["_wasm_kernel_sandbox"].tell_lost_files()
         _refresh_tools()
-        result = shell.run_cell(source, store_history=store_history, silent=silent)
+        debugger = sys.modules["_wasm_kernel_visual_debugger"]
+        debugger.set_breakpoints(breakpoints or {})
+        try:
+            result = shell.run_cell(source, store_history=store_history, silent=silent)
+        finally:
+            debugger.cell_ended()
         error = result.error_before_exec or result.error_in_exec
         if error is not None and not _reported:  # shown by IPython already (a UsageError)
             report(type(error).__name__, str(error), [], publish=False)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..network.network import CellNetwork
     from ..sandbox.interrupts import Interrupts
     from .audit import AuditLog
+    from .debug_session import DebugSession
     from .kernel_tools import KernelTools
 
 INPUT_POLL = 0.05  # seconds between checks for an input_reply or an interrupt
@@ -65,6 +66,7 @@ class KernelDoors:
     tools: KernelTools  # sandbox_tools: the operator's and the cell's client's tools
     network: Callable[[], CellNetwork]  # a cell's HTTP requests, within its budget
     audit: Callable[[], AuditLog | None]  # the operator's audit log, if any
+    debugger: DebugSession  # the visual debugger's session: a stopped cell waits on it
 
 
 class CellMessages:
@@ -190,6 +192,12 @@ class CellMessages:
 
     def on_comm(self, message: dict, verdict: Verdict, _interrupts: Interrupts) -> dict:
         return self.doors.comm(self, message, verdict)
+
+    def on_debug_stop(self, message: dict, _verdict: Verdict, interrupts: Interrupts) -> dict:
+        return self.doors.debugger.stop(message["reason"], self.request.parent, interrupts)
+
+    def on_debug_answer(self, message: dict, _verdict: Verdict, interrupts: Interrupts) -> dict:
+        return self.doors.debugger.answered(message, interrupts)
 
     def on_parent(self, _message: dict, _verdict: Verdict, _interrupts: Interrupts) -> dict:
         header = self.request.parent.get("header", {})

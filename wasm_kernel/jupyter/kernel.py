@@ -42,6 +42,8 @@ from .accounting import CellAccounting
 from .boot import SandboxStart, WaitStopped
 from .cell_messages import CellMessages, KernelDoors
 from .comms import HostComms
+from .debug_requests import DebugRequests
+from .debug_session import DebugSession
 from .early_abort import EarlyAbort
 from .execute_request import Request
 from .grants import Grants, configured_runtime
@@ -105,6 +107,7 @@ class WasmKernel(
     CheckedRequests,
     CellAccounting,
     termination.Ending,
+    DebugRequests,
     HostComms,  # after CheckedRequests: it checks comm_info_request first
 ):
     implementation = "wasm-kernel"
@@ -165,6 +168,9 @@ class WasmKernel(
             ),
         )
         self.network = Network(self.network_allow, NetworkLimits.of(self))
+        self.debug_session = DebugSession(
+            lambda event, parent: self._publish_guest_output("debug_event", event, parent)
+        )
         self._doors = KernelDoors(
             publish=self._publish_guest_output,
             stdin=lambda: (self.live_session, self.stdin_socket),
@@ -180,6 +186,7 @@ class WasmKernel(
             tools=self.host_tools,
             network=self.network.cell,
             audit=lambda: self.audit,
+            debugger=self.debug_session,
         )
         self._start = SandboxStart(self, self.limits, self.grants, self.session_images)
         self._interrupt_relay = InterruptRelay(self._interrupt_sandbox)
@@ -234,19 +241,19 @@ class WasmKernel(
         if store_history and not silent:
             self.history.store(self.execution_count, code)
         loop = asyncio.get_running_loop()
+        debugged = self.debug_session.cell_started()  # the breakpoints it runs with
+        run = partial(sandbox.run_cell, store_history=store_history, silent=silent)
         try:
             measured = await loop.run_in_executor(
-                self._worker,
-                partial(sandbox.run_cell, store_history=store_history, silent=silent),
-                code,
-                self.execution_count,
-                cell,
+                self._worker, partial(run, breakpoints=debugged), code, self.execution_count, cell
             )
         except CellStopped as stop:
             self.cell_measured(request.parent, stop.metrics)
             if stop.recovered:  # the cell's changes stand: keep them
                 self._worker.defer(sandbox.checkpoint)
             return cell.fail(stop.ename, stop.evalue)
+        finally:
+            self.debug_session.cell_ended()
         self.cell_measured(request.parent, measured)
         if cell.asks_exit():
             self._end_process(hibernate=False, delay=0.1)

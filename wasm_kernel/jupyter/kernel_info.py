@@ -1,5 +1,5 @@
 """What a kernel says of itself: kernel_info (the language, the banner describing the
-sandbox), ``%sandbox``'s description, and the answer to the visual debugger.
+sandbox) and ``%sandbox``'s description.
 
 A mixin of ``WasmKernel``, which owns the sandbox's start and the settings it describes.
 """
@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from ipykernel._version import kernel_protocol_version
 from ipykernel.kernelbase import Kernel
 
-from . import debug_requests
 from .describe import describe, summary
 
 if TYPE_CHECKING:
@@ -41,12 +40,13 @@ class KernelInfo(Kernel):
     _boot: Future[Sandbox]
     _start: SandboxStart
     _settings_error: InvalidSettings | None
+    debugger: bool
 
     @property
     def kernel_info(self) -> dict[str, Any]:
-        """ipykernel's version imports its debugger to offer it whenever debugpy is installed:
-        the guest has none, and importing debugpy prints a warning about frozen modules that
-        reaches clients as stderr output (``jupyter console`` shows it after the banner)."""
+        """ipykernel's version imports debugpy to offer its debugger: this kernel's is its own
+        (``debug_requests``), offered unless the operator turned it off."""
+        features = ["kernel subshells"] if self._supports_kernel_subshells else []
         return {
             "protocol_version": kernel_protocol_version,
             "implementation": self.implementation,
@@ -54,11 +54,8 @@ class KernelInfo(Kernel):
             "language_info": self.language_info,
             "banner": self.banner,
             "help_links": self.help_links,
-            "supported_features": ["kernel subshells"] if self._supports_kernel_subshells else [],
+            "supported_features": features + (["debugger"] if self.debugger else []),
         }
-
-    async def do_debug_request(self, msg: Any) -> dict:
-        return debug_requests.refusal(msg)
 
     @property
     def language_info(self) -> dict[str, Any]:  # type: ignore[override]

@@ -246,12 +246,12 @@ class Sandbox(SandboxRecovery):
         receiver: Receiver,
         store_history: bool = True,
         silent: bool = False,
+        breakpoints: dict[str, list[int]] | None = None,
     ) -> CellMetrics:
-        """Run a notebook cell; output and messages go to ``receiver``; returns what it cost.
-        Raises CellStopped (with what it cost)."""
-        call = guest_call(
-            declared.RUN_CELL, source, int(execution_count), bool(store_history), bool(silent)
-        )
+        """Run a notebook cell (with the visual debugger's ``breakpoints``); output and messages
+        go to ``receiver``; returns what it cost. Raises CellStopped (with what it cost)."""
+        count, flags = int(execution_count), (bool(store_history), bool(silent))
+        call = guest_call(declared.RUN_CELL, source, count, *flags, breakpoints or {})
         measured = self._turn(call, receiver, self.limits, cell=True)
         assert measured is not None
         return measured

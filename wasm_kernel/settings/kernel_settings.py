@@ -126,6 +126,14 @@ class SettingsRecord(Configurable):
         return configured
 
 
+DEBUGGER_HELP = (
+    "Offer JupyterLab's visual debugger (breakpoints, stepping, the variables pane). A stopped"
+    " cell waits for the person like input(): its time limit is paused, an interrupt ends it."
+    " Off: kernel_info and the kernelspec do not offer it, and a debug_request gets an error"
+    " response saying so."
+)
+
+
 class KernelSettings(SettingsRecord):
     """The sandbox's settings (section ``WasmKernel`` of the config, which inherits them).
     Each refuses values outside its range (see settings.py for why these bounds)."""
@@ -140,9 +148,8 @@ class KernelSettings(SettingsRecord):
     mounts = TextList(
         Unicode(),
         default=FROM_PROFILE,
-        help="Host folders the guest may use, each 'HOST:GUEST[:ro|rw]' (read-only unless"
-        " ':rw'), e.g. 'data:/data:ro'. A relative HOST is taken from the kernel's working"
-        " folder.",
+        help="Host folders the guest may use, each 'HOST:GUEST[:ro|rw]' (read-only unless ':rw'),"
+        " e.g. 'data:/data:ro'. A relative HOST is taken from the kernel's working folder.",
     ).tag(config=True)
     working_dir = Text(
         default=PerProfile(lambda profile: "", shown=_starting_folder),
@@ -299,6 +306,7 @@ class KernelSettings(SettingsRecord):
         help="Seconds an HTTP request may take, from its start to its last byte. Waiting on"
         " the network counts against the cell's time_limit too.",
     ).tag(config=True)
+    debugger = CheckedBool(default=True, help=DEBUGGER_HELP).tag(config=True)
     plain_tracebacks = CheckedBool(
         default=False,
         help="Tracebacks without colours (ANSI escapes), for programmatic clients that read"

@@ -269,6 +269,32 @@ COMM = Message(  # comm_open, comm_msg or comm_close on IOPub; the reply's error
 PARENT = Message(  # the request the turn answers (ipywidgets' Output widget captures by it)
     "parent", reply=(Field("header", OBJECT),)
 )
+# JupyterLab's visual debugger (see the guest's _wasm_kernel_visual_debugger): a cell stopped
+# at a breakpoint or a step waits for the person at the debugger panel (``waits``); each reply
+# is the next thing to do, a Debug Adapter Protocol request to answer (``request``: command and
+# arguments) or how to go on (``resume``), with the session's breakpoints ({file: [lines]})
+DEBUG_RESUMES = ("continue", "next", "stepIn", "stepOut", INTERRUPTED)
+DEBUG_REPLY = (
+    Field("request", OBJECT),
+    Field("resume", CHOICE, choices=DEBUG_RESUMES),
+    Field("breakpoints", OBJECT),
+)
+DEBUG_STOP = Message(  # stopped: a debug_event on IOPub
+    "debug_stop",
+    Field("reason", CHOICE, choices=("breakpoint", "step", "pause")),
+    reply=DEBUG_REPLY,
+    waits=True,
+)
+DEBUG_ANSWER_LIMIT = 4 << 20  # bytes of one answer (variables are paged, values clipped)
+DEBUG_ANSWER = Message(  # the answer to a request: a DAP response's success, body and message
+    "debug_answer",
+    Field("success", FLAG),
+    Field("body", OBJECT, default={}),
+    Field("failure", TEXT, limit=ERROR_TEXT_LIMIT, default=""),  # the response's message
+    reply=DEBUG_REPLY,
+    waits=True,
+    limit=DEBUG_ANSWER_LIMIT,
+)
 IMMORTALIZE = Message(  # boot image only: objects to make immortal
     "immortalize",
     Field("addresses", ADDRESSES),
@@ -296,11 +322,16 @@ MESSAGES = {
         PARENT,
         IMMORTALIZE,
         HTTP,
+        DEBUG_STOP,
+        DEBUG_ANSWER,
     )
 }
 
 # -- entry points the host calls ----------------------------------------------------------------
-RUN_CELL = EntryPoint("run_cell", "source", "execution_count", "store_history", "silent")
+# breakpoints: the visual debugger's, {cell file: [lines]} (empty: no session, no tracing)
+RUN_CELL = EntryPoint(
+    "run_cell", "source", "execution_count", "store_history", "silent", "breakpoints"
+)
 SERVE = EntryPoint("serve", "service", "*arguments")
 # after an image is resumed: its open files' offsets ([fd, offset]), and those lost ([fd, path])
 SETTLE = EntryPoint("settle", "cwd", "start", "paths", "offsets", "lost")
@@ -325,6 +356,7 @@ EVALUATE_EXPRESSIONS = "evaluate_expressions"
 IMAGE_STATE = "image_state"  # the working folder and open files' offsets, for an image
 WARM_UP = "warm_up"  # boot image only
 COMM_INFO = "comm_info"  # the open comms, for comm_info_request
+DEBUG = "debug"  # a visual debugger's request while no cell runs (inspectVariables ...)
 SERVICES = (
     COMPLETE,
     INSPECT,
@@ -333,4 +365,5 @@ SERVICES = (
     IMAGE_STATE,
     WARM_UP,
     COMM_INFO,
+    DEBUG,
 )

@@ -91,6 +91,11 @@ def comm_info(target_name=None):
     return sys.modules["_wasm_kernel_comms"].info(target_name)
 
 
+def debug(request):
+    """A visual debugger's request while no cell runs (see _wasm_kernel_visual_debugger)."""
+    return sys.modules["_wasm_kernel_visual_debugger"].serve(request)
+
+
 def image_state(descriptors):
     """Where the session is, for an image of it: its working folder, and where each open
     descriptor stands ([fd, offset]; None for one that cannot seek, such as a folder)."""
@@ -177,5 +182,6 @@ SERVICES = types.MappingProxyType(  # read-only: _wasm_kernel._intact checks it 
         contract.EVALUATE_EXPRESSIONS: evaluate_expressions,
         contract.WARM_UP: warm_up,
         contract.COMM_INFO: comm_info,
+        contract.DEBUG: debug,
     }
 )

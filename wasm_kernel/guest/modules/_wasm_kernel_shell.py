@@ -16,12 +16,12 @@ widget bars (comms: see ``_wasm_kernel_comms``).
 import contextlib
 import os
 import sys
-import tempfile
-import zlib
 
 import _wasm_kernel_contract as contract
 import _wasm_kernel_debugging
 import _wasm_kernel_magics
+import _wasm_kernel_visual_debugger
+from _wasm_kernel_cell_files import cell_file
 from _wasm_kernel_display import (
     HostDisplayFormatter,
     HostDisplayHook,
@@ -64,14 +64,18 @@ class GuestKernel:
 
 class CellFileCompiler(CachingCompiler):
     """Names a cell's code as ipykernel does, by a path in a folder of the temporary
-    directory (``/tmp/ipykernel_<pid>/<number>.py``) where IPython's terminal has
-    ``<ipython-input-N-...>``: the debugger, warnings and ``inspect`` show what they show
-    natively. Nothing is written there (linecache holds the source, as under ipykernel)."""
+    directory (``/tmp/ipykernel_<pid>/<murmur2 of the code>.py``, see
+    ``_wasm_kernel_cell_files``) where IPython's terminal has ``<ipython-input-N-...>``: the
+    debuggers, warnings and ``inspect`` show what they show natively. Every code object
+    compiled is told to the visual debugger, whose breakpoints may come later."""
 
     def get_code_name(self, raw_code, transformed_code, number):
-        digest = zlib.crc32(raw_code.encode("utf-8", "surrogatepass"))
-        folder = os.path.join(tempfile.gettempdir(), f"ipykernel_{os.getpid()}")
-        return os.path.join(folder, f"{digest}.py")
+        return cell_file(raw_code)
+
+    def __call__(self, *args, **kwargs):
+        code = super().__call__(*args, **kwargs)
+        _wasm_kernel_visual_debugger.compiled(code)
+        return code
 
 
 class ZMQInteractiveShell(InteractiveShell):

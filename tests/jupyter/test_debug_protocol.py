@@ -1,0 +1,226 @@
+"""JupyterLab's visual debugger: the Debug Adapter Protocol over debug_request/debug_reply on
+the control channel and debug_event on IOPub, against the native ipykernel (debugpy) in the
+same test.
+
+The same sequence the panel sends (initialize, attach, dumpCell, setBreakpoints,
+configurationDone, a cell that stops at the breakpoint, stackTrace, scopes, variables, next,
+continue, inspectVariables) must give answers and events of the same shape, with the same
+meaningful values: the stopped lines, the frames' names, the variables' names and values.
+Numbers that are debugpy's own (ids, sequence numbers) are compared by kind only.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import Kernel
+
+NATIVE = "python3"
+CELL = "def f(a):\n    b = a + 1\n    return b\nx = 5\ny = f(x)\nz = y * 2\n"
+BREAKPOINT = 2  # the line of CELL the panel sets a breakpoint on
+WAIT = 60  # seconds for any one answer or event
+
+
+class Panel:
+    """What JupyterLab's debugger panel sends one kernel, and what it hears back."""
+
+    def __init__(self, kernel: Kernel):
+        self.kernel = kernel
+        self.client = kernel.client
+        self.seq = 0
+        self.events: list[dict] = []  # debug_events, in order
+
+    def request(self, command: str, **arguments: Any) -> dict:
+        self.seq += 1
+        content = {"type": "request", "seq": self.seq, "command": command, "arguments": arguments}
+        message = self.client.session.msg("debug_request", content)
+        self.client.control_channel.send(message)
+        while True:
+            reply = self.client.get_control_msg(timeout=WAIT)
+            if reply["parent_header"].get("msg_id") == message["header"]["msg_id"]:
+                assert reply["msg_type"] == "debug_reply"
+                return reply["content"]
+
+    def event(self, name: str) -> dict:
+        """The next debug_event ``name`` (earlier ones of other names are kept, not awaited)."""
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            try:
+                message = self.client.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            if message["msg_type"] == "debug_event":
+                self.events.append(message["content"])
+                if message["content"]["event"] == name:
+                    return message["content"]
+        raise AssertionError(f"no {name} event; heard {[e['event'] for e in self.events]}")
+
+    def start(self, code: str, line: int) -> str:
+        """The panel opened on a notebook, a breakpoint set on ``line`` of ``code``: the file
+        name it computed for the cell."""
+        assert self.request("initialize", clientID="jupyterlab", adapterID="python")["success"]
+        assert self.request("attach")["success"]
+        path = self.request("dumpCell", code=code)["body"]["sourcePath"]
+        self.request("setBreakpoints", source={"path": path}, breakpoints=[{"line": line}])
+        assert self.request("configurationDone")["success"]
+        return path
+
+    def top_frame(self) -> dict:
+        return self.request("stackTrace", threadId=1)["body"]["stackFrames"][0]
+
+    def reply(self, msg_id: str) -> dict:
+        while True:
+            reply = self.client.get_shell_msg(timeout=WAIT)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return reply["content"]
+
+
+def shape(value: Any) -> Any:
+    """The structure of a JSON value: keys and kinds, not the values themselves."""
+    if isinstance(value, dict):
+        return {key: shape(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [shape(item) for item in value[:1]]
+    return type(value).__name__
+
+
+def session(kernel: Kernel) -> dict:
+    """The panel's whole sequence on one kernel; what it heard, for comparison."""
+    panel = Panel(kernel)
+    heard: dict[str, Any] = {}
+    info = panel.request("debugInfo")
+    heard["debugInfo"] = info
+    path = panel.start(CELL, BREAKPOINT)
+    body = info["body"]
+    heard["cell file"] = path.startswith(body["tmpFilePrefix"]) and path.endswith(
+        body["tmpFileSuffix"]
+    )
+    heard["cell name"] = os.path.basename(path)
+    heard["breakpoints"] = panel.request("debugInfo")["body"]["breakpoints"]
+    msg_id = panel.client.execute(CELL)
+    heard["stopped"] = panel.event("stopped")
+    trace = panel.request("stackTrace", threadId=1)
+    heard["stackTrace"] = trace
+    frames = trace["body"]["stackFrames"]
+    heard["frames"] = [(frame["name"], frame["line"], frame["source"]["path"]) for frame in frames]
+    scopes = panel.request("scopes", frameId=frames[0]["id"])
+    heard["scopes"] = scopes
+    local = scopes["body"]["scopes"][0]["variablesReference"]
+    variables = panel.request("variables", variablesReference=local)
+    heard["variables"] = variables
+    heard["locals"] = [(v["name"], v["value"], v["type"]) for v in variables["body"]["variables"]]
+    evaluated = panel.request("evaluate", expression="a * 10", frameId=frames[0]["id"])
+    heard["evaluate"] = evaluated["body"]["result"]
+    heard["next"] = panel.request("next", threadId=1)
+    heard["continued"] = panel.event("continued")
+    heard["stepped"] = panel.event("stopped")
+    heard["stepped line"] = panel.top_frame()["line"]
+    heard["continue"] = panel.request("continue", threadId=1)
+    panel.event("continued")
+    heard["cell status"] = panel.reply(msg_id)["status"]
+    inspected = panel.request("inspectVariables")
+    heard["inspectVariables"] = inspected
+    heard["names"] = {  # debugpy groups functions and dunders ("", "function" types)
+        v["name"]: v["value"]
+        for v in inspected["body"]["variables"]
+        if v["type"] not in ("", "function")
+    }
+    heard["disconnect"] = panel.request("disconnect", restart=False, terminateDebuggee=True)
+    heard["after"] = panel.request("debugInfo")["body"]["isStarted"]
+    return heard
+
+
+@pytest.fixture(scope="module")
+def kernels() -> Iterator[tuple[Kernel, Kernel]]:
+    native, ours = Kernel(kernel_name=NATIVE), Kernel()
+    yield native, ours
+    native.shutdown()
+    ours.shutdown()
+
+
+def test_the_panels_sequence_as_on_the_native_kernel(kernels: tuple[Kernel, Kernel]) -> None:
+    native, ours = (session(kernel) for kernel in kernels)
+    info, native_info = ours["debugInfo"], native["debugInfo"]
+    assert set(info["body"]) == set(native_info["body"])
+    for key in ("hashMethod", "hashSeed", "tmpFileSuffix", "isStarted"):
+        assert info["body"][key] == native_info["body"][key], key
+    # the cell's file is named as JupyterLab computes it, under the prefix debugInfo announces
+    assert ours["cell file"] and native["cell file"]
+    assert ours["cell name"] == native["cell name"]
+    names = [
+        [(os.path.basename(item["source"]), item["breakpoints"])]
+        for item in (ours["breakpoints"][0], native["breakpoints"][0])
+    ]
+    assert names[0] == names[1]
+    # a stop: the same event, frames, scopes, variables; responses of the same shape
+    for key in ("reason", "threadId", "allThreadsStopped"):
+        assert ours["stopped"]["body"][key] == native["stopped"]["body"][key], key
+    assert set(ours["stopped"]) == set(native["stopped"])
+    local = [(name, line, os.path.basename(path)) for name, line, path in ours["frames"]]
+    remote = [(name, line, os.path.basename(path)) for name, line, path in native["frames"]]
+    assert local == remote == [("f", 2, ours["cell name"]), ("<module>", 5, ours["cell name"])]
+    for key in ("stackTrace", "scopes", "variables", "next", "continue", "disconnect"):
+        assert shape(ours[key]) == shape(native[key]), key
+    assert [s["name"] for s in ours["scopes"]["body"]["scopes"]] == ["Locals", "Globals"]
+    assert ours["locals"] == native["locals"] == [("a", "5", "int")]
+    assert ours["evaluate"] == native["evaluate"] == "50"
+    # next: continued, then stopped at the next line
+    assert ours["continued"]["body"] == native["continued"]["body"]
+    assert ours["stepped"]["body"]["reason"] == native["stepped"]["body"]["reason"] == "step"
+    assert ours["stepped line"] == native["stepped line"] == 3
+    assert ours["cell status"] == native["cell status"] == "ok"
+    # the variables pane while idle
+    assert shape(ours["inspectVariables"]["body"]["variables"][0]) == shape(
+        native["inspectVariables"]["body"]["variables"][0]
+    )
+    assert ours["names"] == native["names"] == {"x": "5", "y": "6", "z": "12"}
+    assert ours["after"] is native["after"] is False
+
+
+def test_a_stopped_cell_waits_past_its_time_limit_and_ends_on_interrupt(start_kernel) -> None:
+    """Stopped, the cell waits for the person: its time limit does not run; an interrupt
+    ends it with KeyboardInterrupt, the session and the kernel's state live on."""
+    # the interrupt's grace, for a loaded machine: the traceback must be written within it
+    kernel = start_kernel(["--WasmKernel.time_limit=2", "--WasmKernel.interrupt_grace=30"])
+    panel = Panel(kernel)
+    panel.start(CELL, BREAKPOINT)
+    msg_id = panel.client.execute(CELL)
+    panel.event("stopped")
+    time.sleep(3)  # longer than the cell's time limit, stopped
+    assert panel.top_frame()["line"] == BREAKPOINT
+    panel.request("continue", threadId=1)
+    assert panel.reply(msg_id)["status"] == "ok"
+    kernel.execute("x = 6")
+    msg_id = panel.client.execute(CELL)
+    panel.event("stopped")
+    kernel.manager.interrupt_kernel()
+    panel.event("continued")
+    reply = panel.reply(msg_id)
+    assert (reply["status"], reply["ename"]) == ("error", "KeyboardInterrupt")
+    assert panel.request("debugInfo")["body"]["breakpoints"]  # the host's session stands
+    assert panel.request("stackTrace", threadId=1)["success"] is False  # nothing stopped
+    assert kernel.execute("print(x)").stream_text() == "5\n", reply
+
+
+def test_turned_off_the_debugger_says_so(start_kernel) -> None:
+    """WasmKernel.debugger=False: kernel_info does not offer it; requests get a DAP error."""
+    kernel = start_kernel(["--WasmKernel.debugger=False"])
+    features = kernel.client.kernel_info(reply=True, timeout=WAIT)["content"]["supported_features"]
+    assert "debugger" not in features
+    panel = Panel(kernel)
+    for content in (
+        {"type": "request", "seq": 1, "command": "initialize", "arguments": {}},
+        {"seq": "not a number", "command": ["not", "text"]},
+    ):
+        panel.client.control_channel.send(panel.client.session.msg("debug_request", content))
+        reply = panel.client.get_control_msg(timeout=WAIT)
+        assert reply["msg_type"] == "debug_reply"
+        assert reply["content"]["success"] is False
+        assert "WasmKernel.debugger" in reply["content"]["message"]
+        assert reply["content"]["request_seq"] == (1 if content["seq"] == 1 else 0)
+    assert kernel.execute("print(6 * 7)").stream_text() == "42\n"

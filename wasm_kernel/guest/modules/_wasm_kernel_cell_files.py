@@ -1,0 +1,39 @@
+"""The file name a cell's code runs under, for both sides: the guest compiles each cell under
+it, and the host announces how it is made (the visual debugger's ``debugInfo``) and names the
+cells a debugger dumps by it. As ipykernel names them: ``<folder>/<murmur2 of the code>.py``,
+the hash seeded as ``debugInfo`` says, so that the breakpoints JupyterLab sets on the name it
+computes land on the code that runs. Nothing is written there (linecache holds the source).
+"""
+
+HASH_METHOD = "Murmur2"
+HASH_SEED = 0xC70F6907
+# the guest's temporary folder and the process number it reports (WASI's, always the same)
+CELL_FOLDER = "/tmp/ipykernel_42/"
+CELL_SUFFIX = ".py"
+_M = 0x5BD1E995
+_MASK = 0xFFFFFFFF
+
+
+def murmur2(data, seed=HASH_SEED):
+    """MurmurHash2 (32-bit) of ``data``'s bytes, as JupyterLab computes it."""
+    length = len(data)
+    h = (seed ^ length) & _MASK
+    whole = length - length % 4
+    for start in range(0, whole, 4):
+        k = int.from_bytes(data[start : start + 4], "little")
+        k = (k * _M) & _MASK
+        k ^= k >> 24
+        h = ((h * _M) & _MASK) ^ ((k * _M) & _MASK)
+    tail = data[whole:]
+    if tail:
+        h ^= int.from_bytes(tail, "little")
+        h = (h * _M) & _MASK
+    h ^= h >> 13
+    h = (h * _M) & _MASK
+    return h ^ (h >> 15)
+
+
+def cell_file(code):
+    """The file a cell of this source text runs under."""
+    digest = murmur2(code.encode("utf-8", "surrogatepass"))
+    return f"{CELL_FOLDER}{digest}{CELL_SUFFIX}"

@@ -1,0 +1,380 @@
+"""JupyterLab's visual debugger, the guest's side: breakpoints, stops, stepping, variables.
+
+The host keeps the debug session (breakpoints, dumped cells) and hands the breakpoints to each
+cell. They cost nothing where they are not: ``sys.monitoring`` watches lines only in the code
+objects compiled from a cell file that has a breakpoint, so a cell without one (and what it
+calls) runs untraced. At a breakpoint the cell stops inside a host call (``debug_stop``) that
+waits for the person at the panel; while it waits, each reply is a Debug Adapter Protocol
+request to answer (stack, scopes, variables, evaluate ...) or how to go on. Stepping uses
+``bdb`` from the stopped frame until the next ``continue``, only for the user's frames.
+"""
+
+import bdb
+import reprlib
+import sys
+import types
+import weakref
+from collections.abc import Mapping
+
+import _wasm_kernel_contract as contract
+
+TOOL = sys.monitoring.DEBUGGER_ID
+LINE = sys.monitoring.events.LINE
+THREAD = 1  # the one thread the panel shows
+VALUE_LIMIT = 1000  # characters of a value as the panel shows it
+PAGE_LIMIT = 1000  # variables in one answer
+NOT_USER = ("<", "/usr/local/lib/")  # the kernel's guest code and the runtime's libraries
+HIDDEN_NAMES = {"__builtins__", "__builtin__", "__loader__", "__spec__", "__package__"}
+HIDDEN_NAMES |= {"__name__", "__doc__", "__annotations__", "__display__", "get_ipython"}
+HIDDEN_NAMES |= {"exit", "quit", "In", "Out", "_oh", "_dh", "_", "__", "___"}
+
+_breakpoints = {}  # cell file -> the lines with a breakpoint
+_codes = {}  # cell file -> the code objects compiled from it (for breakpoints set later)
+_short = reprlib.Repr(maxstring=VALUE_LIMIT, maxother=VALUE_LIMIT, maxlist=100, maxdict=100)
+_short.maxlevel = 3
+
+
+def _kernel():
+    """The kernel's guest module as it is now (the host may have reinstalled it)."""
+    return sys.modules["_wasm_kernel"]
+
+
+def _is_user(frame):
+    """A frame of the user's code: a cell's, or a module of the user's own."""
+    return not frame.f_code.co_filename.startswith(NOT_USER)
+
+
+# -- breakpoints ------------------------------------------------------------------------------
+
+
+def compiled(code):
+    """Every code object compiled from a cell (the shell's compiler tells each), kept weakly:
+    a breakpoint set later must reach the functions a cell defined."""
+    codes = _codes.setdefault(code.co_filename, weakref.WeakSet())
+    pending = [code]
+    while pending:
+        each = pending.pop()
+        codes.add(each)
+        if each.co_filename in _breakpoints:
+            sys.monitoring.set_local_events(TOOL, each, LINE)
+        pending += [item for item in each.co_consts if isinstance(item, types.CodeType)]
+
+
+def set_breakpoints(breakpoints):
+    """The session's breakpoints ({cell file: [lines]}), from the host at each cell and each
+    step; lines are watched only in the code of those files."""
+    wanted = {str(path): {int(line) for line in lines} for path, lines in breakpoints.items()}
+    if wanted == _breakpoints:
+        return
+    if wanted and sys.monitoring.get_tool(TOOL) is None:
+        sys.monitoring.use_tool_id(TOOL, "wasm-kernel visual debugger")
+        sys.monitoring.register_callback(TOOL, LINE, _on_line)
+    for path in set(_breakpoints) | set(wanted):
+        for code in list(_codes.get(path, ())):
+            sys.monitoring.set_local_events(TOOL, code, LINE if path in wanted else 0)
+    _breakpoints.clear()
+    _breakpoints.update(wanted)
+    for path in [path for path, codes in _codes.items() if not codes]:
+        del _codes[path]  # cells whose code is gone
+    if sys.monitoring.get_tool(TOOL) is not None:
+        sys.monitoring.restart_events()  # lines passed over before are watched again
+
+
+def _on_line(code, line):
+    if line not in _breakpoints.get(code.co_filename, ()):
+        return sys.monitoring.DISABLE  # this line no more, until the breakpoints change
+    if not _stepper.active:  # while stepping, bdb stops there itself
+        _stepper.stop(sys._getframe(1), "breakpoint")
+    return None
+
+
+def cell_ended():
+    """Whatever a stop left tracing ends with the cell."""
+    _stepper.finish()
+
+
+# -- a stop -------------------------------------------------------------------------------------
+
+
+class Stepper(bdb.Bdb):
+    """bdb, from a stop until ``continue``: only the user's frames stop, the breakpoints
+    are the session's, and each stop waits on the host."""
+
+    def __init__(self):
+        super().__init__()
+        self.active = False
+
+    def stop_here(self, frame):
+        return _is_user(frame) and super().stop_here(frame)
+
+    def break_here(self, frame):
+        return frame.f_lineno in _breakpoints.get(frame.f_code.co_filename, ())
+
+    def break_anywhere(self, frame):
+        return frame.f_code.co_filename in _breakpoints
+
+    def user_call(self, frame, argument_list):
+        pass  # stepping in stops at the callee's first line
+
+    def user_return(self, frame, return_value):
+        pass
+
+    def user_exception(self, frame, exc_info):
+        pass
+
+    def user_line(self, frame):
+        self.stop(frame, "breakpoint" if self.break_here(frame) else "step")
+
+    def stop(self, frame, reason):
+        """Wait on the host, answering its requests, until it says how to go on."""
+        try:
+            resume = Stopped(frame).wait(reason)
+        except BaseException:  # an interrupt, or the shutdown: the cell ends here
+            self.finish()
+            raise
+        if resume == contract.INTERRUPTED:
+            self.finish()
+            raise KeyboardInterrupt("Interrupted by user")
+        if resume == "continue":
+            self.finish()
+            return
+        if not self.active:
+            self.set_trace(frame)  # every frame up the stack, and the calls to come
+            self.active = True
+        if resume == "next":
+            self.set_next(frame)
+        elif resume == "stepOut":
+            self.set_return(frame)
+        else:
+            self.set_step()
+
+    def finish(self):
+        if self.active:
+            self.active = False
+            self.set_continue()  # no bdb breakpoints: tracing stops
+
+
+_stepper = Stepper()
+
+
+class Stopped:
+    """One stop: its frames and the variables shown, by the numbers the panel uses."""
+
+    def __init__(self, frame):
+        self.frames = []
+        while frame is not None:
+            if _is_user(frame):
+                self.frames.append(frame)
+            frame = frame.f_back
+        self.references = {}  # variablesReference -> what it expands
+
+    def wait(self, reason):
+        reply = _kernel().call_host(contract.DEBUG_STOP, reason=reason)
+        while True:
+            set_breakpoints(reply.get("breakpoints", _breakpoints))
+            request = reply.get("request")
+            if request is None:
+                return reply.get("resume", "continue")
+            reply = _kernel().call_host(contract.DEBUG_ANSWER, **answer(request, self))
+
+    def frame(self, arguments):
+        number = arguments.get("frameId")
+        if not isinstance(number, int) or not 0 < number <= len(self.frames):
+            raise LookupError(f"no frame {number!r} in this stop")
+        return self.frames[number - 1]
+
+    def reference(self, value):
+        """A number that expands ``value`` (0: nothing to expand)."""
+        if not _expandable(value):
+            return 0
+        number = len(self.references) + 1
+        self.references[number] = value
+        return number
+
+    # -- the requests a stop answers ------------------------------------------------------
+
+    def stackTrace(self, arguments):
+        start = max(0, int(arguments.get("startFrame") or 0))
+        levels = int(arguments.get("levels") or 0) or len(self.frames)
+        frames = [
+            {
+                "id": number,
+                "name": frame.f_code.co_name,
+                "line": frame.f_lineno,
+                "column": 1,
+                "source": {"path": frame.f_code.co_filename, "sourceReference": 0},
+            }
+            for number, frame in enumerate(self.frames, 1)
+        ]
+        return {"stackFrames": frames[start : start + levels], "totalFrames": len(frames)}
+
+    def scopes(self, arguments):
+        frame = self.frame(arguments)
+        local = {
+            "name": "Locals",
+            "variablesReference": self.reference(frame.f_locals),
+            "expensive": False,
+            "presentationHint": "locals",
+            "source": {},
+        }
+        shared = {
+            "name": "Globals",
+            "variablesReference": self.reference(frame.f_globals),
+            "expensive": False,
+            "source": {},
+        }
+        return {"scopes": [local, shared]}
+
+    def variables(self, arguments):
+        value = self.references.get(arguments.get("variablesReference"))
+        if value is None:
+            raise LookupError("no such variablesReference in this stop")
+        start = max(0, int(arguments.get("start") or 0))
+        count = min(PAGE_LIMIT, int(arguments.get("count") or 0) or PAGE_LIMIT)
+        return {"variables": described(_children(value), start, count, self.reference)}
+
+    def evaluate(self, arguments):
+        frame = self.frame(arguments)
+        value = eval(str(arguments.get("expression", "")), frame.f_globals, frame.f_locals)
+        return {
+            "result": _shown(value),
+            "type": type(value).__name__,
+            "variablesReference": self.reference(value),
+            "presentationHint": {},
+        }
+
+    def richInspectVariables(self, arguments):
+        frame = self.frame(arguments)
+        name = str(arguments.get("variableName", ""))
+        scope = {**frame.f_globals, **frame.f_locals}
+        return rich(scope, name)
+
+    def copyToGlobals(self, arguments):
+        frame = self.frame({"frameId": arguments.get("srcFrameId")})
+        source, target = arguments.get("srcVariableName"), arguments.get("dstVariableName")
+        if not (isinstance(target, str) and target.isidentifier()):
+            raise ValueError("dstVariableName and srcVariableName must be valid identifiers")
+        _kernel().shell.user_ns[target] = frame.f_locals[source]
+        return {}
+
+
+# -- requests answered with or without a stop ---------------------------------------------
+
+
+class Idle:
+    """No cell is stopped: the requests the panel sends then run as a service turn."""
+
+
+def inspectVariables(_stop, _arguments):
+    names = _kernel().shell.user_ns
+    shown = {name: value for name, value in names.items() if _visible(name)}
+    return {"variables": described(list(shown.items()), 0, PAGE_LIMIT, lambda _: 0)}
+
+
+def modules(_stop, arguments):
+    loaded = list(sys.modules.values())
+    start = max(0, int(arguments.get("startModule") or 0))
+    count = int(arguments.get("moduleCount") or 0) or len(loaded)
+    found = []
+    for number, module in enumerate(loaded[start : start + min(count, PAGE_LIMIT)], start):
+        origin = getattr(getattr(module, "__spec__", None), "origin", None)
+        if isinstance(origin, str) and origin.endswith(".py"):
+            found.append({"id": number, "name": module.__name__, "path": origin})
+    return {"modules": found, "totalModules": len(loaded)}
+
+
+def answer(request, stop):
+    """A DAP request's answer: success, body, and why not."""
+    command = str(request.get("command", ""))
+    arguments = request.get("arguments") or {}
+    if command == "inspectVariables":
+        handler = inspectVariables
+    elif command == "modules":
+        handler = modules
+    elif command == "richInspectVariables" and isinstance(stop, Idle):
+        name = str(arguments.get("variableName", ""))
+        return {"success": True, "body": rich(_kernel().shell.user_ns, name)}
+    else:
+        method = getattr(type(stop), command, None) if command.isidentifier() else None
+        if method is None:
+            return {"success": False, "failure": f"{command}: only while a cell is stopped"}
+        handler = method
+    try:
+        return {"success": True, "body": handler(stop, arguments)}
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        return {"success": False, "failure": f"{type(exc).__name__}: {_clip(str(exc))}"}
+
+
+def serve(request):
+    """A request while no cell runs (the ``debug`` service)."""
+    return answer(request, Idle())
+
+
+# -- values as the panel shows them ---------------------------------------------------------
+
+
+def _visible(name):
+    return (
+        name not in HIDDEN_NAMES
+        and not name.startswith("_i")
+        and not (name.startswith("_") and name[1:2].isdigit())
+    )
+
+
+def _clip(text):
+    return text if len(text) <= VALUE_LIMIT else text[:VALUE_LIMIT] + "..."
+
+
+def _shown(value):
+    try:
+        return _clip(_short.repr(value))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        return f"<repr failed: {type(exc).__name__}>"
+
+
+def _expandable(value):
+    return isinstance(value, (Mapping, list, tuple, set, frozenset)) or (
+        hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType))
+    )
+
+
+def _children(value):
+    """(name, value) pairs a variable expands to."""
+    if isinstance(value, Mapping):  # a dict, or a function's locals
+        names = [(str(key), item) for key, item in value.items()]
+        is_scope = all(isinstance(key, str) for key in value)
+        return [(name, item) for name, item in names if not is_scope or _visible(name)]
+    if isinstance(value, (list, tuple)):
+        return [(str(index), item) for index, item in enumerate(value)]
+    if isinstance(value, (set, frozenset)):
+        return [(str(index), item) for index, item in enumerate(value)]
+    return [(str(name), item) for name, item in vars(value).items()]
+
+
+def described(pairs, start, count, reference):
+    return [
+        {
+            "name": name,
+            "value": _shown(value),
+            "type": type(value).__name__,
+            "evaluateName": name,
+            "variablesReference": reference(value),
+        }
+        for name, value in pairs[start : start + count]
+    ]
+
+
+def rich(scope, name):
+    """A variable's mime bundle, as the notebook would show it (the host applies the
+    active-output policy)."""
+    from _wasm_kernel_display import jsonable
+
+    if not name.isidentifier() or name not in scope:
+        return {"data": {}, "metadata": {}}
+    data, metadata = _kernel().shell.display_formatter.format(scope[name])
+    data, metadata = jsonable(data), jsonable(metadata)
+    return {"data": data, "metadata": {key: metadata[key] for key in metadata if key in data}}

@@ -50,6 +50,7 @@ CELL = (
 BREAKPOINT_LINE = 2  # `total = a + b`
 DAP_MESSAGES = {"debug_request", "debug_reply", "debug_event"}
 TRACE_TAIL = 12  # DAP messages quoted in a failure
+ANSWER_MS = UI_TIMEOUT_MS  # for what the page shows once the kernel has answered
 
 
 class DapTrace:
@@ -148,24 +149,24 @@ def _debug_cell(page: Page, display_name: str, prefix: str) -> None:
     status = page.locator(".jp-StatusBar-Widget").filter(has_text=display_name).first
     expect(status).to_contain_text("Idle", timeout=RENDER_TIMEOUT_MS)
 
-    # The bug icon is enabled only for a kernel that announces the debugger; pressed, it opens
-    # the debugger's sidebar for this notebook.
+    # The bug icon is enabled for a kernelspec that announces the debugger; pressed, it starts
+    # a debug session, and the kernel's `initialized` event opens the debugger's sidebar.
     bug = panel.locator(".jp-DebuggerBugButton")
-    announced = "the bug icon stays disabled: the kernel does not announce the debugger"
+    announced = "the bug icon stays disabled: the kernelspec does not announce the debugger"
     expect(bug, announced).to_have_attribute("aria-disabled", "false")
     bug.click()
-    expect(bug).to_have_attribute("aria-pressed", "true", timeout=RENDER_TIMEOUT_MS)
+    expect(bug).to_have_attribute("aria-pressed", "true", timeout=ANSWER_MS)
     sidebar = page.locator("#jp-debugger-sidebar")
-    expect(sidebar).to_be_visible()
+    expect(sidebar).to_be_visible(timeout=ANSWER_MS)
 
     # One gutter element a line, after CodeMirror's hidden spacer; a mousedown sets the
     # breakpoint, which the Breakpoints pane lists once the kernel has accepted it.
     cell = panel.locator(".jp-Cell").first
     gutter = cell.locator(".cm-breakpoint-gutter .cm-gutterElement:visible")
-    expect(gutter).to_have_count(CELL.count("\n") + 1)
+    expect(gutter).to_have_count(CELL.count("\n") + 1, timeout=ANSWER_MS)
     gutter.nth(BREAKPOINT_LINE - 1).click()
     expect(sidebar.locator(".jp-DebuggerBreakpoint-line")).to_have_text(
-        [str(BREAKPOINT_LINE)], timeout=RENDER_TIMEOUT_MS
+        [str(BREAKPOINT_LINE)], timeout=ANSWER_MS
     )
 
     # Run the cell in place: it stops at the breakpoint, in add() called from the cell.
@@ -176,34 +177,31 @@ def _debug_cell(page: Page, display_name: str, prefix: str) -> None:
         ["add", "<module>"], timeout=RENDER_TIMEOUT_MS
     )
     # the frames' files are the cell's, as named from the hash debugInfo announced
-    expect(frames.locator(".jp-DebuggerCallstackFrame-location")).to_have_text(
-        ["Cell [*]:2", "Cell [*]:5"]
-    )
+    locations = frames.locator(".jp-DebuggerCallstackFrame-location")
+    expect(locations).to_have_text(["Cell [*]:2", "Cell [*]:5"], timeout=ANSWER_MS)
     current = cell.locator(".jp-DebuggerEditor-highlight")
-    expect(current).to_have_text("    total = a + b")
-    expect(_variable(sidebar, "a")).to_have_text("40")
-    expect(_variable(sidebar, "b")).to_have_text("2")
+    expect(current).to_have_text("    total = a + b", timeout=ANSWER_MS)
+    expect(_variable(sidebar, "a")).to_have_text("40", timeout=ANSWER_MS)
+    expect(_variable(sidebar, "b")).to_have_text("2", timeout=ANSWER_MS)
     _screenshot(page, f"{prefix}-stopped.png")
 
     # Next: one line on, where the new local shows.
     sidebar.locator('[data-command="debugger:next"]').click()
-    expect(frames.locator(".jp-DebuggerCallstackFrame-location").first).to_have_text(
-        "Cell [*]:3", timeout=RENDER_TIMEOUT_MS
-    )
-    expect(current).to_have_text("    return total")
-    expect(_variable(sidebar, "total")).to_have_text("42")
+    expect(locations.first).to_have_text("Cell [*]:3", timeout=ANSWER_MS)
+    expect(current).to_have_text("    return total", timeout=ANSWER_MS)
+    expect(_variable(sidebar, "total")).to_have_text("42", timeout=ANSWER_MS)
     _screenshot(page, f"{prefix}-stepped.png")
 
     # Continue: the cell runs to its end and prints; nothing is left stopped.
     sidebar.locator('[data-command="debugger:continue"]').click()
     printed = cell.locator('.jp-OutputArea [data-mime-type="application/vnd.jupyter.stdout"]')
     expect(printed).to_have_text("result 42", timeout=RENDER_TIMEOUT_MS)
-    expect(cell.locator(".jp-InputPrompt")).to_have_text("[1]:")
-    expect(frames).to_have_count(0)
-    expect(current).to_have_count(0)
-    expect(status).to_contain_text("Idle")
+    expect(cell.locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=ANSWER_MS)
+    expect(frames).to_have_count(0, timeout=ANSWER_MS)
+    expect(current).to_have_count(0, timeout=ANSWER_MS)
+    expect(status).to_contain_text("Idle", timeout=ANSWER_MS)
     # idle, the pane shows the notebook's globals (inspectVariables)
-    expect(_variable(sidebar, "result")).to_have_text("42")
+    expect(_variable(sidebar, "result")).to_have_text("42", timeout=ANSWER_MS)
     _screenshot(page, f"{prefix}-finished.png")
 
 

@@ -19,10 +19,12 @@ from collections.abc import Mapping
 import _wasm_kernel_contract as contract
 
 TOOL = sys.monitoring.DEBUGGER_ID
+TOOL_NAME = "wasm-kernel visual debugger"
 LINE = sys.monitoring.events.LINE
 THREAD = 1  # the one thread the panel shows
 VALUE_LIMIT = 1000  # characters of a value as the panel shows it
 PAGE_LIMIT = 1000  # variables in one answer
+KEPT_FILES = 1000  # cell files past which those whose code is gone are forgotten
 NOT_USER = ("<", "/usr/local/lib/")  # the kernel's guest code and the runtime's libraries
 HIDDEN_NAMES = {"__builtins__", "__builtin__", "__loader__", "__spec__", "__package__"}
 HIDDEN_NAMES |= {"__name__", "__doc__", "__annotations__", "__display__", "get_ipython"}
@@ -50,6 +52,9 @@ def _is_user(frame):
 def compiled(code):
     """Every code object compiled from a cell (the shell's compiler tells each), kept weakly:
     a breakpoint set later must reach the functions a cell defined."""
+    if len(_codes) > KEPT_FILES:
+        for path in [path for path, codes in _codes.items() if not codes]:
+            del _codes[path]  # cells whose code is gone
     codes = _codes.setdefault(code.co_filename, weakref.WeakSet())
     pending = [code]
     while pending:
@@ -64,20 +69,23 @@ def set_breakpoints(breakpoints):
     """The session's breakpoints ({cell file: [lines]}), from the host at each cell and each
     step; lines are watched only in the code of those files."""
     wanted = {str(path): {int(line) for line in lines} for path, lines in breakpoints.items()}
-    if wanted == _breakpoints:
+    if wanted == _breakpoints or not _own_tool():
         return
-    if wanted and sys.monitoring.get_tool(TOOL) is None:
-        sys.monitoring.use_tool_id(TOOL, "wasm-kernel visual debugger")
-        sys.monitoring.register_callback(TOOL, LINE, _on_line)
     for path in set(_breakpoints) | set(wanted):
         for code in list(_codes.get(path, ())):
             sys.monitoring.set_local_events(TOOL, code, LINE if path in wanted else 0)
     _breakpoints.clear()
     _breakpoints.update(wanted)
-    for path in [path for path, codes in _codes.items() if not codes]:
-        del _codes[path]  # cells whose code is gone
-    if sys.monitoring.get_tool(TOOL) is not None:
-        sys.monitoring.restart_events()  # lines passed over before are watched again
+    sys.monitoring.restart_events()  # lines passed over before are watched again
+
+
+def _own_tool():
+    """Whether sys.monitoring's debugger slot is ours (a cell's own debugger may hold it:
+    then the panel's breakpoints do not stop)."""
+    if sys.monitoring.get_tool(TOOL) is None:
+        sys.monitoring.use_tool_id(TOOL, TOOL_NAME)
+        sys.monitoring.register_callback(TOOL, LINE, _on_line)
+    return sys.monitoring.get_tool(TOOL) == TOOL_NAME
 
 
 def _on_line(code, line):

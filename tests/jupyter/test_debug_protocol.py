@@ -130,6 +130,7 @@ def session(kernel: Kernel) -> dict:
         for v in inspected["body"]["variables"]
         if v["type"] not in ("", "function")
     }
+    heard["rich"] = panel.request("richInspectVariables", variableName="z")["body"]
     heard["disconnect"] = panel.request("disconnect", restart=False, terminateDebuggee=True)
     heard["after"] = panel.request("debugInfo")["body"]["isStarted"]
     return heard
@@ -179,13 +180,14 @@ def test_the_panels_sequence_as_on_the_native_kernel(kernels: tuple[Kernel, Kern
         native["inspectVariables"]["body"]["variables"][0]
     )
     assert ours["names"] == native["names"] == {"x": "5", "y": "6", "z": "12"}
+    assert ours["rich"] == native["rich"] == {"data": {"text/plain": "12"}, "metadata": {}}
     assert ours["after"] is native["after"] is False
 
 
 def test_a_stopped_cell_waits_past_its_time_limit_and_ends_on_interrupt(start_kernel) -> None:
     """Stopped, the cell waits for the person: its time limit does not run; an interrupt
     ends it with KeyboardInterrupt, the session and the kernel's state live on."""
-    # the interrupt's grace, for a loaded machine: the traceback must be written within it
+    # the interrupt's grace, for a loaded machine: the traceback is written within it
     kernel = start_kernel(["--WasmKernel.time_limit=2", "--WasmKernel.interrupt_grace=30"])
     panel = Panel(kernel)
     panel.start(CELL, BREAKPOINT)
@@ -193,8 +195,12 @@ def test_a_stopped_cell_waits_past_its_time_limit_and_ends_on_interrupt(start_ke
     panel.event("stopped")
     time.sleep(3)  # longer than the cell's time limit, stopped
     assert panel.top_frame()["line"] == BREAKPOINT
+    # the debugger's console runs a statement in the frame; a local copied to the globals
+    panel.request("evaluate", expression="a = 40", frameId=1, context="repl")
+    panel.request("copyToGlobals", srcVariableName="a", dstVariableName="g", srcFrameId=1)
     panel.request("continue", threadId=1)
     assert panel.reply(msg_id)["status"] == "ok"
+    assert kernel.execute("print(g, y)").stream_text() == "40 41\n"
     kernel.execute("x = 6")
     msg_id = panel.client.execute(CELL)
     panel.event("stopped")
@@ -205,6 +211,84 @@ def test_a_stopped_cell_waits_past_its_time_limit_and_ends_on_interrupt(start_ke
     assert panel.request("debugInfo")["body"]["breakpoints"]  # the host's session stands
     assert panel.request("stackTrace", threadId=1)["success"] is False  # nothing stopped
     assert kernel.execute("print(x)").stream_text() == "5\n", reply
+
+
+def test_pause_stops_a_running_cell_where_it_is(start_kernel) -> None:
+    """The pause button stops a running cell (here a loop that never ends) at its next line;
+    the panel reads its variables there; continue lets it run on, an interrupt ends it."""
+    kernel = start_kernel(["--WasmKernel.interrupt_grace=30"])  # for a loaded machine
+    panel = Panel(kernel)
+    panel.start(CELL, BREAKPOINT)
+    assert panel.request("pause", threadId=1)["success"] is False  # nothing runs
+    msg_id = panel.client.execute("n = 0\nwhile n >= 0:\n    n += 1\n")
+    time.sleep(0.5)
+    assert panel.request("pause", threadId=1)["success"]
+    assert panel.event("stopped")["body"]["reason"] == "pause"
+    frame = panel.top_frame()
+    assert (frame["name"], frame["line"] in (2, 3)) == ("<module>", True)
+    assert panel.request("evaluate", expression="n > 0", frameId=frame["id"])["body"] == {
+        "result": "True",
+        "type": "bool",
+        "variablesReference": 0,
+        "presentationHint": {},
+    }
+    panel.request("continue", threadId=1)
+    panel.event("continued")
+    kernel.manager.interrupt_kernel()
+    reply = panel.reply(msg_id)
+    assert (reply["status"], reply["ename"]) == ("error", "KeyboardInterrupt")
+    run = kernel.execute("print(n > 0)")
+    assert run.stream_text() == "True\n", (reply, run.content)
+
+
+def test_a_trap_after_a_step_rolls_back_and_the_session_goes_on(start_kernel) -> None:
+    """A cell that runs out of fuel after the person stepped is rolled back like any trap;
+    the session's breakpoints are the host's, so the next run stops again."""
+    kernel = start_kernel(["--WasmKernel.fuel=1000000000"])
+    spin = "kept = 1\nkept = 2\nwhile True:\n    pass\n"
+    panel = Panel(kernel)
+    panel.start(spin, 1)
+    msg_id = panel.client.execute(spin)
+    panel.event("stopped")
+    panel.request("next", threadId=1)
+    panel.event("stopped")
+    assert panel.top_frame()["line"] == 2
+    panel.request("continue", threadId=1)
+    assert panel.reply(msg_id)["ename"] == "FuelExhausted"
+    assert kernel.execute("print('kept' in dir())").stream_text() == "False\n"  # rolled back
+    msg_id = panel.client.execute(spin)
+    assert panel.event("stopped")["body"]["reason"] == "breakpoint"
+    assert panel.top_frame()["line"] == 1
+    kernel.manager.interrupt_kernel()
+    assert panel.reply(msg_id)["ename"] == "KeyboardInterrupt"
+
+
+def test_the_idle_variables_pane_expands_and_module_sources_are_read(kernel: Kernel) -> None:
+    """While no cell runs, the variables pane's containers expand (paged), and the source of
+    a file a frame may be in (a module of the user's) is read in the sandbox."""
+    module = "def helper():\n    return 3\n"
+    code = f"d = {{'k': [1, 2]}}\nopen('/tmp/helper_module.py', 'w').write({module!r})"
+    assert kernel.execute(code).content["status"] == "ok"
+    panel = Panel(kernel)
+    shown = panel.request("inspectVariables")["body"]["variables"]
+    d = next(v for v in shown if v["name"] == "d")
+    inside = panel.request("variables", variablesReference=d["variablesReference"])["body"]
+    (k,) = inside["variables"]
+    assert (k["name"], k["value"], k["type"]) == ("k", "[1, 2]", "list")
+    page = panel.request("variables", variablesReference=k["variablesReference"], start=1, count=1)
+    assert [(v["name"], v["value"]) for v in page["body"]["variables"]] == [("1", "2")]
+    source = panel.request("source", source={"path": "/tmp/helper_module.py"})
+    assert source["body"]["content"] == module
+    assert panel.request("source", source={"path": "/tmp/absent.py"})["success"] is False
+
+
+@pytest.mark.parametrize("op", ["debug_stop", "debug_answer"])
+def test_a_cell_cannot_stop_itself_without_a_panel(kernel: Kernel, op: str) -> None:
+    """A stop waits for a person with the time limit paused: with no debug session (no panel
+    to answer), the host lets the cell go on at once."""
+    message = {"op": op, "reason": "pause", "success": True}
+    code = f"import _host, json\nprint(json.loads(_host.call(json.dumps({message!r}).encode())))"
+    assert kernel.execute(code).stream_text() == "{'resume': 'continue', 'breakpoints': {}}\n"
 
 
 def test_turned_off_the_debugger_says_so(start_kernel) -> None:

@@ -261,18 +261,22 @@ def _room_for(size):
 # -- interrupts -----------------------------------------------------------------------------
 
 
-def interruption():
+def interruption(reply=None):
     """What an interrupt raises: TimeLimitExceeded when the cell's time limit asked for it,
     else KeyboardInterrupt. Asks without flushing streams: it may run in a signal handler."""
-    reply = _send(contract.INTERRUPTION, {})
+    reply = _send(contract.INTERRUPTION, {}) if reply is None else reply
     text = reply.get("time_limit")
     if isinstance(text, str):
         return sys.modules["_wasm_kernel_sandbox"].TimeLimitExceeded(text)
     return KeyboardInterrupt()
 
 
-def _on_sigint(_signum, _frame):
-    raise interruption()
+def _on_sigint(_signum, frame):
+    reply = _send(contract.INTERRUPTION, {})
+    if reply.get("pause"):  # the visual debugger's: stop at the next line of the user's code
+        sys.modules["_wasm_kernel_visual_debugger"].pause(frame)
+        return
+    raise interruption(reply)
 
 
 # -- service requests and the host's own turns ----------------------------------------------

@@ -11,9 +11,10 @@ the stdin channel (see the guest's debugging module).
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ipykernel.kernelbase import Kernel
 
@@ -21,6 +22,9 @@ from ..guest.modules import _wasm_kernel_cell_files as cell_files
 from ..guest.modules import _wasm_kernel_contract as declared
 from ..output.active_output import ActiveOutput
 from .debug_session import DebugSession, NotStopped
+
+if TYPE_CHECKING:
+    from ..sandbox.sandbox import Sandbox
 
 NOT_OFFERED = (
     "the visual debugger is turned off in this kernel (WasmKernel.debugger). Use %debug after"
@@ -34,8 +38,8 @@ SOURCE_LIMIT = 4 << 20  # characters of a dumped cell
 KEPT_CELLS = 1000  # dumped cells kept, and files with breakpoints
 LINES_LIMIT = 1000  # breakpoints in one file
 RESUMES = ("continue", "next", "stepIn", "stepOut")
-GUEST_STOPPED = ("stackTrace", "scopes", "variables", "evaluate", "copyToGlobals")
-GUEST_ANY = ("inspectVariables", "richInspectVariables", "modules")
+GUEST_STOPPED = ("stackTrace", "scopes", "evaluate", "copyToGlobals")
+GUEST_ANY = ("variables", "inspectVariables", "richInspectVariables", "modules", "source")
 CAPABILITIES = {
     "supportsConfigurationDoneRequest": True,
     "supportsDelayedStackTraceLoading": True,
@@ -94,6 +98,7 @@ class DebugRequests(Kernel):
     active_output: str
     debug_session: DebugSession
     _service: Callable[..., Awaitable[dict]]
+    _running_sandbox: Callable[[], Sandbox | None]
     _breakpoint_ids = itertools.count(1)
 
     async def do_debug_request(self, msg: Any) -> dict:
@@ -109,7 +114,8 @@ class DebugRequests(Kernel):
         session = self.debug_session
         own = getattr(self, f"_dap_{command}", None) if isinstance(command, str) else None
         if own is not None:
-            return own(request, arguments)
+            answered = own(request, arguments)
+            return await answered if inspect.isawaitable(answered) else answered
         if command in RESUMES:
             if not session.stopped:
                 return refusal(request, NOT_STOPPED)
@@ -230,8 +236,22 @@ class DebugRequests(Kernel):
         ]
         return _response(request, True, {"breakpoints": verified})
 
-    def _dap_source(self, request: dict, arguments: dict) -> dict:
-        code = self.debug_session.sources.get(_path(arguments) or "")
-        if code is None:
+    def _dap_pause(self, request: dict, _arguments: dict) -> dict:
+        """Stop the running cell at its next line of the user's code."""
+        session = self.debug_session
+        if not session.stopped:
+            sandbox = self._running_sandbox() if session.cell_running else None
+            if sandbox is None:
+                return refusal(request, "no cell is running")
+            sandbox.interrupt(pause=True)
+        return _response(request, True)
+
+    async def _dap_source(self, request: dict, arguments: dict) -> dict:
+        """A dumped cell's code, or a file the guest reads (a module beside the notebook)."""
+        path = _path(arguments)
+        code = self.debug_session.sources.get(path or "")
+        if code is not None:
+            return _response(request, True, {"content": code})
+        if path is None:
             return _response(request, False, {}, "source unavailable")
-        return _response(request, True, {"content": code})
+        return await self._guest_answer(request, "source", {"path": path})

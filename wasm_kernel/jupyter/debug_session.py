@@ -87,7 +87,10 @@ class DebugSession:
     # -- the guest thread's side -----------------------------------------------------------
 
     def stop(self, reason: str, parent: dict, interrupts: Interrupts) -> dict:
-        """A cell stopped: tell the panel, then wait for what to do."""
+        """A cell stopped: tell the panel, then wait for what to do. Without a session (no
+        panel to answer), it goes on at once: a cell cannot pause its own time limit so."""
+        if not self.started:
+            return {"resume": "continue", "breakpoints": {}}
         self._parent, self.stopped = parent, True
         body = {"reason": reason, "threadId": THREAD, "preserveFocusHint": False}
         self.event("stopped", {**body, "allThreadsStopped": True})
@@ -95,6 +98,8 @@ class DebugSession:
 
     def answered(self, message: dict, interrupts: Interrupts) -> dict:
         """The guest's answer to the request it was given; then wait again."""
+        if not self.stopped:  # an answer nobody asked for
+            return {"resume": "continue", "breakpoints": self.for_cell()}
         answering, self._answering = self._answering, None
         if answering is not None and not answering.done():
             answering.set_result(message)

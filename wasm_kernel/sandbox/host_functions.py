@@ -222,6 +222,8 @@ class HostCall:
         return {}
 
     def _interruption(self, _message: dict, _caller: wasmtime.Caller) -> dict:
+        if self._interrupts.take_pause():
+            return {"pause": True}
         if self._interrupts.soft_reason != TIME or self._limits is None:
             return {}
         return {"time_limit": time_limit_interrupted(self._limits)}

@@ -46,6 +46,7 @@ class Interrupts:
         self._active = False
         self.stop_reason: str | None = None
         self.soft_reason: str | None = None  # stops.INTERRUPT, or stops.TIME (the time limit)
+        self._pausing = False  # the visual debugger's pause: tripped, not yet taken
 
     def begin(self, soft: bool = True) -> int:
         """A turn starts; returns its number. ``soft=False``: the kernel's own repair turns,
@@ -54,7 +55,7 @@ class Interrupts:
             self._turn += 1
             self._active = True
             self._soft, self._requested, self.stop_reason = False, not soft, None
-            self.soft_reason = None
+            self.soft_reason, self._pausing = None, False
             self._event.clear()
             return self._turn
 
@@ -85,6 +86,24 @@ class Interrupts:
             if deliver is not None:
                 deliver()
             return self._turn
+
+    def request_pause(self, deliver: Callable[[], None]) -> bool:
+        """The visual debugger's pause: ``deliver`` trips CPython's signal flags, and the
+        guest, asking why (``take_pause``), stops at its next line instead of raising. No wait
+        is cut short and no grace timer runs: a cell that never reaches Python code again is
+        simply not paused. False if idle or already interrupted."""
+        with self._lock:
+            if not self._active or self._requested:
+                return False
+            self._pausing = True
+            deliver()
+            return True
+
+    def take_pause(self) -> bool:
+        """True (once) if the guest's interruption is the visual debugger's pause."""
+        with self._lock:
+            pausing, self._pausing = self._pausing, False
+            return pausing and not self._requested
 
     def request_stop(self, reason: str, turn: int | None = None) -> None:
         """Stop turn ``turn`` (default: whichever runs) with an epoch trap, if it still runs."""
@@ -243,8 +262,12 @@ class Metering:
             return
         self._signals = flags
 
-    def interrupt(self) -> None:
-        """Jupyter interrupt: KeyboardInterrupt in the cell, or a hard stop after the grace time."""
+    def interrupt(self, pause: bool = False) -> None:
+        """Jupyter interrupt: KeyboardInterrupt in the cell, or a hard stop after the grace time;
+        ``pause``: the visual debugger's, which stops the cell at its next line, nothing more."""
+        if pause:
+            self.interrupts.request_pause(self._trip)
+            return
         turn = self.interrupts.request_soft(self._trip)
         if turn is not None:
             self.watchdog.arm(self._grace, partial(self.interrupts.request_stop, INTERRUPT, turn))

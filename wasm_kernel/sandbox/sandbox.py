@@ -222,9 +222,9 @@ class Sandbox(SandboxRecovery):
         self._scratch.close()
         kernel_folders.remove(self._tmp)
 
-    def interrupt(self) -> None:
-        """Jupyter interrupt: KeyboardInterrupt in the cell, or a hard stop after the grace time."""
-        self._metering.interrupt()
+    def interrupt(self, pause: bool = False) -> None:
+        """Jupyter interrupt (see Metering.interrupt); ``pause``: the visual debugger's."""
+        self._metering.interrupt(pause)
 
     def _hit_memory_limit(
         self, store: wasmtime.Store | wasmtime.Caller, memory_at_start: int

@@ -211,9 +211,9 @@ SNAPSHOT = Message(  # %snapshot: save, restore, list or delete an image
     Field("name", TEXT, limit=1024, default=""),
     reply=(Field("text", TEXT), Field("error", TEXT)),
 )
-INTERRUPTION = Message(  # why the cell is interrupted: its time limit, or not
-    "interruption",
-    reply=(Field("time_limit", TEXT),),
+INTERRUPTION = Message(  # why the cell is interrupted: its time limit, or not; or the visual
+    "interruption",  # debugger's pause, which stops the cell at its next line instead
+    reply=(Field("time_limit", TEXT), Field("pause", FLAG)),
 )
 TOOLS = Message(  # sandbox_tools: the running cell's tools, unless the guest has them (digest)
     "tools",

@@ -10,6 +10,7 @@ request to answer (stack, scopes, variables, evaluate ...) or how to go on. Step
 """
 
 import bdb
+import linecache
 import reprlib
 import sys
 import types
@@ -24,6 +25,7 @@ LINE = sys.monitoring.events.LINE
 THREAD = 1  # the one thread the panel shows
 VALUE_LIMIT = 1000  # characters of a value as the panel shows it
 PAGE_LIMIT = 1000  # variables in one answer
+SOURCE_LIMIT = 1 << 20  # characters of a file's text the panel is sent
 KEPT_FILES = 1000  # cell files past which those whose code is gone are forgotten
 NOT_USER = ("<", "/usr/local/lib/")  # the kernel's guest code and the runtime's libraries
 HIDDEN_NAMES = {"__builtins__", "__builtin__", "__loader__", "__spec__", "__package__"}
@@ -32,6 +34,7 @@ HIDDEN_NAMES |= {"exit", "quit", "In", "Out", "_oh", "_dh", "_", "__", "___"}
 
 _breakpoints = {}  # cell file -> the lines with a breakpoint
 _codes = {}  # cell file -> the code objects compiled from it (for breakpoints set later)
+_idle_references = {}  # what the variables pane shows while no cell runs (see Idle)
 _short = reprlib.Repr(maxstring=VALUE_LIMIT, maxother=VALUE_LIMIT, maxlist=100, maxdict=100)
 _short.maxlevel = 3
 
@@ -96,9 +99,22 @@ def _on_line(code, line):
     return None
 
 
+def pause(frame):
+    """The panel's pause, from the interrupt handler: stop at the next line of the user's
+    code (``frame`` is where the cell was: perhaps in a library it called)."""
+    _stepper.reason = "pause"
+    if not _stepper.active:
+        _stepper.set_trace(frame)
+        _stepper.active = True
+    else:
+        _stepper.set_step()
+
+
 def cell_ended():
-    """Whatever a stop left tracing ends with the cell."""
+    """Whatever a stop left tracing ends with the cell, and the pane's earlier variables
+    are let go (it asks again)."""
     _stepper.finish()
+    _idle_references.clear()
 
 
 # -- a stop -------------------------------------------------------------------------------------
@@ -111,6 +127,7 @@ class Stepper(bdb.Bdb):
     def __init__(self):
         super().__init__()
         self.active = False
+        self.reason = None  # why the next stop stops, if not a breakpoint or a step ("pause")
 
     def stop_here(self, frame):
         return _is_user(frame) and super().stop_here(frame)
@@ -131,7 +148,8 @@ class Stepper(bdb.Bdb):
         pass
 
     def user_line(self, frame):
-        self.stop(frame, "breakpoint" if self.break_here(frame) else "step")
+        reason, self.reason = self.reason, None
+        self.stop(frame, reason or ("breakpoint" if self.break_here(frame) else "step"))
 
     def stop(self, frame, reason):
         """Wait on the host, answering its requests, until it says how to go on."""
@@ -165,31 +183,11 @@ class Stepper(bdb.Bdb):
 _stepper = Stepper()
 
 
-class Stopped:
-    """One stop: its frames and the variables shown, by the numbers the panel uses."""
+class Shown:
+    """The variables the panel was shown, by the numbers it expands them by."""
 
-    def __init__(self, frame):
-        self.frames = []
-        while frame is not None:
-            if _is_user(frame):
-                self.frames.append(frame)
-            frame = frame.f_back
-        self.references = {}  # variablesReference -> what it expands
-
-    def wait(self, reason):
-        reply = _kernel().call_host(contract.DEBUG_STOP, reason=reason)
-        while True:
-            set_breakpoints(reply.get("breakpoints", _breakpoints))
-            request = reply.get("request")
-            if request is None:
-                return reply.get("resume", "continue")
-            reply = _kernel().call_host(contract.DEBUG_ANSWER, **answer(request, self))
-
-    def frame(self, arguments):
-        number = arguments.get("frameId")
-        if not isinstance(number, int) or not 0 < number <= len(self.frames):
-            raise LookupError(f"no frame {number!r} in this stop")
-        return self.frames[number - 1]
+    def __init__(self, references):
+        self.references = references  # variablesReference -> what it expands
 
     def reference(self, value):
         """A number that expands ``value`` (0: nothing to expand)."""
@@ -198,6 +196,54 @@ class Stopped:
         number = len(self.references) + 1
         self.references[number] = value
         return number
+
+    def variables(self, arguments):
+        value = self.references.get(arguments.get("variablesReference"))
+        if value is None:
+            raise LookupError("no such variablesReference (the variables shown have changed)")
+        start = max(0, int(arguments.get("start") or 0))
+        count = min(PAGE_LIMIT, int(arguments.get("count") or 0) or PAGE_LIMIT)
+        return {"variables": described(_children(value), start, count, self.reference)}
+
+    def inspectVariables(self, _arguments):
+        names = _kernel().shell.user_ns
+        shown = [(name, value) for name, value in names.items() if _visible(name)]
+        return {"variables": described(shown, 0, PAGE_LIMIT, self.reference)}
+
+    def source(self, arguments):
+        """A file's text (a module beside the notebook a frame is in)."""
+        source = arguments.get("path")
+        lines = linecache.getlines(source) if isinstance(source, str) else []
+        if not lines:
+            raise LookupError("source unavailable")
+        return {"content": _clip("".join(lines), SOURCE_LIMIT)}
+
+
+class Stopped(Shown):
+    """One stop: its frames, and the variables shown."""
+
+    def __init__(self, frame):
+        super().__init__({})
+        self.frames = []
+        while frame is not None:
+            if _is_user(frame):
+                self.frames.append(frame)
+            frame = frame.f_back
+
+    def wait(self, reason):
+        reply = _kernel().call_host(contract.DEBUG_STOP, reason=reason)
+        while True:
+            set_breakpoints(reply.get("breakpoints", _breakpoints))
+            request = reply.get("request")
+            if request is None:
+                return reply.get("resume", "continue")
+            reply = _answer(answer(request, self))
+
+    def frame(self, arguments):
+        number = arguments.get("frameId")
+        if not isinstance(number, int) or not 0 < number <= len(self.frames):
+            raise LookupError(f"no frame {number!r} in this stop")
+        return self.frames[number - 1]
 
     # -- the requests a stop answers ------------------------------------------------------
 
@@ -233,17 +279,19 @@ class Stopped:
         }
         return {"scopes": [local, shared]}
 
-    def variables(self, arguments):
-        value = self.references.get(arguments.get("variablesReference"))
-        if value is None:
-            raise LookupError("no such variablesReference in this stop")
-        start = max(0, int(arguments.get("start") or 0))
-        count = min(PAGE_LIMIT, int(arguments.get("count") or 0) or PAGE_LIMIT)
-        return {"variables": described(_children(value), start, count, self.reference)}
-
     def evaluate(self, arguments):
+        """An expression's value in a frame; from the debugger's console (context "repl") a
+        statement runs there too."""
         frame = self.frame(arguments)
-        value = eval(str(arguments.get("expression", "")), frame.f_globals, frame.f_locals)
+        text = str(arguments.get("expression", ""))
+        try:
+            code = compile(text, "<debugger>", "eval")
+        except SyntaxError:
+            if arguments.get("context") != "repl":
+                raise
+            exec(compile(text, "<debugger>", "exec"), frame.f_globals, frame.f_locals)
+            return {"result": "", "variablesReference": 0}
+        value = eval(code, frame.f_globals, frame.f_locals)
         return {
             "result": _shown(value),
             "type": type(value).__name__,
@@ -266,17 +314,28 @@ class Stopped:
         return {}
 
 
+def _answer(answered):
+    """Send an answer; one over the message's bound is a failure that says so."""
+    kernel = _kernel()
+    try:
+        return kernel.call_host(contract.DEBUG_ANSWER, **answered)
+    except kernel.MessageTooLarge as exc:
+        return kernel.call_host(contract.DEBUG_ANSWER, success=False, failure=str(exc))
+
+
 # -- requests answered with or without a stop ---------------------------------------------
 
 
-class Idle:
-    """No cell is stopped: the requests the panel sends then run as a service turn."""
+class Idle(Shown):
+    """No cell is stopped: the requests the panel sends then run as a service turn; what the
+    variables pane shows expands until its next inspectVariables, or the next cell."""
 
+    def __init__(self):
+        super().__init__(_idle_references)
 
-def inspectVariables(_stop, _arguments):
-    names = _kernel().shell.user_ns
-    shown = {name: value for name, value in names.items() if _visible(name)}
-    return {"variables": described(list(shown.items()), 0, PAGE_LIMIT, lambda _: 0)}
+    def inspectVariables(self, arguments):
+        self.references.clear()
+        return super().inspectVariables(arguments)
 
 
 def modules(_stop, arguments):
@@ -295,9 +354,7 @@ def answer(request, stop):
     """A DAP request's answer: success, body, and why not."""
     command = str(request.get("command", ""))
     arguments = request.get("arguments") or {}
-    if command == "inspectVariables":
-        handler = inspectVariables
-    elif command == "modules":
+    if command == "modules":
         handler = modules
     elif command == "richInspectVariables" and isinstance(stop, Idle):
         name = str(arguments.get("variableName", ""))
@@ -331,8 +388,8 @@ def _visible(name):
     )
 
 
-def _clip(text):
-    return text if len(text) <= VALUE_LIMIT else text[:VALUE_LIMIT] + "..."
+def _clip(text, limit=VALUE_LIMIT):
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _shown(value):

@@ -39,6 +39,12 @@ BREAKAGES = [
     Breakage("shell-display-pub-none", "get_ipython().display_pub = None"),
     Breakage("shell-displayhook-replaced", "get_ipython().displayhook = print"),
     Breakage("shell-wiring-module-gone", "import sys\ndel sys.modules['_wasm_kernel_shell']"),
+    # the visual debugger's guest side: every later cell goes through it
+    Breakage("debugger-module-gone", "import sys\ndel sys.modules['_wasm_kernel_visual_debugger']"),
+    Breakage(
+        "debugger-breakpoints-none",
+        "import _wasm_kernel_visual_debugger as d\nd.set_breakpoints = None",
+    ),
 ]
 
 

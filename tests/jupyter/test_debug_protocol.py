@@ -291,6 +291,22 @@ def test_a_cell_cannot_stop_itself_without_a_panel(kernel: Kernel, op: str) -> N
     assert kernel.execute(code).stream_text() == "{'resume': 'continue', 'breakpoints': {}}\n"
 
 
+def test_rich_variables_pass_the_active_output_policy(start_kernel) -> None:
+    """The variables pane's rich view is output like any other: what would run code in the
+    front end is dropped under active_output=block, stopped or not."""
+    kernel = start_kernel(["--WasmKernel.active_output=block"])
+    code = (
+        "class Shown:\n"
+        "    def _repr_html_(self):\n"
+        "        return '<b>bold</b><script>alert(1)</script>'\n"
+        "shown = Shown()\n"
+    )
+    assert kernel.execute(code).content["status"] == "ok"
+    panel = Panel(kernel)
+    data = panel.request("richInspectVariables", variableName="shown")["body"]["data"]
+    assert "<b>bold</b>" in data["text/html"] and "<script" not in data["text/html"]
+
+
 def test_turned_off_the_debugger_says_so(start_kernel) -> None:
     """WasmKernel.debugger=False: kernel_info does not offer it; requests get a DAP error."""
     kernel = start_kernel(["--WasmKernel.debugger=False"])

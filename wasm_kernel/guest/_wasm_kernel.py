@@ -127,12 +127,11 @@ def run_cell(source, execution_count, store_history=True, silent=False, breakpoi
         shell.execution_count = execution_count
         sys.modules["_wasm_kernel_sandbox"].tell_lost_files()
         _refresh_tools()
-        debugger = sys.modules["_wasm_kernel_visual_debugger"]
-        debugger.set_breakpoints(breakpoints or {})
+        visual_debugger.set_breakpoints(breakpoints or {})
         try:
             result = shell.run_cell(source, store_history=store_history, silent=silent)
         finally:
-            debugger.cell_ended()
+            visual_debugger.cell_ended()
         error = result.error_before_exec or result.error_in_exec
         if error is not None and not _reported:  # shown by IPython already (a UsageError)
             report(type(error).__name__, str(error), [], publish=False)
@@ -274,7 +273,7 @@ def interruption(reply=None):
 def _on_sigint(_signum, frame):
     reply = _send(contract.INTERRUPTION, {})
     if reply.get("pause"):  # the visual debugger's: stop at the next line of the user's code
-        sys.modules["_wasm_kernel_visual_debugger"].pause(frame)
+        visual_debugger.pause(frame)
         return
     raise interruption(reply)
 
@@ -376,17 +375,19 @@ def install_modules(sources):
     """Called by the host once this module is registered: ship the guest-only modules (the
     contract first, which every message names, then the parts split out of this module) and
     remember the pieces the host drives, for ``_intact``."""
-    global _self, _originals, _declared, contract, services, waits, SERVICES
+    global _self, _originals, _declared, contract, services, waits, SERVICES, visual_debugger
     sys.meta_path.insert(0, ShippedModules(sources))
     for name in ("_wasm_kernel_contract", "_wasm_kernel_services", "_wasm_kernel_waits"):
         sys.modules.pop(name, None)  # a repair takes them afresh, as shipped
     import _wasm_kernel_contract as contract
     import _wasm_kernel_services as services
+    import _wasm_kernel_visual_debugger as visual_debugger  # the shell's compiler holds it too
     import _wasm_kernel_waits as waits
 
     SERVICES = services.SERVICES
     _self = sys.modules[__name__]
-    _originals = {module: _held(module) for module in (_self, services, waits)}
+    parts = (_self, services, waits, visual_debugger)
+    _originals = {module: _held(module) for module in parts}
     _declared = dict(vars(contract))
 
 
@@ -412,6 +413,7 @@ def _intact():
     declared = map(vars(contract).get, _declared)
     return (
         module is _self
+        and sys.modules.get(visual_debugger.__name__) is visual_debugger
         and all(_unchanged(part, held) for part, held in _originals.items())
         and all(map(operator.is_, declared, _declared.values()))
         and _shell_intact(module.shell)

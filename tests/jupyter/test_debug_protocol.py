@@ -73,6 +73,16 @@ class Panel:
     def top_frame(self) -> dict:
         return self.request("stackTrace", threadId=1)["body"]["stackFrames"][0]
 
+    def steps(self, commands: list[str]) -> list[tuple[str, list[tuple[str, int]]]]:
+        """Each command, then the stack where it stopped: (function, line) from the top."""
+        stops = []
+        for command in commands:
+            self.request(command, threadId=1)
+            self.event("stopped")
+            frames = self.request("stackTrace", threadId=1)["body"]["stackFrames"]
+            stops.append((command, [(frame["name"], frame["line"]) for frame in frames]))
+        return stops
+
     def reply(self, msg_id: str) -> dict:
         while True:
             reply = self.client.get_shell_msg(timeout=WAIT)
@@ -120,6 +130,7 @@ def session(kernel: Kernel) -> dict:
     heard["continued"] = panel.event("continued")
     heard["stepped"] = panel.event("stopped")
     heard["stepped line"] = panel.top_frame()["line"]
+    heard["steps"] = panel.steps(["next"])  # out of f at its return: the caller's next line
     heard["continue"] = panel.request("continue", threadId=1)
     panel.event("continued")
     heard["cell status"] = panel.reply(msg_id)["status"]
@@ -175,6 +186,7 @@ def test_the_panels_sequence_as_on_the_native_kernel(kernels: tuple[Kernel, Kern
     assert ours["stepped"]["body"]["reason"] == native["stepped"]["body"]["reason"] == "step"
     assert ours["stepped line"] == native["stepped line"] == 3
     assert ours["cell status"] == native["cell status"] == "ok"
+    assert ours["steps"] == native["steps"] == [("next", [("<module>", 6)])]
     # the variables pane while idle
     assert shape(ours["inspectVariables"]["body"]["variables"][0]) == shape(
         native["inspectVariables"]["body"]["variables"][0]
@@ -198,6 +210,9 @@ def test_a_stopped_cell_waits_past_its_time_limit_and_ends_on_interrupt(start_ke
     # the debugger's console runs a statement in the frame; a local copied to the globals
     panel.request("evaluate", expression="a = 40", frameId=1, context="repl")
     panel.request("copyToGlobals", srcVariableName="a", dstVariableName="g", srcFrameId=1)
+    # out of f: back on the line that called it, as debugpy stops (debugpy then hangs on a
+    # later disconnect, so this is not in the side-by-side test)
+    assert panel.steps(["stepOut"]) == [("stepOut", [("<module>", 5)])]
     panel.request("continue", threadId=1)
     assert panel.reply(msg_id)["status"] == "ok"
     assert kernel.execute("print(g, y)").stream_text() == "40 41\n"

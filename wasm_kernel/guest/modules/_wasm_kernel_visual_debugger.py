@@ -114,6 +114,7 @@ def cell_ended():
     """Whatever a stop left tracing ends with the cell, and the pane's earlier variables
     are let go (it asks again)."""
     _stepper.finish()
+    _stepper.reason = None  # a pause that never reached the user's code
     _idle_references.clear()
 
 
@@ -142,7 +143,10 @@ class Stepper(bdb.Bdb):
         pass  # stepping in stops at the callee's first line
 
     def user_return(self, frame, return_value):
-        pass
+        """A step out of a function stops where it returns to, as debugpy's does."""
+        caller = frame.f_back
+        if frame is self.returnframe and caller is not None and _is_user(caller):
+            self.stop(caller, "step")
 
     def user_exception(self, frame, exc_info):
         pass

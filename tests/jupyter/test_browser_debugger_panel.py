@@ -127,8 +127,8 @@ def test_debugger_panel(kernel: str, lab: JupyterLab, browser: Browser) -> None:
     notebook = f"debug-panel-{kernel}-{secrets.token_hex(4)}.ipynb"
     _write_notebook(lab.root / notebook, kernel, display_name, [CELL])
     prefix = f"browser-debugger-panel-{kernel}"
-    for old in ARTIFACTS.glob(f"{prefix}*"):
-        old.unlink()  # no stale pictures from an earlier run
+    for name in ("stopped.png", "stepped.png", "finished.png", "failure.png", "dap.jsonl"):
+        (ARTIFACTS / f"{prefix}-{name}").unlink(missing_ok=True)  # none from an earlier run
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(UI_TIMEOUT_MS)
     trace = DapTrace(page)

@@ -177,6 +177,12 @@ class DebugRequests(Kernel):
         return _response(request, True, dict(CAPABILITIES))
 
     def _dap_attach(self, request: dict, _arguments: dict) -> dict:
+        # as debugpy: JupyterLab opens its debugger sidebar on this event
+        self.debug_session.event("initialized", {})
+        return _response(request, True)
+
+    def _dap_setExceptionBreakpoints(self, request: dict, _arguments: dict) -> dict:
+        # no exception filters are offered (CAPABILITIES), so the only list is the empty one
         return _response(request, True)
 
     def _dap_configurationDone(self, request: dict, _arguments: dict) -> dict:

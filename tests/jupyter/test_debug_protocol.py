@@ -106,6 +106,8 @@ def session(kernel: Kernel) -> dict:
     info = panel.request("debugInfo")
     heard["debugInfo"] = info
     path = panel.start(CELL, BREAKPOINT)
+    heard["initialized"] = panel.event("initialized")  # JupyterLab opens its sidebar on it
+    heard["exception filters"] = panel.request("setExceptionBreakpoints", filters=[])["success"]
     body = info["body"]
     heard["cell file"] = path.startswith(body["tmpFilePrefix"]) and path.endswith(
         body["tmpFileSuffix"]
@@ -169,6 +171,8 @@ def test_the_panels_sequence_as_on_the_native_kernel(kernels: tuple[Kernel, Kern
         for item in (ours["breakpoints"][0], native["breakpoints"][0])
     ]
     assert names[0] == names[1]
+    assert shape(ours["initialized"]) == shape(native["initialized"])
+    assert ours["exception filters"] is native["exception filters"] is True
     # a stop: the same event, frames, scopes, variables; responses of the same shape
     for key in ("reason", "threadId", "allThreadsStopped"):
         assert ours["stopped"]["body"][key] == native["stopped"]["body"][key], key

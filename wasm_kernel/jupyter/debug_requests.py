@@ -178,7 +178,7 @@ class DebugRequests(Kernel):
 
     def _dap_attach(self, request: dict, _arguments: dict) -> dict:
         # as debugpy: JupyterLab opens its debugger sidebar on this event
-        self.debug_session.event("initialized", {})
+        self.debug_session.event("initialized")
         return _response(request, True)
 
     def _dap_setExceptionBreakpoints(self, request: dict, _arguments: dict) -> dict:

@@ -52,8 +52,11 @@ class DebugSession:
         """The number of the kernel's next DAP message (responses and events)."""
         return next(self._seq)
 
-    def event(self, name: str, body: dict, parent: dict | None = None) -> None:
-        message = {"seq": self.next_seq(), "type": "event", "event": name, "body": body}
+    def event(self, name: str, body: dict | None = None, parent: dict | None = None) -> None:
+        """A DAP event on IOPub; with no ``body``, none is sent (as debugpy's ``initialized``)."""
+        message = {"seq": self.next_seq(), "type": "event", "event": name}
+        if body is not None:
+            message["body"] = body
         self._publish(message, self._parent if parent is None else parent)
 
     def for_cell(self) -> dict[str, list[int]]:

@@ -180,7 +180,7 @@ def _kernel_log(extra_arguments: list[str] | None = None) -> tuple[str, list[dic
         try:
             client.wait_for_ready(timeout=120)
             info = client.kernel_info(reply=True, timeout=30)["content"]
-            assert "debugger" not in info["supported_features"]
+            assert "debugger" in info["supported_features"]
             client.execute_interactive("1 + 1", timeout=120)
             streams = []
             while client.iopub_channel.msg_ready():

@@ -37,8 +37,6 @@ KNOWN_DIFFERENCES = {
     " cells synchronously and it works",
     ("magics", 24): "%lsmagic: the sandbox adds %sandbox and its refusing stand-ins (%conda,"
     " %script, ...) and lacks none of IPython's",
-    ("tracebacks", 4): "SyntaxError value: CPython 3.15 words the message differently from the"
-    " native kernel's Python",
     ("magics", 22): "ValueError value: CPython 3.15 words list.index's message differently",
 }
 

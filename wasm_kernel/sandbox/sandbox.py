@@ -251,7 +251,7 @@ class Sandbox(SandboxRecovery):
         """Run a notebook cell (with the visual debugger's ``breakpoints``); output and messages
         go to ``receiver``; returns what it cost. Raises CellStopped (with what it cost)."""
         count, flags = int(execution_count), (bool(store_history), bool(silent))
-        call = guest_call(declared.RUN_CELL, source, count, *flags, breakpoints or {})
+        call = guest_call(declared.RUN_CELL, source, count, *flags, breakpoints or None)
         measured = self._turn(call, receiver, self.limits, cell=True)
         assert measured is not None
         return measured

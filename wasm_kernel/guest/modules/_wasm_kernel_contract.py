@@ -119,13 +119,15 @@ class Message(namedtuple("Message", "op fields rules reply output droppable wait
         return self.op
 
 
-class EntryPoint(namedtuple("EntryPoint", "name parameters")):
-    """A function of the guest's kernel module that the host calls, with its parameters."""
+class EntryPoint(namedtuple("EntryPoint", "name parameters defaults")):
+    """A function of the guest's kernel module that the host calls, with its parameters and
+    the defaults of its last ones (the function's own), which a call leaves out where it can:
+    the guest compiles every argument's literal at every turn."""
 
     __slots__ = ()
 
-    def __new__(cls, name, *parameters):
-        return super().__new__(cls, name, parameters)
+    def __new__(cls, name, *parameters, **defaults):
+        return super().__new__(cls, name, parameters, defaults)
 
 
 # -- replies' codes ---------------------------------------------------------------------------
@@ -330,7 +332,15 @@ MESSAGES = {
 # -- entry points the host calls ----------------------------------------------------------------
 # breakpoints: the visual debugger's, {cell file: [lines]} (empty: no session, no tracing)
 RUN_CELL = EntryPoint(
-    "run_cell", "source", "execution_count", "store_history", "silent", "breakpoints"
+    "run_cell",
+    "source",
+    "execution_count",
+    "store_history",
+    "silent",
+    "breakpoints",
+    store_history=True,
+    silent=False,
+    breakpoints=None,
 )
 SERVE = EntryPoint("serve", "service", "*arguments")
 # after an image is resumed: its open files' offsets ([fd, offset]), and those lost ([fd, path])

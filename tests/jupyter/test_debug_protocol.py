@@ -158,6 +158,19 @@ def kernels() -> Iterator[tuple[Kernel, Kernel]]:
     ours.shutdown()
 
 
+@pytest.mark.parametrize("length", [0, 5, 1003])
+def test_a_cells_code_runs_under_the_native_kernels_file_name(
+    kernels: tuple[Kernel, Kernel], length: int
+) -> None:
+    """The host hashes the cell (the guest need not): its code's file is still named as the
+    native kernel names it, short or long, ASCII or not."""
+    padding = ("# é🐍 padding" * (length // 12 + 1))[:length]
+    frame = "__import__('sys')._getframe()"  # no name left behind in the shared kernels
+    code = f"print(__import__('os').path.basename({frame}.f_code.co_filename))\n{padding}"
+    names = [kernel.execute(code).stream_text() for kernel in kernels]
+    assert names[0].endswith(".py\n") and names[0] == names[1]
+
+
 def test_the_panels_sequence_as_on_the_native_kernel(kernels: tuple[Kernel, Kernel]) -> None:
     native, ours = (session(kernel) for kernel in kernels)
     info, native_info = ours["debugInfo"], native["debugInfo"]

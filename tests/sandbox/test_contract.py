@@ -503,7 +503,7 @@ def call_arguments(source: str, entry: declared.EntryPoint) -> list[Any]:
 )
 def test_run_cell_arguments_read_back_exactly(cell):
     """Any source text is passed as a literal: quotes, newlines and unicode cannot break out."""
-    arguments = (cell, 7, True, False, {cell: [1, 2]})
+    arguments = (cell, 7, 123, True, False, {cell: [1, 2]})
     source = contract.guest_call(declared.RUN_CELL, *arguments)
     assert source.startswith(f"__import__({declared.GUEST_MODULE!r}).run_cell(")
     back = call_arguments(source, declared.RUN_CELL)
@@ -516,7 +516,7 @@ def test_nested_plain_data_reads_back_exactly():
     assert repr(call_arguments(source, declared.INSTALL_MODULES)) == repr([data])
 
 
-@pytest.mark.parametrize("count", [0, 1, 4, 6, 10])
+@pytest.mark.parametrize("count", [0, 1, 2, 7, 10])
 def test_run_cell_refuses_a_wrong_argument_count(count):
     with pytest.raises(TypeError):
         contract.guest_call(declared.RUN_CELL, *(["x"] * count))
@@ -525,15 +525,15 @@ def test_run_cell_refuses_a_wrong_argument_count(count):
 def test_arguments_at_their_defaults_are_left_out():
     """The guest compiles every literal of the call at every turn: trailing arguments equal to
     the declared defaults (same type too) are left out; any other stays, in its place."""
-    plain = contract.guest_call(declared.RUN_CELL, "x + 1", 3, True, False, None)
-    assert call_arguments(plain, declared.RUN_CELL) == ["x + 1", 3]
-    silent = contract.guest_call(declared.RUN_CELL, "x", 3, True, True, None)
-    assert call_arguments(silent, declared.RUN_CELL) == ["x", 3, True, True]
-    same_value_other_type = contract.guest_call(declared.RUN_CELL, "x", 3, 1, 0, None)
-    assert call_arguments(same_value_other_type, declared.RUN_CELL) == ["x", 3, 1, 0]
-    with_breakpoints = contract.guest_call(declared.RUN_CELL, "x", 3, True, False, {"f": [2]})
+    plain = contract.guest_call(declared.RUN_CELL, "x + 1", 3, 9, True, False, None)
+    assert call_arguments(plain, declared.RUN_CELL) == ["x + 1", 3, 9]
+    silent = contract.guest_call(declared.RUN_CELL, "x", 3, 9, True, True, None)
+    assert call_arguments(silent, declared.RUN_CELL) == ["x", 3, 9, True, True]
+    same_value_other_type = contract.guest_call(declared.RUN_CELL, "x", 3, 9, 1, 0, None)
+    assert call_arguments(same_value_other_type, declared.RUN_CELL) == ["x", 3, 9, 1, 0]
+    with_breakpoints = contract.guest_call(declared.RUN_CELL, "x", 3, 9, True, False, {"f": [2]})
     back = call_arguments(with_breakpoints, declared.RUN_CELL)
-    assert back == ["x", 3, True, False, {"f": [2]}]
+    assert back == ["x", 3, 9, True, False, {"f": [2]}]
 
 
 def _guest_defaults(name: str) -> dict[str, Any]:
@@ -591,7 +591,7 @@ class _Str(str):
 def test_guest_call_refuses_non_plain_data(argument):
     """Only data whose repr is a literal: anything else could run code in the guest."""
     with pytest.raises(TypeError):
-        contract.guest_call(declared.RUN_CELL, argument, 1, True, False, {})
+        contract.guest_call(declared.RUN_CELL, argument, 1, 2, True, False, {})
 
 
 @pytest.mark.parametrize("extra", [0, 1, 2, 5, 50])

@@ -114,9 +114,12 @@ def _report(exc):
 # -- cells ----------------------------------------------------------------------------------
 
 
-def run_cell(source, execution_count, store_history=True, silent=False, breakpoints=None):
+def run_cell(
+    source, execution_count, source_hash, store_history=True, silent=False, breakpoints=None
+):
     """Run one notebook cell through IPython; report its outcome through the host.
-    ``breakpoints``: the visual debugger's (see _wasm_kernel_visual_debugger).
+    ``source_hash`` names its file (see _wasm_kernel_cell_files); ``breakpoints``: the visual
+    debugger's (see _wasm_kernel_visual_debugger).
 
     Ends the turn with status DAMAGED when the cell broke what the host relies on in here,
     so that the host rolls the cell back instead of keeping a kernel that cannot run cells.
@@ -127,6 +130,7 @@ def run_cell(source, execution_count, store_history=True, silent=False, breakpoi
         shell.execution_count = execution_count
         sys.modules["_wasm_kernel_sandbox"].tell_lost_files()
         _refresh_tools()
+        _cell_hashed(source, source_hash)
         visual_debugger.set_breakpoints(breakpoints or {})
         try:
             result = shell.run_cell(source, store_history=store_history, silent=silent)
@@ -194,6 +198,17 @@ def _refresh_tools():
     try:
         if tools is not None:
             tools.refresh()
+    except Exception:
+        pass
+
+
+def _cell_hashed(source, source_hash):
+    """The cell's file name without hashing it here; a cell that broke that module loses
+    only the shortcut."""
+    cell_files = sys.modules.get("_wasm_kernel_cell_files")
+    try:
+        if cell_files is not None:
+            cell_files.cell_hashed(source, source_hash)
     except Exception:
         pass
 

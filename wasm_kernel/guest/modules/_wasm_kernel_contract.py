@@ -330,11 +330,13 @@ MESSAGES = {
 }
 
 # -- entry points the host calls ----------------------------------------------------------------
+# source_hash: the murmur2 that names the cell's file (_wasm_kernel_cell_files.source_hash);
 # breakpoints: the visual debugger's, {cell file: [lines]} (empty: no session, no tracing)
 RUN_CELL = EntryPoint(
     "run_cell",
     "source",
     "execution_count",
+    "source_hash",
     "store_history",
     "silent",
     "breakpoints",

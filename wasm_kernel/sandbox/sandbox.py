@@ -62,6 +62,20 @@ from .stops import (
 log = logging.getLogger(__name__)
 
 
+def cell_call(
+    source: str,
+    execution_count: int,
+    store_history: bool,
+    silent: bool,
+    breakpoints: dict[str, list[int]] | None,
+) -> str:
+    """The turn that runs a cell: the guest's run_cell, given the murmur2 that names the cell's
+    file, hashed here, natively (in the guest's interpreter it cost ~2,300 fuel a character)."""
+    flags = (bool(store_history), bool(silent), breakpoints or None)
+    digest = cell_files.source_hash(source)
+    return guest_call(declared.RUN_CELL, source, int(execution_count), digest, *flags)
+
+
 class Sandbox(SandboxRecovery):
     """One guest interpreter. With a restorable runtime, a trap rolls it back to the state
     checkpointed after the last cell; otherwise it is replaced by a fresh one."""
@@ -251,9 +265,7 @@ class Sandbox(SandboxRecovery):
     ) -> CellMetrics:
         """Run a notebook cell (with the visual debugger's ``breakpoints``); output and messages
         go to ``receiver``; returns what it cost. Raises CellStopped (with what it cost)."""
-        count, flags = int(execution_count), (bool(store_history), bool(silent))
-        digest = cell_files.source_hash(source)  # natively: ~2,300 guest fuel a character
-        call = guest_call(declared.RUN_CELL, source, count, digest, *flags, breakpoints or None)
+        call = cell_call(source, execution_count, store_history, silent, breakpoints)
         measured = self._turn(call, receiver, self.limits, cell=True)
         assert measured is not None
         return measured

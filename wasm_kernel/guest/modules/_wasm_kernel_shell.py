@@ -34,6 +34,7 @@ from _wasm_kernel_tracebacks import exception_tree, sandbox_hint, without_kernel
 from IPython.core.autocall import ZMQExitAutocall
 from IPython.core.compilerop import CachingCompiler
 from IPython.core.error import UsageError
+from IPython.core.history import HistoryManager
 from IPython.core.inputtransformer2 import (
     ESCAPE_SINGLES,
     EscapedCommand,
@@ -105,6 +106,14 @@ class CellTransformerManager(TransformerManager):
         return super().do_token_transforms(lines)
 
 
+class CellHistory(HistoryManager):
+    """IPython's, with the last inputs it hands to ``_i``, ``_ii``, ``_iii`` kept as plain
+    attributes rather than traits: setting the four traits at every cell, each validated and
+    announced to no observer, cost as much as the rest of storing the cell."""
+
+    _i00 = _i = _ii = _iii = ""
+
+
 class ZMQInteractiveShell(InteractiveShell):
     """The shell behind ``get_ipython()`` in the sandbox (named as ipykernel's: see above)."""
 
@@ -135,6 +144,10 @@ class ZMQInteractiveShell(InteractiveShell):
     def init_display_formatter(self):
         self.display_formatter = HostDisplayFormatter(parent=self)
         self.configurables.append(self.display_formatter)
+
+    def init_history(self):
+        self.history_manager = CellHistory(shell=self, parent=self)
+        self.configurables.append(self.history_manager)
 
     def init_virtualenv(self):
         pass  # the guest has no virtualenv, and IPython's check would look for a host path

@@ -33,6 +33,9 @@ BREAKAGES = [
     Breakage("guest-module-none", "import sys\nsys.modules['_wasm_kernel'] = None"),
     Breakage("call-host-none", "import _wasm_kernel\n_wasm_kernel.call_host = None"),
     Breakage("run-cell-replaced", "import _wasm_kernel\n_wasm_kernel.run_cell = print"),
+    Breakage("guest-function-deleted", "import _wasm_kernel\ndel _wasm_kernel.report"),
+    Breakage("declaration-replaced", "import _wasm_kernel_contract as c\nc.RESULT = c.ERROR"),
+    Breakage("declaration-deleted", "import _wasm_kernel_contract as c\ndel c.DAMAGED"),
     Breakage("import-none", "import builtins\nbuiltins.__import__ = None"),
     # IPython's shell is the guest's too: rewiring it would silence every later cell
     Breakage("shell-run-cell-none", "get_ipython().run_cell = None"),

@@ -19,6 +19,9 @@ from typing import Any
 
 import pytest
 from conftest import Kernel
+from ipykernel.compiler import get_tmp_hash_seed, murmur2_x86
+
+from wasm_kernel.guest.modules import _wasm_kernel_cell_files as cell_files
 
 NATIVE = "python3"
 CELL = "def f(a):\n    b = a + 1\n    return b\nx = 5\ny = f(x)\nz = y * 2\n"
@@ -155,6 +158,19 @@ def kernels() -> Iterator[tuple[Kernel, Kernel]]:
     yield native, ours
     native.shutdown()
     ours.shutdown()
+
+
+@pytest.mark.parametrize("length", [0, 5, 1003])
+def test_a_cells_code_runs_under_the_native_kernels_file_name(
+    kernels: tuple[Kernel, Kernel], length: int
+) -> None:
+    """The host hashes the cell (the guest need not): its code's file is still named as the
+    native kernel names it, short or long, ASCII or not."""
+    padding = ("# é🐍 padding" * (length // 12 + 1))[:length]
+    frame = "__import__('sys')._getframe()"  # no name left behind in the shared kernels
+    code = f"print(__import__('os').path.basename({frame}.f_code.co_filename))\n{padding}"
+    names = [kernel.execute(code).stream_text() for kernel in kernels]
+    assert names[0].endswith(".py\n") and names[0] == names[1]
 
 
 def test_the_panels_sequence_as_on_the_native_kernel(kernels: tuple[Kernel, Kernel]) -> None:
@@ -381,3 +397,12 @@ def test_the_panel_where_sessions_come_from(start_kernel, tmp_path, origin: str)
     panel.request("continue", threadId=1)
     assert panel.reply(msg_id)["status"] == "ok"
     assert kernel.execute("print(w, z)").stream_text() == "kept 12\n"
+
+
+@pytest.mark.parametrize("length", [*range(12), 999, 1000, 1001, 1002, 4099])
+def test_cell_file_hash_is_ipykernels(length: int) -> None:
+    """Cells are named by ipykernel's murmur2 of their text (so JupyterLab's breakpoints land),
+    for every length of tail and for text beyond ASCII."""
+    text = ("x = 'é🐍' + str(len(_))\n" * (length // 20 + 1))[:length]
+    assert get_tmp_hash_seed() == cell_files.HASH_SEED
+    assert cell_files.murmur2(text.encode()) == murmur2_x86(text, cell_files.HASH_SEED)

@@ -415,3 +415,64 @@ def test_run_line_magic_from_code(kernel: Kernel) -> None:
     """get_ipython().run_line_magic works from ordinary code and returns the value."""
     run = ok(kernel.execute("import os\nget_ipython().run_line_magic('pwd', '') == os.getcwd()"))
     assert plain(run) is True
+
+
+# -- IPython's input transformations --------------------------------------------------------
+
+TRANSFORMED_CELLS = [
+    "x + 1",
+    "x = 1\ny = 2\n",
+    "  indented = 1\n  more = 2",
+    "\n\nafter_blank_lines = 1",
+    "%time x",
+    "x = %pwd",
+    "x = !ls",
+    "len?",
+    "len??",
+    "/len 'ab'",
+    ",print a b",
+    ";print a b",
+    "a = 10 % 3",
+    "d = 4 / 2",
+    "f(1,\n  2)",
+    ">>> x = 1\n... y = 2",
+    "In [1]: x = 1",
+    "'%' + '!' + '?'",
+    "%%time\nx = 1",
+    "for i in range(2):\n    !echo hi",
+    "s = '''\n%not_a_magic\n'''",
+]
+
+
+def test_cells_transform_as_with_ipythons_own_manager(kernel: Kernel) -> None:
+    """The sandbox's transformer manager skips tokenizing cells its token transformers cannot
+    change: every kind of cell still comes out as IPython's stock manager makes it."""
+    code = (
+        "from IPython.core.inputtransformer2 import TransformerManager\n"
+        "_mine, _stock = get_ipython().input_transformer_manager, TransformerManager()\n"
+        f"print(type(_mine).__name__, [c for c in {TRANSFORMED_CELLS!r}"
+        " if _mine.transform_cell(c) != _stock.transform_cell(c)])\n"
+        "del _mine, _stock"
+    )
+    assert ok(kernel.execute(code)).stream_text() == "CellTransformerManager []\n"
+
+
+def test_a_token_transformer_the_user_adds_runs(kernel: Kernel) -> None:
+    setup = (
+        "from IPython.core.inputtransformer2 import TokenTransformBase\n"
+        "class Greeting(TokenTransformBase):\n"
+        "    @classmethod\n"
+        "    def find(cls, tokens_by_line):\n"
+        "        for line in tokens_by_line:\n"
+        "            for token in line:\n"
+        "                if token.string == 'greet_me':\n"
+        "                    return cls(token.start)\n"
+        "    def transform(self, lines):\n"
+        "        return [line.replace('greet_me', 'print(\"hello\")') for line in lines]\n"
+        "get_ipython().input_transformer_manager.token_transformers.append(Greeting)"
+    )
+    ok(kernel.execute(setup))
+    try:
+        assert ok(kernel.execute("greet_me")).stream_text() == "hello\n"
+    finally:
+        ok(kernel.execute("get_ipython().input_transformer_manager.token_transformers.pop()"))

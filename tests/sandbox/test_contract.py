@@ -17,7 +17,7 @@ import pytest
 from traitlets.config import Config
 
 from wasm_kernel.guest.modules import _wasm_kernel_contract as declared
-from wasm_kernel.sandbox import contract
+from wasm_kernel.sandbox import contract, guest_code
 from wasm_kernel.sandbox.limits import DEFAULT_GRACE, Limits
 from wasm_kernel.settings import kernel_settings, settings
 from wasm_kernel.settings.kernel_settings import KernelSettings
@@ -503,7 +503,7 @@ def call_arguments(source: str, entry: declared.EntryPoint) -> list[Any]:
 )
 def test_run_cell_arguments_read_back_exactly(cell):
     """Any source text is passed as a literal: quotes, newlines and unicode cannot break out."""
-    arguments = (cell, 7, True, False, {cell: [1, 2]})
+    arguments = (cell, 7, 123, True, False, {cell: [1, 2]})
     source = contract.guest_call(declared.RUN_CELL, *arguments)
     assert source.startswith(f"__import__({declared.GUEST_MODULE!r}).run_cell(")
     back = call_arguments(source, declared.RUN_CELL)
@@ -516,10 +516,46 @@ def test_nested_plain_data_reads_back_exactly():
     assert repr(call_arguments(source, declared.INSTALL_MODULES)) == repr([data])
 
 
-@pytest.mark.parametrize("count", [0, 1, 4, 6, 10])
+@pytest.mark.parametrize("count", [0, 1, 2, 7, 10])
 def test_run_cell_refuses_a_wrong_argument_count(count):
     with pytest.raises(TypeError):
         contract.guest_call(declared.RUN_CELL, *(["x"] * count))
+
+
+def test_arguments_at_their_defaults_are_left_out():
+    """The guest compiles every literal of the call at every turn: trailing arguments equal to
+    the declared defaults (same type too) are left out; any other stays, in its place."""
+    plain = contract.guest_call(declared.RUN_CELL, "x + 1", 3, 9, True, False, None)
+    assert call_arguments(plain, declared.RUN_CELL) == ["x + 1", 3, 9]
+    silent = contract.guest_call(declared.RUN_CELL, "x", 3, 9, True, True, None)
+    assert call_arguments(silent, declared.RUN_CELL) == ["x", 3, 9, True, True]
+    same_value_other_type = contract.guest_call(declared.RUN_CELL, "x", 3, 9, 1, 0, None)
+    assert call_arguments(same_value_other_type, declared.RUN_CELL) == ["x", 3, 9, 1, 0]
+    with_breakpoints = contract.guest_call(declared.RUN_CELL, "x", 3, 9, True, False, {"f": [2]})
+    back = call_arguments(with_breakpoints, declared.RUN_CELL)
+    assert back == ["x", 3, 9, True, False, {"f": [2]}]
+
+
+def _guest_defaults(name: str) -> dict[str, Any]:
+    """The defaults of the guest kernel module's function ``name``, read from its source."""
+    source = guest_code.kernel_module_source()
+    function = next(
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.FunctionDef) and node.name == name
+    )
+    arguments = function.args.args
+    defaults = function.args.defaults
+    named = arguments[len(arguments) - len(defaults) :]
+    return {arg.arg: ast.literal_eval(value) for arg, value in zip(named, defaults, strict=True)}
+
+
+def test_declared_defaults_are_the_guest_functions_own():
+    """Leaving an argument out means what passing its declared default meant."""
+    for entry in vars(declared).values():
+        if isinstance(entry, declared.EntryPoint) and entry.defaults:
+            guest = _guest_defaults(entry.name)
+            assert {name: guest[name] for name in entry.defaults} == entry.defaults
 
 
 def test_entry_point_without_parameters_takes_no_arguments():
@@ -555,7 +591,7 @@ class _Str(str):
 def test_guest_call_refuses_non_plain_data(argument):
     """Only data whose repr is a literal: anything else could run code in the guest."""
     with pytest.raises(TypeError):
-        contract.guest_call(declared.RUN_CELL, argument, 1, True, False, {})
+        contract.guest_call(declared.RUN_CELL, argument, 1, 2, True, False, {})
 
 
 @pytest.mark.parametrize("extra", [0, 1, 2, 5, 50])

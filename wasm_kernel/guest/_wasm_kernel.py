@@ -114,9 +114,12 @@ def _report(exc):
 # -- cells ----------------------------------------------------------------------------------
 
 
-def run_cell(source, execution_count, store_history=True, silent=False, breakpoints=None):
+def run_cell(
+    source, execution_count, source_hash, store_history=True, silent=False, breakpoints=None
+):
     """Run one notebook cell through IPython; report its outcome through the host.
-    ``breakpoints``: the visual debugger's (see _wasm_kernel_visual_debugger).
+    ``source_hash`` names its file (see _wasm_kernel_cell_files); ``breakpoints``: the visual
+    debugger's (see _wasm_kernel_visual_debugger).
 
     Ends the turn with status DAMAGED when the cell broke what the host relies on in here,
     so that the host rolls the cell back instead of keeping a kernel that cannot run cells.
@@ -127,6 +130,7 @@ def run_cell(source, execution_count, store_history=True, silent=False, breakpoi
         shell.execution_count = execution_count
         sys.modules["_wasm_kernel_sandbox"].tell_lost_files()
         _refresh_tools()
+        _cell_hashed(source, source_hash)
         visual_debugger.set_breakpoints(breakpoints or {})
         try:
             result = shell.run_cell(source, store_history=store_history, silent=silent)
@@ -194,6 +198,17 @@ def _refresh_tools():
     try:
         if tools is not None:
             tools.refresh()
+    except Exception:
+        pass
+
+
+def _cell_hashed(source, source_hash):
+    """The cell's file name without hashing it here; a cell that broke that module loses
+    only the shortcut."""
+    cell_files = sys.modules.get("_wasm_kernel_cell_files")
+    try:
+        if cell_files is not None:
+            cell_files.cell_hashed(source, source_hash)
     except Exception:
         pass
 
@@ -387,8 +402,8 @@ def install_modules(sources):
     SERVICES = services.SERVICES
     _self = sys.modules[__name__]
     parts = (_self, services, waits, visual_debugger)
-    _originals = {module: _held(module) for module in parts}
-    _declared = dict(vars(contract))
+    _originals = {module: _snapshot(_held(module)) for module in parts}
+    _declared = _snapshot(vars(contract))
 
 
 def _held(module):
@@ -401,6 +416,16 @@ def _held(module):
     }
 
 
+def _snapshot(namespace):
+    """What ``_unchanged`` compares a namespace with: a function that reads these names'
+    values from it, as a tuple, in one call (an ``itemgetter``: it costs half of reading them
+    one by one, at every turn's end), and the values now."""
+    names = tuple(namespace)
+    if len(names) == 1:  # an itemgetter of one name gives the value, not a tuple
+        return (lambda now: (now[names[0]],)), tuple(namespace.values())
+    return operator.itemgetter(*names), tuple(namespace.values())
+
+
 def _intact():
     """Whether the host can still drive this module: a cell may have removed it from
     sys.modules, replaced its functions or broken the import system."""
@@ -410,18 +435,23 @@ def _intact():
         raise  # an interrupt, not damage: the caller checks again
     except BaseException:
         return False
-    declared = map(vars(contract).get, _declared)
     return (
         module is _self
         and sys.modules.get(visual_debugger.__name__) is visual_debugger
-        and all(_unchanged(part, held) for part, held in _originals.items())
-        and all(map(operator.is_, declared, _declared.values()))
+        and all(_unchanged(vars(part), held) for part, held in _originals.items())
+        and _unchanged(vars(contract), _declared)
         and _shell_intact(module.shell)
     )
 
 
-def _unchanged(module, held):
-    return all(map(operator.is_, map(vars(module).get, held), held.values()))
+def _unchanged(namespace, snapshot):
+    """Whether every name of ``snapshot`` (see ``_snapshot``) still holds the same object."""
+    read, values = snapshot
+    try:
+        now = read(namespace)
+    except KeyError:  # a name deleted
+        return False
+    return all(map(operator.is_, now, values))
 
 
 def _shell_intact(candidate):

@@ -305,8 +305,20 @@ def guest_call(entry: declared.EntryPoint, *arguments: Any) -> str:
         raise TypeError(f"{entry.name} takes {entry.parameters}, got {len(arguments)} arguments")
     for argument in arguments:
         _check_literal(argument)
-    listed = ", ".join(repr(argument) for argument in arguments)
-    return f"__import__({declared.GUEST_MODULE!r}).{entry.name}({listed})"
+    listed = list(arguments)
+    while listed and _is_default(entry, len(listed) - 1, listed[-1]):
+        listed.pop()
+    return f"__import__({declared.GUEST_MODULE!r}).{entry.name}({', '.join(map(repr, listed))})"
+
+
+def _is_default(entry: declared.EntryPoint, position: int, value: Any) -> bool:
+    """Whether the argument at ``position`` is the entry point's default there (a literal of
+    the same type and value), so that the call can leave it out."""
+    name = entry.parameters[position] if position < len(entry.parameters) else ""
+    if name not in entry.defaults:
+        return False
+    default = entry.defaults[name]
+    return type(value) is type(default) and value == default
 
 
 def _check_literal(value: Any) -> None:

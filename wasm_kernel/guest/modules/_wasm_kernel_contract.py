@@ -119,13 +119,15 @@ class Message(namedtuple("Message", "op fields rules reply output droppable wait
         return self.op
 
 
-class EntryPoint(namedtuple("EntryPoint", "name parameters")):
-    """A function of the guest's kernel module that the host calls, with its parameters."""
+class EntryPoint(namedtuple("EntryPoint", "name parameters defaults")):
+    """A function of the guest's kernel module that the host calls, with its parameters and
+    the defaults of its last ones (the function's own), which a call leaves out where it can:
+    the guest compiles every argument's literal at every turn."""
 
     __slots__ = ()
 
-    def __new__(cls, name, *parameters):
-        return super().__new__(cls, name, parameters)
+    def __new__(cls, name, *parameters, **defaults):
+        return super().__new__(cls, name, parameters, defaults)
 
 
 # -- replies' codes ---------------------------------------------------------------------------
@@ -328,9 +330,19 @@ MESSAGES = {
 }
 
 # -- entry points the host calls ----------------------------------------------------------------
+# source_hash: the murmur2 that names the cell's file (_wasm_kernel_cell_files.source_hash);
 # breakpoints: the visual debugger's, {cell file: [lines]} (empty: no session, no tracing)
 RUN_CELL = EntryPoint(
-    "run_cell", "source", "execution_count", "store_history", "silent", "breakpoints"
+    "run_cell",
+    "source",
+    "execution_count",
+    "source_hash",
+    "store_history",
+    "silent",
+    "breakpoints",
+    store_history=True,
+    silent=False,
+    breakpoints=None,
 )
 SERVE = EntryPoint("serve", "service", "*arguments")
 # after an image is resumed: its open files' offsets ([fd, offset]), and those lost ([fd, path])

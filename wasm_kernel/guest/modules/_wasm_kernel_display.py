@@ -85,25 +85,7 @@ class FormatterView:
         self.singletons = formatter.singleton_printers
         self.types = formatter.type_printers
         self.deferred = formatter.deferred_printers
-        self._has_method = {}  # type: whether it has print_method (builtin types are fixed)
-
-    def may_answer(self, obj):
-        """Whether the formatter could give something for ``obj`` (an instance of a
-        PLAIN_RESULT_TYPE, which has no ``__getattr__``): it is enabled and a printer is
-        registered for the value or its type, or the type has the formatter's method."""
-        if not self.enabled:
-            return False
-        cls = type(obj)
-        if id(obj) in self.singletons:
-            return True
-        has_method = self._has_method.get(cls)
-        if has_method is None:
-            has_method = self._has_method[cls] = hasattr(cls, self.print_method)
-        return (
-            has_method
-            or not self.types.keys().isdisjoint(cls.__mro__)
-            or not self.deferred.keys().isdisjoint(DEFERRED_NAMES[cls])
-        )
+        self.has_method = {}  # type: whether it has print_method (builtin types are fixed)
 
 
 class HostDisplayFormatter(formatters.DisplayFormatter):
@@ -112,9 +94,20 @@ class HostDisplayFormatter(formatters.DisplayFormatter):
     cell's cost. The proof is made on every call from the formatters as they are then, so a
     printer the user registers, a formatter they enable or add, wins as it does natively."""
 
+    WIRING = ("formatters", "ipython_display_formatter", "mimebundle_formatter")
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._views = {}  # formatter: its FormatterView
+        self._rewired()
+        self.observe(self._rewired, names=list(self.WIRING))
+
+    def _rewired(self, change=None):
+        """The formatters as the traits hold them now (traits cost too much to read on every
+        result); the dict of formatters by mime type is read afresh at each result, since it
+        changes in place (``register_formatter``)."""
+        self._by_mime = self.formatters
+        self._fixed = (self.ipython_display_formatter, self.mimebundle_formatter)
 
     def _view(self, formatter):
         view = self._views.get(formatter)
@@ -123,7 +116,7 @@ class HostDisplayFormatter(formatters.DisplayFormatter):
         return view
 
     def format(self, obj, include=None, exclude=None):
-        plain = self.formatters.get("text/plain")
+        plain = self._by_mime.get("text/plain")
         if include or exclude or plain is None or not self._only_plain_text_answers(obj):
             return super().format(obj, include=include, exclude=exclude)
         data, metadata = self._plain_text(plain, obj), None  # as super().format calls it
@@ -154,18 +147,51 @@ class HostDisplayFormatter(formatters.DisplayFormatter):
         return plain(obj)
 
     def _only_plain_text_answers(self, obj):
-        if type(obj) not in PLAIN_RESULT_TYPES:
+        cls = type(obj)
+        if cls not in PLAIN_RESULT_TYPES:
             return False
-        others = [self.ipython_display_formatter, self.mimebundle_formatter]
-        others += [f for mime, f in self.formatters.items() if mime != "text/plain"]
-        for formatter in others:
-            if type(formatter) not in STOCK_FORMATTERS or self._view(formatter).may_answer(obj):
+        for formatter in self._fixed:
+            if self._may_answer(formatter, obj, cls):
+                return False
+        for mime, formatter in self._by_mime.items():
+            if mime != "text/plain" and self._may_answer(formatter, obj, cls):
                 return False
         return True
+
+    def _may_answer(self, formatter, obj, cls):
+        """Whether ``formatter`` could give something for ``obj`` (an instance of ``cls``, a
+        PLAIN_RESULT_TYPE, which has no ``__getattr__``): any but IPython's own might; one of
+        those, if enabled, when a printer is registered for the value or its type, or the type
+        has the formatter's method."""
+        if type(formatter) not in STOCK_FORMATTERS:
+            return True
+        view = self._views.get(formatter)
+        if view is None:
+            view = self._view(formatter)
+        if not view.enabled:
+            return False
+        if id(obj) in view.singletons:
+            return True
+        has_method = view.has_method.get(cls)
+        if has_method is None:
+            has_method = view.has_method[cls] = hasattr(cls, view.print_method)
+        return (
+            has_method
+            or not view.types.keys().isdisjoint(cls.__mro__)
+            or not view.deferred.keys().isdisjoint(DEFERRED_NAMES[cls])
+        )
 
 
 class HostDisplayHook(DisplayHook):
     """A cell's value becomes its execute_result."""
+
+    @staticmethod
+    def semicolon_at_end_of_expression(expression):
+        """IPython's answer (is the cell's last token a ';', which silences its result?),
+        without tokenizing the cell when it has no ';' at all: a tenth of a bare cell's cost."""
+        if ";" not in expression:
+            return False
+        return DisplayHook.semicolon_at_end_of_expression(expression)
 
     def start_displayhook(self):
         self.bundle = {"data": {}, "metadata": {}}

@@ -15,6 +15,7 @@ widget bars (comms: see ``_wasm_kernel_comms``).
 
 import contextlib
 import os
+import re
 import sys
 
 import _wasm_kernel_contract as contract
@@ -33,6 +34,15 @@ from _wasm_kernel_tracebacks import exception_tree, sandbox_hint, without_kernel
 from IPython.core.autocall import ZMQExitAutocall
 from IPython.core.compilerop import CachingCompiler
 from IPython.core.error import UsageError
+from IPython.core.history import HistoryManager
+from IPython.core.inputtransformer2 import (
+    ESCAPE_SINGLES,
+    EscapedCommand,
+    HelpEnd,
+    MagicAssign,
+    SystemAssign,
+    TransformerManager,
+)
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets import Instance, Type, default
 from traitlets.config import Config
@@ -78,8 +88,38 @@ class CellFileCompiler(CachingCompiler):
         return code
 
 
+#: IPython's own token transformers, each of which acts only on a token that is one of these
+#: characters (a magic, a shell escape, a help request, an autocall escape).
+STOCK_TOKEN_TRANSFORMERS = [MagicAssign, SystemAssign, EscapedCommand, HelpEnd]
+TOKEN_MARKS = re.compile("[" + re.escape("".join(sorted(ESCAPE_SINGLES))) + "]")
+
+
+class CellTransformerManager(TransformerManager):
+    """IPython's, less tokenizing a cell that none of its token transformers can change (one
+    with none of their characters): the tokenizing was a tenth of a bare cell's cost. A
+    transformer the user adds is run as natively."""
+
+    def do_token_transforms(self, lines):
+        stock = self.token_transformers == STOCK_TOKEN_TRANSFORMERS
+        if stock and TOKEN_MARKS.search("".join(lines)) is None:
+            return lines
+        return super().do_token_transforms(lines)
+
+
+class CellHistory(HistoryManager):
+    """IPython's, with the last inputs it hands to ``_i``, ``_ii``, ``_iii`` kept as plain
+    attributes rather than traits: setting the four traits at every cell, each validated and
+    announced to no observer, cost as much as the rest of storing the cell."""
+
+    _i00 = _i = _ii = _iii = ""
+
+
 class ZMQInteractiveShell(InteractiveShell):
     """The shell behind ``get_ipython()`` in the sandbox (named as ipykernel's: see above)."""
+
+    @default("input_transformer_manager")
+    def _default_input_transformer_manager(self):
+        return CellTransformerManager()
 
     compiler_class = Type(CellFileCompiler)
     displayhook_class = Type(HostDisplayHook)
@@ -104,6 +144,10 @@ class ZMQInteractiveShell(InteractiveShell):
     def init_display_formatter(self):
         self.display_formatter = HostDisplayFormatter(parent=self)
         self.configurables.append(self.display_formatter)
+
+    def init_history(self):
+        self.history_manager = CellHistory(shell=self, parent=self)
+        self.configurables.append(self.history_manager)
 
     def init_virtualenv(self):
         pass  # the guest has no virtualenv, and IPython's check would look for a host path

@@ -58,7 +58,9 @@ def compiled(code):
     if len(_codes) > KEPT_FILES:
         for path in [path for path, codes in _codes.items() if not codes]:
             del _codes[path]  # cells whose code is gone
-    codes = _codes.setdefault(code.co_filename, weakref.WeakSet())
+    codes = _codes.get(code.co_filename)
+    if codes is None:  # made only when missing: IPython compiles a cell statement by statement
+        codes = _codes[code.co_filename] = weakref.WeakSet()
     pending = [code]
     while pending:
         each = pending.pop()

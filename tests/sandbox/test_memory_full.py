@@ -3,8 +3,8 @@ session: the error is reported, earlier variables survive, and the next cell can
 user can free what filled memory.
 
 The guest holds a small reserve of memory back from the user's code and gives it back when
-memory runs out (see ``MEMORY_RESERVE`` in ``guest/modules/_wasm_kernel_reserve.py``); it
-takes it again once memory allows. Without it, a cell that
+memory runs out (see ``MEMORY_RESERVE`` in the guest's kernel module,
+``guest/_wasm_kernel.py``); it takes it again once memory allows. Without it, a cell that
 kept memory full left the next cell no room to run: its failure then rolled back to the full
 state, whose repair failed too, and the interpreter was restarted, losing every variable.
 With rollback off, a cell that kept memory full still leaves the next cells room; a trap

@@ -15,6 +15,7 @@ the interpreter back if not.
 
 import builtins
 import getpass
+import io
 import json
 import operator
 import os
@@ -24,8 +25,15 @@ import types
 
 import _host
 
+# Bytes held back from the user's code: when a cell fills memory up to the sandbox's limit and
+# keeps it (a MemoryError it caught, or objects it left referenced), the reserve is given back
+# so that the error can still be formatted and the next cell can run, and free that memory.
+MEMORY_RESERVE = 8 << 20
+MEMORY_LOW = 1 << 20  # less room than this at the end of a cell gives the reserve back
+
 shell = None  # IPython's shell, created by boot()
 _reported = False  # the running cell has reported its error
+_reserve = None  # the held-back bytes; None once given back, until memory allows again
 
 
 def flush_streams():
@@ -133,7 +141,7 @@ def run_cell(
             report(type(error).__name__, str(error), [], publish=False)
     except BaseException as exc:
         if isinstance(exc, MemoryError):
-            reserve.release()
+            release_reserve()
         _report(exc)
     try:
         payloads = shell.payload_manager.read_payload()
@@ -154,7 +162,7 @@ def comm_received(message):
         sys.modules["_wasm_kernel_comms"].received(message)
     except BaseException as exc:
         if isinstance(exc, MemoryError):
-            reserve.release()
+            release_reserve()
         try:
             shell.showtraceback((type(exc), exc, exc.__traceback__))
         except BaseException:
@@ -176,9 +184,9 @@ def _end_turn():
     if not callable(sys.displayhook):  # the turn's end calls it; IPython's display traps can
         sys.displayhook = sys.__displayhook__  # leave None (a debugger failing under %pdb on)
     try:
-        reserve.keep_room(shell)
+        keep_room()
     except KeyboardInterrupt:  # see _still_intact
-        reserve.keep_room(shell)
+        keep_room()
     if not _still_intact():
         raise SystemExit(contract.DAMAGED)
 
@@ -213,6 +221,55 @@ def _still_intact():
         return _intact()
     except KeyboardInterrupt:
         return _intact()
+
+
+def release_reserve():
+    """Memory ran out (the shell formats a MemoryError, or a cell ended with memory nearly
+    full): give the reserve back, for the error and the next cell."""
+    global _reserve
+    _reserve = None
+
+
+def keep_room():
+    """At the end of a cell: the reserve (see hold_reserve); if memory is still nearly full,
+    the last failure's frames, kept for %debug, are let go and the reserve taken again."""
+    hold_reserve()
+    if _reserve is None:
+        try:
+            released = sys.modules["_wasm_kernel_debugging"].release_frames_for_memory(shell)
+        except Exception:  # a cell broke that module: only this memory rule is lost
+            return
+        if released:
+            hold_reserve()
+
+
+def hold_reserve():
+    """At the end of a cell: give the reserve back if memory is nearly full (a cell that caught
+    its MemoryError, or keeps what filled memory; it is done here, in a turn that is running
+    already, since a new turn could not even compile its source), or take it again where twice
+    its size is free, so that memory still full keeps the room it was given."""
+    global _reserve
+    if _reserve is not None:
+        if not _room_for(MEMORY_LOW):
+            release_reserve()
+        return
+    if not _room_for(2 * MEMORY_RESERVE):
+        return
+    try:
+        _reserve = bytearray(MEMORY_RESERVE)
+    except MemoryError:
+        pass
+
+
+def _room_for(size):
+    """Whether ``size`` bytes can be allocated now, asked without writing them: a buffered
+    reader's buffer is allocated and not filled, where a bytearray would be zeroed (pages a
+    checkpoint then has to save)."""
+    try:
+        io.BufferedReader(io.BytesIO(), buffer_size=size)
+    except MemoryError:
+        return False
+    return True
 
 
 # -- interrupts -----------------------------------------------------------------------------
@@ -334,24 +391,17 @@ def install_modules(sources):
     contract first, which every message names, then the parts split out of this module) and
     remember the pieces the host drives, for ``_intact``."""
     global _self, _originals, _declared, contract, services, waits, SERVICES, visual_debugger
-    global reserve
     sys.meta_path.insert(0, ShippedModules(sources))
-    for name in (
-        "_wasm_kernel_contract",
-        "_wasm_kernel_services",
-        "_wasm_kernel_waits",
-        "_wasm_kernel_reserve",
-    ):
+    for name in ("_wasm_kernel_contract", "_wasm_kernel_services", "_wasm_kernel_waits"):
         sys.modules.pop(name, None)  # a repair takes them afresh, as shipped
     import _wasm_kernel_contract as contract
-    import _wasm_kernel_reserve as reserve
     import _wasm_kernel_services as services
     import _wasm_kernel_visual_debugger as visual_debugger  # the shell's compiler holds it too
     import _wasm_kernel_waits as waits
 
     SERVICES = services.SERVICES
     _self = sys.modules[__name__]
-    parts = (_self, services, waits, visual_debugger, reserve)
+    parts = (_self, services, waits, visual_debugger)
     _originals = {module: _snapshot(_held(module)) for module in parts}
     _declared = _snapshot(vars(contract))
 
@@ -463,7 +513,7 @@ def boot(packages, import_paths, plain_tracebacks):
 
     signal.signal(signal.SIGINT, _on_sigint)
 
-    reserve.hold()
+    hold_reserve()
     import _wasm_kernel_comms
 
     _wasm_kernel_comms.install()  # before anything imports ipywidgets

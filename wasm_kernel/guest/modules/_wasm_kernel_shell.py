@@ -189,7 +189,7 @@ class ZMQInteractiveShell(InteractiveShell):
         """Out of memory, the guest's reserve is given back first: formatting the error needs
         room, and so does the next cell."""
         if isinstance((exc_tuple or sys.exc_info())[1], MemoryError):
-            sys.modules["_wasm_kernel_reserve"].release()
+            _kernel().release_reserve()
         super().showtraceback(exc_tuple, *args, **kwargs)
 
     def _showtraceback(self, etype, evalue, stb):

@@ -11,6 +11,7 @@ nothing it should (kill -9 of it leaves kernels serving) and answers only its ow
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import shutil
 import signal
@@ -26,8 +27,10 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import Kernel, ok, plain
-from served_kernels import HANDED_OUT, served, server_folder, server_pid
+from jupyter_client.kernelspec import KernelSpecManager
+from served_kernels import HANDED_OUT, served, server_answering, server_folder, server_pid
 
+from wasm_kernel.runtime.runtime import CACHE_DIR_ENV, default_cache_dir
 from wasm_kernel.server import kernel_server
 from wasm_kernel.server.provisioner import ServedKernel
 
@@ -337,29 +340,52 @@ def test_a_shutdown_request_meant_for_the_kernel_it_replaces_is_ignored(kernels)
     assert plain(kernel.execute("1 + 1")) == 2
 
 
-def test_a_change_anywhere_in_the_package_names_another_server(tmp_path: Path) -> None:
-    """The server is named by the kernel's code: after a change to any module (not only the
-    server's own), kernels come from a new server, never from one holding the old code."""
-    import wasm_kernel
+def other_environment(root: Path) -> Path:
+    """A second virtual environment over the same base interpreter, importing this one's
+    packages (the same kernel code): its ``python`` resolves to the same file as ours."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    python = root / "bin" / "python"
+    ours = sysconfig.get_paths()["purelib"]
+    theirs = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    # site.addsitedir, not a plain path: an editable install is itself a .pth file there
+    Path(theirs, "ours.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    return python
 
-    copy = tmp_path / "wasm_kernel"
-    original = Path(wasm_kernel.__file__).parent
-    shutil.copytree(original, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    probe = (
-        "import sys; from wasm_kernel.server.kernel_server import code_fingerprint;"
-        " print(code_fingerprint(sys.executable))"
-    )
 
-    def fingerprint() -> str:
-        return subprocess.run(
-            [sys.executable, "-P", "-c", probe],
-            env={**os.environ, "PYTHONPATH": str(tmp_path)},
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-
-    before = fingerprint()
-    with open(copy / "jupyter" / "describe.py", "a") as module:
-        module.write("\n# changed\n")
-    assert fingerprint() != before
+def test_another_environment_of_the_same_interpreter_gets_its_own_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two virtual environments link the same interpreter; with the same kernel code, each
+    still has its own server, so a kernel runs with its own environment's packages."""
+    python = other_environment(tmp_path / "other")
+    assert os.path.realpath(python) == os.path.realpath(sys.executable)
+    theirs = kernel_server.code_fingerprint(str(python))
+    assert theirs != kernel_server.code_fingerprint(sys.executable)
+    spec = KernelSpecManager().get_kernel_spec("wasm-python").to_dict()
+    spec["argv"] = [str(python), *spec["argv"][1:]]
+    folder = tmp_path / "kernels" / "kernels" / "wasm-python-other"
+    folder.mkdir(parents=True)
+    (folder / "kernel.json").write_text(json.dumps(spec))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "kernels"))
+    # the other environment's kernels use our compiled runtime instead of compiling their own
+    monkeypatch.setenv(CACHE_DIR_ENV, str(default_cache_dir()))
+    server_answering()  # our server runs: with one name for both, it would serve theirs
+    their_server = kernel_server.runtime_folder(theirs)
+    try:
+        kernel = served(kernel_name="wasm-python-other")
+        try:
+            assert plain(kernel.execute("6 * 7")) == 42
+            server = psutil.Process(psutil.Process(pid_of(kernel)).ppid())
+            assert server.cmdline()[0] == str(python)  # not our environment's server
+            assert str(their_server) in server.cmdline()
+        finally:
+            kernel.shutdown()
+    finally:
+        for process in psutil.process_iter(["cmdline"]):
+            if str(their_server) in (process.info["cmdline"] or []):
+                process.terminate()

@@ -35,6 +35,7 @@ import hashlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -72,11 +73,20 @@ def code_fingerprint(python: str) -> str:
     The code counts by content, so that a launcher importing a source tree and one importing
     the same release installed agree on the server."""
     package = Path(__file__).parents[1]  # wasm_kernel: every subpackage's code counts
-    digest = hashlib.sha256(os.path.realpath(python).encode())
+    digest = hashlib.sha256(interpreter_identity(python).encode())
     sources = file_stamps(package, ".py")  # every served start asks: a stat per file
     files = tuple(sorted((name, size, mtime) for name, (size, mtime) in sources.items()))
     digest.update(_code_digest(package, files))
     return digest.hexdigest()[:16]
+
+
+def interpreter_identity(python: str) -> str:
+    """The interpreter and the environment it runs in. Every virtual environment's ``python``
+    links to the same base interpreter, so the path resolved alone would let one environment's
+    server hand out kernels to another's (its packages, its kernelspecs); the path as named
+    keeps them apart, and the resolved one tells interpreters behind the same name apart."""
+    named = os.path.abspath(shutil.which(python) or python)
+    return f"{named}\0{os.path.realpath(named)}"
 
 
 @functools.cache
@@ -179,7 +189,7 @@ def _read_request(connection: socket.socket) -> tuple[dict, list[int]]:
             and isinstance(cwd, str)
         ):
             raise Refused("malformed request")
-        if os.path.realpath(argv[0]) != os.path.realpath(sys.executable):
+        if interpreter_identity(argv[0]) != interpreter_identity(sys.executable):
             raise Refused("the kernel's interpreter is not this server's")
         rest = kernel_arguments(argv)
         if _interpreter_settings(env) != _interpreter_settings(os.environ):

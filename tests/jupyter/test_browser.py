@@ -19,14 +19,16 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import nbformat
 import pytest
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from lab_server import JupyterLab, running_jupyterlab
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
-from playwright.sync_api import Page, expect, sync_playwright
 
 pytestmark = pytest.mark.slow  # each test takes seconds to minutes
 
@@ -97,6 +99,30 @@ ALLOW_NOTEBOOK = "allow.ipynb"
 
 UI_TIMEOUT_MS = 60_000  # for the page and its menus
 RENDER_TIMEOUT_MS = 180_000  # for kernel start and outputs: a busy two-core machine is slow
+
+
+@contextmanager
+def jupyterlab_in_chromium(root: Path, log_name: str) -> Iterator[tuple[JupyterLab, Browser]]:
+    """JupyterLab serving ``root``, its log in the artifacts as ``log_name``, and a headless
+    Chromium; both ended on the way out."""
+    assert Path(CHROMIUM).is_file(), (
+        f"Chromium not found at {CHROMIUM}: install Debian's chromium package "
+        "(.ci/install-system-deps does) or point WASM_KERNEL_CHROMIUM at a Chromium binary"
+    )
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with running_jupyterlab(root, ARTIFACTS / log_name) as lab, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield lab, browser
+        finally:
+            browser.close()
+
+
+def new_page(browser: Browser, height: int, width: int = 1280) -> Page:
+    """A page of ``browser`` whose waits end within the UI timeout."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    return page
 
 
 def _screenshot(page: Page, name: str) -> None:
@@ -232,10 +258,6 @@ def _write_notebook(path: Path, kernel: str, display_name: str, cells: list[str]
 def test_notebook_renders_in_jupyterlab(tmp_path: Path) -> None:
     """Run a notebook on wasm-python in Chromium and check the kernel name, text, table,
     figures and that a cell's script is blocked; then check the same script runs under allow."""
-    assert Path(CHROMIUM).is_file(), (
-        f"Chromium not found at {CHROMIUM}: install Debian's chromium package "
-        "(.ci/install-system-deps does) or point WASM_KERNEL_CHROMIUM at a Chromium binary"
-    )
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for name in ("browser-notebook.png", "browser-failure.png", "browser-console.log"):
         (ARTIFACTS / name).unlink(missing_ok=True)  # no stale pictures from an earlier run
@@ -251,25 +273,19 @@ def test_notebook_renders_in_jupyterlab(tmp_path: Path) -> None:
 
     console: list[str] = []
     requests: list[str] = []
-    with (
-        running_jupyterlab(root, ARTIFACTS / "jupyterlab.log") as lab,
-        sync_playwright() as playwright,
-    ):
+    with jupyterlab_in_chromium(root, "jupyterlab.log") as (lab, browser):
         specs = lab.api("kernelspecs")["kernelspecs"]  # type: ignore[index]
         assert KERNEL_NAME in specs, f"no {KERNEL_NAME} in {sorted(specs)}\n{lab.log_tail()}"
         assert specs[KERNEL_NAME]["spec"]["display_name"] == display_name
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 1400})
-            page.set_default_timeout(UI_TIMEOUT_MS)
+            page = new_page(browser, 1400)
             page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
             page.on("pageerror", lambda error: console.append(f"pageerror: {error}"))
             page.on("request", lambda request: requests.append(request.url))
             try:
                 _run_and_check(page, lab, display_name, requests)
                 _screenshot(page, "browser-notebook.png")
-                page = browser.new_page(viewport={"width": 1280, "height": 900})
-                page.set_default_timeout(UI_TIMEOUT_MS)
+                page = new_page(browser, 900)
                 page.on("pageerror", lambda error: console.append(f"pageerror: {error}"))
                 page.on("request", lambda request: requests.append(request.url))
                 _run_allowed(page, lab, requests)
@@ -282,7 +298,6 @@ def test_notebook_renders_in_jupyterlab(tmp_path: Path) -> None:
                 ) from error
             assert (ARTIFACTS / "browser-notebook.png").is_file(), "no screenshot was saved"
         finally:
-            browser.close()
             (ARTIFACTS / "browser-console.log").write_text("\n".join(console) + "\n")
     assert not lab.leftover_kernels, (
         f"kernel processes outlived their shutdown: {lab.leftover_kernels}\n{lab.log_tail()}"

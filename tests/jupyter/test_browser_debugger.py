@@ -11,17 +11,14 @@ from pathlib import Path
 
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
-from lab_server import running_jupyterlab
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 from test_browser import (
-    ARTIFACTS,
-    CHROMIUM,
-    CHROMIUM_ARGS,
     KERNEL_NAME,
     RENDER_TIMEOUT_MS,
-    UI_TIMEOUT_MS,
     _screenshot,
     _write_notebook,
+    jupyterlab_in_chromium,
+    new_page,
 )
 
 pytestmark = pytest.mark.slow
@@ -32,21 +29,14 @@ CELLS = ["def f(v):\n    w = v + 1\n    return w / 0\n\nf(41)", "%debug"]
 @pytest.mark.timeout(300)
 def test_debug_in_jupyterlab(tmp_path: Path) -> None:
     """Run a failing cell, then %debug: answer `p w` and `q` in JupyterLab's input boxes."""
-    assert Path(CHROMIUM).is_file(), f"Chromium not found at {CHROMIUM}"
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     display_name = KernelSpecManager().get_kernel_spec(KERNEL_NAME).display_name
     root = tmp_path / "notebooks"
     root.mkdir()
     # a name of its own: a kernel resumes the session hibernated for its notebook's path
     notebook = f"debug-{secrets.token_hex(4)}.ipynb"
     _write_notebook(root / notebook, KERNEL_NAME, display_name, CELLS)
-    with (
-        running_jupyterlab(root, ARTIFACTS / "jupyterlab-debugger.log") as lab,
-        sync_playwright() as playwright,
-    ):
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 1000})
-        page.set_default_timeout(UI_TIMEOUT_MS)
+    with jupyterlab_in_chromium(root, "jupyterlab-debugger.log") as (lab, browser):
+        page = new_page(browser, 1000)
         try:
             page.goto(f"{lab.url}/lab/tree/{notebook}?token={lab.token}")
             panel = page.locator(".jp-NotebookPanel:visible")
@@ -80,5 +70,3 @@ def test_debug_in_jupyterlab(tmp_path: Path) -> None:
         except Exception:
             _screenshot(page, "browser-debugger-failure.png")
             raise
-        finally:
-            browser.close()

@@ -34,6 +34,7 @@ from test_browser import (
     UI_TIMEOUT_MS,
     _screenshot,
     _write_notebook,
+    new_page,
 )
 
 pytestmark = pytest.mark.slow
@@ -129,8 +130,7 @@ def test_debugger_panel(kernel: str, lab: JupyterLab, browser: Browser) -> None:
     prefix = f"browser-debugger-panel-{kernel}"
     for name in ("stopped.png", "stepped.png", "finished.png", "failure.png", "dap.jsonl"):
         (ARTIFACTS / f"{prefix}-{name}").unlink(missing_ok=True)  # none from an earlier run
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.set_default_timeout(UI_TIMEOUT_MS)
+    page = new_page(browser, 1000, width=1400)
     trace = DapTrace(page)
     try:
         # a workspace of its own: the other kernel's notebook is not reopened here

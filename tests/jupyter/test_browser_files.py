@@ -12,16 +12,15 @@ from pathlib import Path
 
 import pytest
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
-from lab_server import JupyterLab, running_jupyterlab
-from playwright.sync_api import Page, expect, sync_playwright
+from lab_server import JupyterLab
+from playwright.sync_api import Page, expect
 from test_browser import (
     ARTIFACTS,
-    CHROMIUM,
-    CHROMIUM_ARGS,
     KERNEL_NAME,
     RENDER_TIMEOUT_MS,
-    UI_TIMEOUT_MS,
     _write_notebook,
+    jupyterlab_in_chromium,
+    new_page,
 )
 
 pytestmark = pytest.mark.slow
@@ -53,8 +52,6 @@ def _run_all(page: Page, lab: JupyterLab, notebook: str, workspace: str, kernel:
 
 @pytest.mark.timeout(300)
 def test_a_saved_file_shows_in_jupyterlabs_file_browser(tmp_path: Path) -> None:
-    assert Path(CHROMIUM).is_file(), f"Chromium not found at {CHROMIUM}"
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
     root = tmp_path / "notebooks"
     root.mkdir()
@@ -69,36 +66,25 @@ def test_a_saved_file_shows_in_jupyterlabs_file_browser(tmp_path: Path) -> None:
         [SAVING_CELL.replace("NAME", "kept.csv")],
     )
     _write_new_files_kernelspec(tmp_path / "jupyter-state" / "data", spec)
-    with (
-        running_jupyterlab(root, ARTIFACTS / "jupyterlab-files.log") as lab,
-        sync_playwright() as playwright,
-    ):
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with jupyterlab_in_chromium(root, "jupyterlab-files.log") as (lab, browser):
+        page = new_page(browser, 900)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.set_default_timeout(UI_TIMEOUT_MS)
-            try:
-                _run_all(page, lab, "saves.ipynb", "saves", through)
-                listed = page.locator(".jp-DirListing-item", has_text="shown.csv")
-                expect(listed).to_be_visible(timeout=RENDER_TIMEOUT_MS)  # the browser polls
-                listed.dblclick()  # opens in JupyterLab's CSV viewer
-                tab = page.locator(".lm-TabBar-tab", has_text="shown.csv")
-                expect(tab).to_be_visible(timeout=RENDER_TIMEOUT_MS)
-                download = page.request.get(
-                    f"{lab.url}/files/shown.csv?download=1&token={lab.token}"
-                )
-                assert download.ok and download.body() == WRITTEN, download.status
+            _run_all(page, lab, "saves.ipynb", "saves", through)
+            listed = page.locator(".jp-DirListing-item", has_text="shown.csv")
+            expect(listed).to_be_visible(timeout=RENDER_TIMEOUT_MS)  # the browser polls
+            listed.dblclick()  # opens in JupyterLab's CSV viewer
+            tab = page.locator(".lm-TabBar-tab", has_text="shown.csv")
+            expect(tab).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+            download = page.request.get(f"{lab.url}/files/shown.csv?download=1&token={lab.token}")
+            assert download.ok and download.body() == WRITTEN, download.status
 
-                page = browser.new_page(viewport={"width": 1280, "height": 900})
-                page.set_default_timeout(UI_TIMEOUT_MS)
-                _run_all(page, lab, "private.ipynb", "private", spec.display_name)
-                stderr = page.locator('[data-mime-type="application/vnd.jupyter.stderr"]')
-                expect(stderr).to_contain_text("private layer", timeout=RENDER_TIMEOUT_MS)
-                expect(stderr).to_contain_text("new-files")
-            except Exception:
-                page.screenshot(path=ARTIFACTS / "browser-files-failure.png", full_page=True)
-                raise
-        finally:
-            browser.close()
+            page = new_page(browser, 900)
+            _run_all(page, lab, "private.ipynb", "private", spec.display_name)
+            stderr = page.locator('[data-mime-type="application/vnd.jupyter.stderr"]')
+            expect(stderr).to_contain_text("private layer", timeout=RENDER_TIMEOUT_MS)
+            expect(stderr).to_contain_text("new-files")
+        except Exception:
+            page.screenshot(path=ARTIFACTS / "browser-files-failure.png", full_page=True)
+            raise
     assert (root / "shown.csv").read_bytes() == WRITTEN
     assert not (root / "kept.csv").exists()

@@ -17,19 +17,17 @@ from pathlib import Path
 
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
-from lab_server import JupyterLab, running_jupyterlab
-from playwright.sync_api import Page, expect, sync_playwright
+from lab_server import JupyterLab
+from playwright.sync_api import Page, expect
 from test_browser import (
     ALLOW_KERNEL,
-    ARTIFACTS,
-    CHROMIUM,
-    CHROMIUM_ARGS,
     KERNEL_NAME,
     RENDER_TIMEOUT_MS,
-    UI_TIMEOUT_MS,
     _screenshot,
     _write_allow_kernelspec,
     _write_notebook,
+    jupyterlab_in_chromium,
+    new_page,
 )
 
 pytestmark = pytest.mark.slow
@@ -124,8 +122,6 @@ def _run_allowed(page: Page, lab: JupyterLab) -> None:
 
 @pytest.mark.timeout(300)
 def test_widgets_work_in_jupyterlab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert Path(CHROMIUM).is_file(), f"Chromium not found at {CHROMIUM}"
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     # the kernel hibernates when the server stops: into this test's folder, not the user's
     monkeypatch.setenv("WASM_KERNEL_SNAPSHOT_DIR", str(tmp_path / "images"))
     display_name = KernelSpecManager().get_kernel_spec(KERNEL_NAME).display_name
@@ -138,31 +134,22 @@ def test_widgets_work_in_jupyterlab(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
     _write_allow_kernelspec(tmp_path / "jupyter-state" / "data", spec)
     console: list[str] = []
-    with (
-        running_jupyterlab(root, ARTIFACTS / "jupyterlab-widgets.log") as lab,
-        sync_playwright() as playwright,
-    ):
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with jupyterlab_in_chromium(root, "jupyterlab-widgets.log") as (lab, browser):
+        page = new_page(browser, 1200)
+        page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
+        page.on("pageerror", lambda error: console.append(f"pageerror: {error}"))
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 1200})
-            page.set_default_timeout(UI_TIMEOUT_MS)
-            page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
-            page.on("pageerror", lambda error: console.append(f"pageerror: {error}"))
-            try:
-                _run_widgets(page, lab, display_name)
-                _screenshot(page, "browser-widgets.png")
-                page = browser.new_page(viewport={"width": 1280, "height": 900})
-                page.set_default_timeout(UI_TIMEOUT_MS)
-                _run_allowed(page, lab)
-            except Exception as error:
-                _screenshot(page, "browser-widgets-failure.png")
-                recent = "\n".join(console[-20:])
-                raise AssertionError(
-                    f"{type(error).__name__}: {error}\n--- browser console (tail) ---\n"
-                    f"{recent}\n{lab.log_tail()}"
-                ) from error
-        finally:
-            browser.close()
+            _run_widgets(page, lab, display_name)
+            _screenshot(page, "browser-widgets.png")
+            page = new_page(browser, 900)
+            _run_allowed(page, lab)
+        except Exception as error:
+            _screenshot(page, "browser-widgets-failure.png")
+            recent = "\n".join(console[-20:])
+            raise AssertionError(
+                f"{type(error).__name__}: {error}\n--- browser console (tail) ---\n"
+                f"{recent}\n{lab.log_tail()}"
+            ) from error
     log = lab.log_path.read_text(errors="replace")
     assert "Unknown message type" not in log, log[-3000:]
     assert not lab.leftover_kernels

@@ -18,6 +18,7 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 
 KERNEL_NAME = os.environ.get("WASM_KERNEL_TEST_KERNEL", "wasm-python")
+NATIVE = "python3"  # ipykernel's kernelspec: what ours is compared with
 
 
 @dataclass
@@ -128,6 +129,15 @@ def kernel() -> Iterator[Kernel]:
     started = Kernel()
     yield started
     started.shutdown()
+
+
+@pytest.fixture(scope="module")
+def native_and_ours() -> Iterator[tuple[Kernel, Kernel]]:
+    """The native kernel and wasm-kernel side by side, shared by a test module."""
+    native, ours = Kernel(kernel_name=NATIVE), Kernel()
+    yield native, ours
+    native.shutdown()
+    ours.shutdown()
 
 
 @pytest.fixture

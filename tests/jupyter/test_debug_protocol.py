@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import queue
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,7 +22,6 @@ from ipykernel.compiler import get_tmp_hash_seed, murmur2_x86
 
 from wasm_kernel.guest.modules import _wasm_kernel_cell_files as cell_files
 
-NATIVE = "python3"
 CELL = "def f(a):\n    b = a + 1\n    return b\nx = 5\ny = f(x)\nz = y * 2\n"
 BREAKPOINT = 2  # the line of CELL the panel sets a breakpoint on
 WAIT = 60  # seconds for any one answer or event
@@ -152,29 +150,23 @@ def session(kernel: Kernel) -> dict:
     return heard
 
 
-@pytest.fixture(scope="module")
-def kernels() -> Iterator[tuple[Kernel, Kernel]]:
-    native, ours = Kernel(kernel_name=NATIVE), Kernel()
-    yield native, ours
-    native.shutdown()
-    ours.shutdown()
-
-
 @pytest.mark.parametrize("length", [0, 5, 1003])
 def test_a_cells_code_runs_under_the_native_kernels_file_name(
-    kernels: tuple[Kernel, Kernel], length: int
+    native_and_ours: tuple[Kernel, Kernel], length: int
 ) -> None:
     """The host hashes the cell (the guest need not): its code's file is still named as the
     native kernel names it, short or long, ASCII or not."""
     padding = ("# é🐍 padding" * (length // 12 + 1))[:length]
     frame = "__import__('sys')._getframe()"  # no name left behind in the shared kernels
     code = f"print(__import__('os').path.basename({frame}.f_code.co_filename))\n{padding}"
-    names = [kernel.execute(code).stream_text() for kernel in kernels]
+    names = [kernel.execute(code).stream_text() for kernel in native_and_ours]
     assert names[0].endswith(".py\n") and names[0] == names[1]
 
 
-def test_the_panels_sequence_as_on_the_native_kernel(kernels: tuple[Kernel, Kernel]) -> None:
-    native, ours = (session(kernel) for kernel in kernels)
+def test_the_panels_sequence_as_on_the_native_kernel(
+    native_and_ours: tuple[Kernel, Kernel],
+) -> None:
+    native, ours = (session(kernel) for kernel in native_and_ours)
     info, native_info = ours["debugInfo"], native["debugInfo"]
     assert set(info["body"]) == set(native_info["body"])
     for key in ("hashMethod", "hashSeed", "tmpFileSuffix", "isStarted"):

@@ -15,16 +15,15 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import KERNEL_NAME, Kernel
+from conftest import KERNEL_NAME, NATIVE, Kernel
 
 pytestmark = pytest.mark.slow  # each test runs cells on two kernels, with waits for prompts
 
-NATIVE = "python3"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 ADDRESS = re.compile(r"0x[0-9a-f]+")
 CELL_FILE = re.compile(r"\S*/ipykernel_\d+/\d+\.py")  # a cell's file, as ipykernel names it
@@ -104,60 +103,51 @@ def converse(
     return talk
 
 
-@pytest.fixture(scope="module")
-def kernels() -> Iterator[tuple[Kernel, Kernel]]:
-    """The native kernel and wasm-kernel, side by side."""
-    native, ours = Kernel(kernel_name=NATIVE), Kernel()
-    yield native, ours
-    native.shutdown()
-    ours.shutdown()
-
-
 def interrupt_kernel(kernel: Kernel) -> None:
     kernel.manager.interrupt_kernel()
 
 
 def both(
-    kernels: tuple[Kernel, Kernel], code: str, answers: list[str] = (), **options
+    native_and_ours: tuple[Kernel, Kernel], code: str, answers: list[str] = (), **options
 ) -> Conversation:
     """Run the same conversation on both kernels; assert they match; return ours."""
-    native, ours = (converse(kernel, code, list(answers), **options) for kernel in kernels)
+    native, ours = (converse(kernel, code, list(answers), **options) for kernel in native_and_ours)
     assert ours.comparable() == native.comparable()
     return ours
 
 
-def test_debug_after_zero_division(kernels: tuple[Kernel, Kernel]) -> None:
+def test_debug_after_zero_division(native_and_ours: tuple[Kernel, Kernel]) -> None:
     """%debug opens the debugger at the failing frame: `p v`, `up`, `p w` fails there as
     natively, `q` leaves; the cell succeeds."""
-    failed = both(kernels, FAILING)
+    failed = both(native_and_ours, FAILING)
     assert failed.reply["ename"] == "ZeroDivisionError"
-    talk = both(kernels, "%debug", ["p v", "p w", "up", "p w", "q"])
+    talk = both(native_and_ours, "%debug", ["p v", "p w", "up", "p w", "q"])
     assert talk.prompts == ["ipdb> "] * 5
     assert "return w / 0" in normalise(talk.streams["stdout"])
     assert talk.reply["status"] == "ok"
 
 
-def test_pdb_on_opens_the_debugger_on_failure(kernels: tuple[Kernel, Kernel]) -> None:
+def test_pdb_on_opens_the_debugger_on_failure(native_and_ours: tuple[Kernel, Kernel]) -> None:
     """With %pdb on, a failing cell shows its traceback, then the debugger at the failure;
     `c` leaves it and the cell ends with its error. %pdb off stops that."""
-    assert "ON" in both(kernels, "%pdb on").streams["stdout"]
-    talk = both(kernels, "x = 3\nf(x)", ["p v", "c"])
+    assert "ON" in both(native_and_ours, "%pdb on").streams["stdout"]
+    talk = both(native_and_ours, "x = 3\nf(x)", ["p v", "c"])
     assert talk.reply["ename"] == "ZeroDivisionError"
     assert len(talk.prompts) == 2
-    both(kernels, "%pdb off")
-    assert both(kernels, "f(1)").prompts == []
+    both(native_and_ours, "%pdb off")
+    assert both(native_and_ours, "f(1)").prompts == []
 
 
-def test_interrupt_while_the_debugger_waits(kernels: tuple[Kernel, Kernel]) -> None:
+def test_interrupt_while_the_debugger_waits(native_and_ours: tuple[Kernel, Kernel]) -> None:
     """An interrupt while the debugger waits for a command leaves the debugger (as under
     ipykernel, whose debugger an interrupt ends) and the kernel keeps its state."""
-    both(kernels, FAILING)
-    talk = both(kernels, "%debug", ["p v"], when_out_of_answers=interrupt_kernel)
+    both(native_and_ours, FAILING)
+    talk = both(native_and_ours, "%debug", ["p v"], when_out_of_answers=interrupt_kernel)
     assert "KeyboardInterrupt" in normalise(talk.streams.get("stdout", ""))
-    assert both(kernels, "print(f.__name__)").streams["stdout"] == "f\n"
+    assert both(native_and_ours, "print(f.__name__)").streams["stdout"] == "f\n"
 
 
-def test_set_trace_opens_the_interruptible_debugger(kernels: tuple[Kernel, Kernel]) -> None:
+def test_set_trace_opens_the_interruptible_debugger(native_and_ours: tuple[Kernel, Kernel]) -> None:
     """pdb.set_trace() stops in IPython's debugger, as ipykernel arranges, and an interrupt
     while it waits leaves the debugger and lets the cell finish. Compared without the
     debugger's listing: since Python 3.14 (the sandbox's runtime is 3.15) set_trace stops on
@@ -165,7 +155,7 @@ def test_set_trace_opens_the_interruptible_debugger(kernels: tuple[Kernel, Kerne
     code = "import pdb\ndef g(a):\n    pdb.set_trace()\n    b = a * 2\n    return b\n\ng(4)"
     for answers, interrupt in ((["n", "n", "p b", "c"], None), ([], interrupt_kernel)):
         native, ours = (
-            converse(k, code, list(answers), when_out_of_answers=interrupt) for k in kernels
+            converse(k, code, list(answers), when_out_of_answers=interrupt) for k in native_and_ours
         )
         listings = [talk.streams.pop("stdout") for talk in (native, ours)]
         assert ours.comparable() == native.comparable()
@@ -174,30 +164,32 @@ def test_set_trace_opens_the_interruptible_debugger(kernels: tuple[Kernel, Kerne
     assert all(text.endswith("KeyboardInterrupt: Interrupted by user\n") for text in listings)
 
 
-def test_kernel_frames_stay_out_of_the_debugger(kernels: tuple[Kernel, Kernel]) -> None:
+def test_kernel_frames_stay_out_of_the_debugger(native_and_ours: tuple[Kernel, Kernel]) -> None:
     """A failure raised inside the kernel's own guest code (time.sleep, interrupted) opens at
     the user's frame, as natively, where sleep is C: `down` finds nothing below it."""
     sleeper = "import time\nprint('napping', flush=True)\ndef nap():\n    time.sleep(30)\n\nnap()"
-    for kernel in kernels:
+    for kernel in native_and_ours:
         msg_id = kernel.client.execute(sleeper)
         while "napping" not in kernel.client.get_iopub_msg(timeout=60)["content"].get("text", ""):
             pass
         time.sleep(INTERRUPT_DELAY)  # into the sleep
         kernel.manager.interrupt_kernel()
         assert kernel.collect(msg_id).content["ename"] == "KeyboardInterrupt"
-    talk = both(kernels, "%debug", ["where", "down", "q"])
+    talk = both(native_and_ours, "%debug", ["where", "down", "q"])
     assert "Newest frame" in talk.streams["stdout"]
 
 
-def test_debug_without_stdin(kernels: tuple[Kernel, Kernel]) -> None:
+def test_debug_without_stdin(native_and_ours: tuple[Kernel, Kernel]) -> None:
     """A client that takes no input requests gets what ipykernel gives it."""
-    both(kernels, FAILING)
-    both(kernels, "%debug", allow_stdin=False)
-    both(kernels, "%pdb on", allow_stdin=False)
+    both(native_and_ours, FAILING)
+    both(native_and_ours, "%debug", allow_stdin=False)
+    both(native_and_ours, "%pdb on", allow_stdin=False)
     try:
-        native, ours = (converse(kernel, FAILING, [], allow_stdin=False) for kernel in kernels)
+        native, ours = (
+            converse(kernel, FAILING, [], allow_stdin=False) for kernel in native_and_ours
+        )
     finally:
-        both(kernels, "%pdb off", allow_stdin=False)  # and the kernel is intact after it
+        both(native_and_ours, "%pdb off", allow_stdin=False)  # and the kernel is intact after it
     # %pdb's debugger fails for want of stdin, and IPython debugs that failure too: natively
     # at ipykernel's raw_input, here where the kernel's frames end (they are hidden)
     listings = [normalise(talk.streams.pop("stdout")).split("\n\n") for talk in (native, ours)]

@@ -120,8 +120,7 @@ class WriteThrough:
     def _write(self, scratch: Path, guest: str, status: os.stat_result) -> str:
         """Write ``guest``'s layer copy through; "" when done (or nothing changed), else why
         it stays private."""
-        folder = next(f for f in self.folders if guest.startswith(f + "/"))
-        parts = guest[len(folder) + 1 :].split("/")
+        folder, parts = self._place(guest)
         if any(part in ("", "..") or part.startswith(".") for part in parts):
             return NOT_DATA
         if posixpath.splitext(parts[-1])[1].lower() not in DATA_SUFFIXES:
@@ -153,6 +152,11 @@ class WriteThrough:
         self._told_quota.discard(guest)
         return ""
 
+    def _place(self, guest: str) -> tuple[str, list[str]]:
+        """The written-through folder holding guest path ``guest``, and the names below it."""
+        folder = next(f for f in self.folders if guest.startswith(f + "/"))
+        return folder, guest[len(folder) + 1 :].split("/")
+
     def _remove_deleted(self, layer: LayerOpens, scratch: Path) -> None:
         """Files written through that cells deleted or renamed away (hidden, and not made
         again in the layer) go from the host too, if they are still the kernel's."""
@@ -161,8 +165,7 @@ class WriteThrough:
                 continue
             del self._written[guest]
             self._bytes -= written.size
-            folder = next(f for f in self.folders if guest.startswith(f + "/"))
-            *inner, name = guest[len(folder) + 1 :].split("/")
+            folder, (*inner, name) = self._place(guest)
             try:
                 folder_fd = _host_folder(self.folders[folder], inner, make=False)
             except OSError:

@@ -607,6 +607,100 @@ def test_serve_needs_its_service():
         contract.guest_call(declared.SERVE)
 
 
+# -- guest_turn ---------------------------------------------------------------------------------
+
+
+def turn_arguments(source: str, entry: declared.EntryPoint) -> list[Any]:
+    """The arguments a turn's source carries, after checking that it is one string literal
+    (nothing the guest runs but its display hook, given that string) naming ``entry``."""
+    tree = ast.parse(source)
+    assert len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr)
+    literal = tree.body[0].value
+    assert isinstance(literal, ast.Constant) and type(literal.value) is str
+    name, *arguments = json.loads(literal.value)
+    assert name == entry.name
+    return arguments
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        "print('hi')",
+        "x = \"it's\" + '\"' + '''\\n'''\n",
+        "a\nb\r\nc\rd\x00e\x1b[31m\u2028",
+        "π = '日本語 🐍 \u200b'",
+        "')); __import__('os').system('echo pwned'); (('",
+        '"]); __import__("os").system("echo pwned"); (["',
+        "lone \ud800 surrogate \udfff",
+        "\\",
+        "",
+    ],
+)
+def test_turn_arguments_read_back_exactly(cell):
+    """Any source text arrives as it was: quotes, newlines, unicode, lone surrogates (which
+    the turn's UTF-8 could not carry as they are) cannot break out or change."""
+    arguments = (cell, 7, "1a2b3c4d", True, True, {cell: [1, 2]})
+    source = contract.guest_turn(declared.RUN_CELL, *arguments)
+    source.encode("utf-8")  # strict: what the host writes into the guest
+    assert turn_arguments(source, declared.RUN_CELL) == list(arguments)
+
+
+def test_turn_leaves_arguments_at_their_defaults_out():
+    plain = contract.guest_turn(declared.RUN_CELL, "x + 1", 3, "9", True, False, None)
+    assert turn_arguments(plain, declared.RUN_CELL) == ["x + 1", 3, "9"]
+    silent = contract.guest_turn(declared.RUN_CELL, "x", 3, "9", True, True, None)
+    assert turn_arguments(silent, declared.RUN_CELL) == ["x", 3, "9", True, True]
+    assert (
+        turn_arguments(contract.guest_turn(declared.CLOSE_STALE_FILES), declared.CLOSE_STALE_FILES)
+        == []
+    )
+
+
+@pytest.mark.parametrize(
+    "argument",
+    [(1, 2), [1, (2, 3)], {1: "x"}, {"a": {None: 1}}, {"a": [(1,)]}],
+    ids=["tuple", "nested tuple", "int key", "nested None key", "tuple in a list"],
+)
+def test_turn_refuses_what_json_would_change(argument):
+    """JSON would turn a tuple into a list and a key into a string: refused, not altered."""
+    with pytest.raises(TypeError):
+        contract.guest_turn(declared.SERVE, declared.DEBUG, argument)
+
+
+@pytest.mark.parametrize(
+    "argument",
+    [object(), _Str("x"), float("nan"), float("inf"), b"bytes", {1, 2}, ["ok", print]],
+    ids=lambda argument: type(argument).__name__,
+)
+def test_turn_refuses_non_plain_data(argument):
+    with pytest.raises(TypeError):
+        contract.guest_turn(declared.SERVE, declared.DEBUG, argument)
+
+
+def test_turn_checks_the_argument_count():
+    with pytest.raises(TypeError):
+        contract.guest_turn(declared.CLOSE_STALE_FILES, 1)
+    with pytest.raises(TypeError):
+        contract.guest_turn(declared.RUN_CELL, "x", 1)
+
+
+def test_every_entry_point_is_reached_one_way():
+    """The install turn's entry points are called as statements (the kernel module cannot take
+    turns before it exists); every other one in a turn of its own, through a function of the
+    guest's kernel module."""
+    install = {declared.INSTALL_MODULES.name, declared.BOOT.name}
+    entries = {
+        entry.name for entry in vars(declared).values() if isinstance(entry, declared.EntryPoint)
+    }
+    assert set(declared.TURN_ENTRY_POINTS) == entries - install
+    for name in install:
+        with pytest.raises(TypeError):
+            contract.guest_turn(declared.EntryPoint(name))
+    tree = ast.parse(guest_code.kernel_module_source())
+    functions = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    assert entries <= functions
+
+
 # -- the settings table --------------------------------------------------------------------------
 
 

@@ -1040,6 +1040,14 @@ class Tamper:
 TAMPERS = [
     Tamper("del-bootstrap-displayhook", "import _wasm_kernel\ndel _wasm_kernel.displayhook", False),
     Tamper("sys-displayhook-none", "import sys\nsys.displayhook = None", True),
+    # the display hook between cells is the host's way in (take_turn): taken after every cell
+    Tamper(
+        "displayhook-taken-after-each-cell",
+        "import sys\nget_ipython().events.register("
+        "'post_run_cell', lambda result: setattr(sys, 'displayhook', print))",
+        False,
+    ),
+    Tamper("take-turn-none", "import _wasm_kernel\n_wasm_kernel.take_turn = None", True),
     Tamper(
         "stdout-stringio-restored",
         """

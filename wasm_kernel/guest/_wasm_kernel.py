@@ -32,6 +32,7 @@ MEMORY_RESERVE = 8 << 20
 MEMORY_LOW = 1 << 20  # less room than this at the end of a cell gives the reserve back
 
 shell = None  # IPython's shell, created by boot()
+_taking = False  # a turn's entry point runs (see take_turn)
 _reported = False  # the running cell has reported its error
 _reserve = None  # the held-back bytes; None once given back, until memory allows again
 
@@ -111,6 +112,34 @@ def _report(exc):
     call_host(contract.ERROR, ename=type(exc).__name__, evalue=evalue, traceback=[])
 
 
+# -- turns ----------------------------------------------------------------------------------
+
+
+def take_turn(value):
+    """``sys.displayhook`` between turns, and so the host's way in (its ``guest_turn``): a
+    turn's source is one string literal, a JSON list of an entry point's name and arguments,
+    which the interpreter hands to the display hook as the turn's value. Compiling that one
+    token costs a fraction of compiling a call's text (every token of which cost ~40,000
+    fuel). Any other value, or one shown while an entry point runs (a comm handler's code
+    run interactively), is shown as Python's own display hook shows it.
+
+    It puts itself back as the display hook last, after the entry point and whatever user
+    code that ran (IPython's display traps can leave None: a debugger failing under %pdb;
+    a cell's post_run_cell callback can set anything)."""
+    global _taking
+    if type(value) is not str or _taking:
+        return sys.__displayhook__(value)
+    name, *arguments = json.loads(value)
+    if name not in contract.TURN_ENTRY_POINTS:
+        raise ValueError(f"{name!r} is not an entry point of a turn")
+    _taking = True
+    try:
+        globals()[name](*arguments)
+    finally:
+        _taking = False
+        sys.displayhook = take_turn
+
+
 # -- cells ----------------------------------------------------------------------------------
 
 
@@ -181,8 +210,6 @@ def _end_turn():
     for name in ("stdout", "stderr"):
         if not hasattr(sys, name):  # deleted: the interpreter's end of turn cannot do without
             setattr(sys, name, getattr(sys, f"__{name}__"))
-    if not callable(sys.displayhook):  # the turn's end calls it; IPython's display traps can
-        sys.displayhook = sys.__displayhook__  # leave None (a debugger failing under %pdb on)
     try:
         keep_room()
     except KeyboardInterrupt:  # see _still_intact
@@ -512,6 +539,7 @@ def boot(packages, import_paths, plain_tracebacks):
     import signal
 
     signal.signal(signal.SIGINT, _on_sigint)
+    sys.displayhook = take_turn  # every later turn comes in through it
 
     hold_reserve()
     import _wasm_kernel_comms

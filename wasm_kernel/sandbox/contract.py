@@ -3,9 +3,9 @@
 Every byte a message holds was written by code running in the sandbox, so nothing is
 trusted: ``parse`` accepts a JSON object of a declared message whose declared fields have
 their declared kinds and sizes, keeps only those fields (defaults filled in) and refuses
-anything else before it can reach a Jupyter message. ``guest_call`` is the one way the host
-writes a call into the guest. The declarations themselves live in the guest's module
-``_wasm_kernel_contract``, which both sides load.
+anything else before it can reach a Jupyter message. ``guest_turn`` (and, in the install
+turn, ``guest_call``) is how the host writes a call into the guest. The declarations
+themselves live in the guest's module ``_wasm_kernel_contract``, which both sides load.
 """
 
 from __future__ import annotations
@@ -297,8 +297,31 @@ def oversized_error(size: int) -> dict:
 
 def guest_call(entry: declared.EntryPoint, *arguments: Any) -> str:
     """The source of one call of a declared entry point of the guest's kernel module, as a
-    statement (its value, None, reaches no display hook). Arguments are plain data, written as
-    literals, so nothing but that entry point runs."""
+    statement (its value, None, shown by no one), for the install turn, which runs before the
+    module can take turns (``guest_turn``). Arguments are plain data, written as literals, so
+    nothing but that entry point runs."""
+    listed = _arguments(entry, arguments)
+    return f"__import__({declared.GUEST_MODULE!r}).{entry.name}({', '.join(map(repr, listed))})"
+
+
+def guest_turn(entry: declared.EntryPoint, *arguments: Any) -> str:
+    """The source of a turn that calls one of the guest's TURN_ENTRY_POINTS: one string
+    literal, the JSON list of the entry point's name and its arguments, which the guest's
+    display hook (its ``take_turn``) decodes and calls. The guest compiles one token where
+    a call's text cost ~40,000 fuel a token. Arguments are plain data JSON holds as they are
+    (no tuples, only string keys), so nothing but that entry point runs, given exactly them."""
+    if entry.name not in declared.TURN_ENTRY_POINTS:
+        raise TypeError(f"{entry.name} is not called in a turn of its own")
+    listed = _arguments(entry, arguments)
+    for argument in listed:
+        _check_json(argument)
+    # ASCII-safe: repr escapes what the source cannot hold as it is (lone surrogates)
+    return repr(json.dumps([entry.name, *listed], ensure_ascii=False, allow_nan=False))
+
+
+def _arguments(entry: declared.EntryPoint, arguments: tuple[Any, ...]) -> list[Any]:
+    """The arguments as a call passes them: checked against the declaration, plain data,
+    trailing ones at their defaults left out."""
     variadic = entry.parameters[-1:] != () and entry.parameters[-1].startswith("*")
     fixed = len(entry.parameters) - variadic
     if len(arguments) < fixed or (len(arguments) > fixed and not variadic):
@@ -308,7 +331,7 @@ def guest_call(entry: declared.EntryPoint, *arguments: Any) -> str:
     listed = list(arguments)
     while listed and _is_default(entry, len(listed) - 1, listed[-1]):
         listed.pop()
-    return f"__import__({declared.GUEST_MODULE!r}).{entry.name}({', '.join(map(repr, listed))})"
+    return listed
 
 
 def _is_default(entry: declared.EntryPoint, position: int, value: Any) -> bool:
@@ -319,6 +342,20 @@ def _is_default(entry: declared.EntryPoint, position: int, value: Any) -> bool:
         return False
     default = entry.defaults[name]
     return type(value) is type(default) and value == default
+
+
+def _check_json(value: Any) -> None:
+    """Only plain data JSON gives back as it was sent: lists, and objects with string keys."""
+    if isinstance(value, tuple):
+        raise TypeError("a tuple would arrive as a list: send a list")
+    if isinstance(value, list):
+        for item in value:
+            _check_json(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"JSON keys are strings, not {type(key).__name__}")
+            _check_json(item)
 
 
 def _check_literal(value: Any) -> None:

@@ -14,7 +14,7 @@ import wasmtime
 
 from ..guest.modules import _wasm_kernel_contract as declared
 from ..images import images
-from .contract import guest_call
+from .contract import guest_turn
 from .interpreter import Interpreter
 from .sandbox_state import SandboxState
 
@@ -103,7 +103,7 @@ class SandboxRecovery(SandboxState):
         this trapped, the checkpoint is restored again and the file check skipped."""
         status = self._repair_turn(
             interpreter,
-            guest_call(declared.CLOSE_STALE_FILES),
+            guest_turn(declared.CLOSE_STALE_FILES),
             before=lambda: interpreter.files.close_newer(interpreter.store),
         )
         if status is None:

@@ -35,7 +35,7 @@ from ..images.image_fields import HostState
 from ..images.image_writer import staged
 from ..runtime import guest_packages
 from ..runtime.cache import CompiledRuntime
-from .contract import guest_call
+from .contract import guest_turn
 from .descriptors import GuestFiles
 from .guest_code import install_source
 from .host_functions import MAX_MESSAGE, Discard, GuestClock, HostCall, Receiver, SymlinkRefusal
@@ -73,7 +73,7 @@ def cell_call(
     file, hashed here, natively (in the guest's interpreter it cost ~2,300 fuel a character)."""
     flags = (bool(store_history), bool(silent), breakpoints or None)
     digest = cell_files.source_hash(source)
-    return guest_call(declared.RUN_CELL, source, int(execution_count), digest, *flags)
+    return guest_turn(declared.RUN_CELL, source, int(execution_count), digest, *flags)
 
 
 class Sandbox(SandboxRecovery):
@@ -171,11 +171,11 @@ class Sandbox(SandboxRecovery):
                 interpreter.initialize()
                 if interpreter.call_turn(self._install_source()) != 0:
                     raise RuntimeError("the guest's kernel module failed to load")
-            layer = guest_call(declared.LAYER_WRITES, list(self.layered), GUEST_LAYER)
+            layer = guest_turn(declared.LAYER_WRITES, list(self.layered), GUEST_LAYER)
             if self._repair_turn(interpreter, layer, "the guest could not set its layer") != 0:
                 raise RuntimeError("the guest could not set up writes beside the notebook")
             if self.network:
-                allow = guest_call(declared.ALLOW_NETWORK)
+                allow = guest_turn(declared.ALLOW_NETWORK)
                 if self._repair_turn(interpreter, allow, "the network adapter trapped") != 0:
                     raise RuntimeError("the guest's network adapter failed to load")
         except BaseException:
@@ -272,13 +272,13 @@ class Sandbox(SandboxRecovery):
 
     def comm_received(self, message: str, receiver: Receiver) -> None:
         """A front end's comm message (JSON text), run as a cell is. Raises CellStopped."""
-        self._turn(guest_call(declared.COMM_RECEIVED, message), receiver, self.limits, cell=True)
+        self._turn(guest_turn(declared.COMM_RECEIVED, message), receiver, self.limits, cell=True)
 
     def request(self, service: str, *args: object) -> dict:
         """Run a guest service (completion, inspection...) and return its answer; what it
         prints or displays is not shown."""
         self._host_call.reply = None
-        call = guest_call(declared.SERVE, service, *args)
+        call = guest_turn(declared.SERVE, service, *args)
         self._turn(call, Discard(), self.limits.for_service(MAX_MESSAGE))
         return self._host_call.reply or {}
 

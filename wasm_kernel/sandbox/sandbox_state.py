@@ -22,7 +22,7 @@ from ..images.image_writer import ScratchArchive
 from ..memory.checkpoints import CheckpointStats
 from ..memory.live_memory import LiveMemory
 from . import held_files, image_transfer
-from .contract import guest_call
+from .contract import guest_turn
 from .held_files import Reopening
 from .host_functions import MAX_MESSAGE, GuestClock, HostCall
 from .interpreter import Interpreter
@@ -79,7 +79,7 @@ class SandboxState:
         except (ValueError, OSError, IndexError, wasmtime.WasmtimeError) as exc:
             raise images.ImageError(f"cannot open the image's files again: {exc}") from None
         offsets = {entry.fd: entry.offset for entry in held if entry.fd not in lost}
-        settle = guest_call(
+        settle = guest_turn(
             declared.SETTLE,
             image.host.cwd,
             self.cwd,
@@ -114,7 +114,7 @@ class SandboxState:
             self._output.begin(lambda *_: None, MAX_MESSAGE, "")
             try:
                 open_now = held_files.open_paths(interpreter.files)
-                ask = guest_call(declared.SERVE, declared.IMAGE_STATE, [fd for fd, _ in open_now])
+                ask = guest_turn(declared.SERVE, declared.IMAGE_STATE, [fd for fd, _ in open_now])
                 self._repair_turn(interpreter, ask, "the interpreter could not be asked")
             finally:
                 self._output.end()

@@ -122,7 +122,7 @@ class Message(namedtuple("Message", "op fields rules reply output droppable wait
 class EntryPoint(namedtuple("EntryPoint", "name parameters defaults")):
     """A function of the guest's kernel module that the host calls, with its parameters and
     the defaults of its last ones (the function's own), which a call leaves out where it can:
-    the guest compiles every argument's literal at every turn."""
+    every argument sent is decoded in the guest at every turn."""
 
     __slots__ = ()
 
@@ -359,6 +359,20 @@ ALLOW_NETWORK = EntryPoint("allow_network")  # the guest's HTTP libraries use HT
 # after a boot or a resume: the read-only folders whose writes go to a private layer, and
 # the guest folder (in /tmp) that holds it; no folders: writes there are refused
 LAYER_WRITES = EntryPoint("layer_writes", "folders", "layer")
+# the entry points a turn of its own calls (the guest's take_turn): all but those the install
+# turn calls, before the kernel module can take turns
+TURN_ENTRY_POINTS = tuple(
+    entry.name
+    for entry in (
+        RUN_CELL,
+        SERVE,
+        SETTLE,
+        CLOSE_STALE_FILES,
+        COMM_RECEIVED,
+        ALLOW_NETWORK,
+        LAYER_WRITES,
+    )
+)
 
 # services ``serve`` runs (the guest's SERVICES table holds exactly these)
 COMPLETE = "complete"

@@ -13,6 +13,7 @@ from IPython.core import formatters
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.lib import pretty
+from traitlets.config import Configurable
 
 #: Exact types of the commonest cell results. Their classes are immutable, so no ``_repr_*_``
 #: method can be added to them: only a registered printer can make a formatter other than
@@ -182,8 +183,23 @@ class HostDisplayFormatter(formatters.DisplayFormatter):
         )
 
 
-class HostDisplayHook(DisplayHook):
-    """A cell's value becomes its execute_result."""
+class _ShellAsArgument(Configurable):
+    """Takes the ``shell`` argument DisplayHook passes on to Configurable, where ``shell`` is
+    not a trait (HostDisplayHook's is a plain attribute, which DisplayHook then sets)."""
+
+    def __init__(self, shell=None, **kwargs):
+        super().__init__(**kwargs)
+
+
+class HostDisplayHook(DisplayHook, _ShellAsArgument):
+    """A cell's value becomes its execute_result.
+
+    ``shell`` and ``exec_result`` are plain attributes here, not DisplayHook's traits: a cell
+    with a result read them ~25 times and set ``exec_result`` twice, each time through
+    traitlets (validated, announced to no observer), 6% of a bare ``x + 1`` cell's cost."""
+
+    shell = None
+    exec_result = None
 
     @staticmethod
     def semicolon_at_end_of_expression(expression):

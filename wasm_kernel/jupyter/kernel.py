@@ -243,8 +243,6 @@ class WasmKernel(
             return cell.fail("SandboxUnavailable", f"the sandbox could not start: {exc}")
         if not silent:  # a silent request shows no output: what is told waits for a cell
             self._tell_pending(cell)
-        if store_history and not silent:
-            self.history.store(self.execution_count, code)
         loop = asyncio.get_running_loop()
         debugged = self.debug_session.cell_started()  # the breakpoints it runs with
         run = partial(
@@ -256,10 +254,11 @@ class WasmKernel(
             silent=silent,
             breakpoints=debugged,
         )
+        turn = loop.run_in_executor(self._worker, _cell_then_files, self, sandbox, cell, run)
+        if store_history and not silent:  # while the guest thread runs the cell, not before
+            self.history.store(self.execution_count, code)  # (what reads it runs after it)
         try:
-            measured = await loop.run_in_executor(
-                self._worker, _cell_then_files, self, sandbox, cell, run
-            )
+            measured = await turn
         except CellStopped as stop:
             self.cell_measured(request.parent, stop.metrics)
             if stop.recovered:  # the cell's changes stand: keep them

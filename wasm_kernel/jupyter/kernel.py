@@ -417,8 +417,10 @@ def _cell_then_files(
     try:
         measured = run()
     except CellStopped:
+        cell.release()
         _after_cell_files(kernel, sandbox, cell)
         raise
+    cell.release()
     _after_cell_files(kernel, sandbox, cell)
     return measured
 

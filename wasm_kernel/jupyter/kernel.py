@@ -245,15 +245,8 @@ class WasmKernel(
             self._tell_pending(cell)
         loop = asyncio.get_running_loop()
         debugged = self.debug_session.cell_started()  # the breakpoints it runs with
-        run = partial(
-            sandbox.run_cell,
-            code,
-            self.execution_count,
-            cell,
-            store_history=store_history,
-            silent=silent,
-            breakpoints=debugged,
-        )
+        flags = (store_history, silent, debugged)  # run_cell's store_history, silent, breakpoints
+        run = partial(sandbox.run_cell, code, self.execution_count, cell, *flags)
         turn = loop.run_in_executor(self._worker, _cell_then_files, self, sandbox, cell, run)
         if store_history and not silent:  # while the guest thread runs the cell, not before
             self.history.store(self.execution_count, code)  # (what reads it runs after it)

@@ -5,6 +5,8 @@ Every reply must still be sent, with the text replaced (U+FFFD), never left unse
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from conftest import Kernel, ok
 
@@ -53,3 +55,20 @@ def test_completion(kernel: Kernel) -> None:
 def test_inspection(kernel: Kernel) -> None:
     reply = kernel.client.inspect("Odd", 3, reply=True, timeout=30)
     assert f"doc with {REPLACED} inside" in reply["content"]["data"]["text/plain"]
+
+
+def test_numbers_json_lacks_are_sent_as_the_native_kernel_sends_them(
+    kernel: Kernel, start_kernel: Any
+) -> None:
+    """NaN and the infinities in what a cell displays are packed as jupyter_client's session
+    packs them for ipykernel (null where orjson is installed, text where it is not)."""
+    code = (
+        "from IPython.display import display\n"
+        "display({'text/plain': 'x'}, metadata={'nan': float('nan'), 'inf': float('-inf')},"
+        " raw=True)"
+    )
+    native, ours = (
+        ok(started.execute(code, timeout=60)).of_type("display_data")[0]["metadata"]
+        for started in (start_kernel(kernel_name="python3"), kernel)
+    )
+    assert ours == native

@@ -58,3 +58,49 @@ def test_a_storm_across_many_requests_leaves_no_signal_without_a_handler() -> No
     requests, interrupts = map(int, done.stdout.split())
     assert requests > 100 and interrupts >= 20, done.stdout
     assert "race condition" not in done.stderr, done.stderr[-2000:]
+
+
+# Requests that no signal reaches, then one that a SIGINT does: the relay's thread is woken
+# (its voluntary context switches, from /proc) only for the one with a signal in it.
+QUIET_REQUESTS = textwrap.dedent(
+    """
+    import os, signal, threading, time
+    from wasm_kernel.sandbox.guest_thread import InterruptRelay
+
+    def wakes(thread):
+        status = open(f"/proc/self/task/{thread.native_id}/status").read()
+        line = next(l for l in status.splitlines() if l.startswith("voluntary_ctxt_switches"))
+        return int(line.split()[1])
+
+    interrupts = []
+    relay = InterruptRelay(lambda: interrupts.append(1))
+    thread = next(t for t in threading.enumerate() if t.name == "wasm-kernel-interrupts")
+    time.sleep(0.2)  # the thread reaches its wait
+    before = wakes(thread)
+    for _ in range(50):
+        relay.uninstall(relay.install())
+    time.sleep(0.2)
+    quiet = wakes(thread) - before
+    saved = relay.install()
+    os.kill(os.getpid(), signal.SIGINT)
+    relay.uninstall(saved)
+    relay.uninstall(relay.install())  # waits until the signal was delivered
+    print(quiet, len(interrupts))
+    """
+)
+
+
+def test_requests_without_signals_do_not_wake_the_relay() -> None:
+    """On two cores, a thread woken as a request ends delays its idle status: only a request
+    that signals reached sends the fence that wakes the relay's thread."""
+    done = subprocess.run(
+        [sys.executable, "-c", QUIET_REQUESTS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    quiet, interrupts = map(int, done.stdout.split())
+    assert quiet == 0, f"the relay's thread woke {quiet} times for 50 requests with no signal"
+    assert interrupts == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Generator
 from typing import Any
@@ -104,6 +105,16 @@ def _applies(*targets: Any) -> bool:
     )
 
 
+def _build_only_shown_records(log: Any) -> None:
+    """traitlets leaves the application's logger at DEBUG and filters at its handlers (at
+    ``log_level``): each debug line ipykernel logs per message (several a cell) was built, a
+    record and its caller found, then dropped. The logger now passes only what some handler
+    shows."""
+    shown = min((handler.level for handler in getattr(log, "handlers", ())), default=0)
+    if isinstance(log, logging.Logger) and shown > log.level:
+        log.setLevel(shown)
+
+
 class WasmKernelApp(IPKernelApp):
     name = "wasm-kernel"
     description = "A Jupyter kernel running Python in a WebAssembly sandbox."
@@ -128,6 +139,7 @@ class WasmKernelApp(IPKernelApp):
         """Note when this kernel began, before its sockets exist (see request_checks)."""
         request_checks.note_start()
         super().initialize(argv)
+        _build_only_shown_records(self.log)
 
     def init_poller(self) -> None:
         """Watch the launcher as ipykernel does, but end through SIGTERM, so that the session

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,13 +82,35 @@ class CellMessages:
         self.payload: list[dict] = []
         self._error_published = True
         self._told_backlog = False
+        # The cell's result waits for the next message or the turn's end: sent at once, it woke
+        # the IOPub thread while the guest still ran, which then waited for it (on two cores).
+        self._held: tuple[str, dict] | None = None
+        self._order = threading.Lock()  # the guest thread's messages and the output thread's
         self.network = doors.network()
         # active-output policy: passive bundles; one notice on stderr when the cell ends
         self.active_output = ActiveOutput(
             doors.active_output, lambda text: self.stream("stderr", text)
         )
 
-    def _publish(self, msg_type: str, content: dict) -> None:
+    def _publish(self, msg_type: str, content: dict, hold: bool = False) -> None:
+        """Send a message after any held one; ``hold``: keep it back (see ``release``)."""
+        with self._order:
+            held, self._held = self._held, None
+            if held is not None:
+                self._send(*held)
+            if hold:
+                self._held = (msg_type, content)
+            else:
+                self._send(msg_type, content)
+
+    def release(self) -> None:
+        """Send the held message, if any: the turn has ended."""
+        with self._order:
+            held, self._held = self._held, None
+            if held is not None:
+                self._send(*held)
+
+    def _send(self, msg_type: str, content: dict) -> None:
         published = self.doors.publish(msg_type, content, self.request.parent)
         if not published and not self._told_backlog:
             self._told_backlog = True
@@ -101,6 +124,8 @@ class CellMessages:
 
     def message(self, message: dict, verdict: Verdict, interrupts: Interrupts) -> dict:
         """One checked guest message; returns the reply the guest gets."""
+        if message["op"] != declared.RESULT.op:
+            self.release()  # what the guest asks next may wait on output sent (an input prompt)
         handler = getattr(self, f"on_{message['op']}")
         return handler(message, verdict, interrupts) or {}
 
@@ -110,7 +135,8 @@ class CellMessages:
         data = self.active_output.bundle(message["data"])  # active-output policy
         if not self.request.silent:
             content = {"execution_count": self.execution_count, "data": data}
-            self._publish("execute_result", {**content, "metadata": message["metadata"]})
+            content["metadata"] = message["metadata"]
+            self._publish("execute_result", content, hold=True)  # the last expression's
 
     def on_display(self, message: dict, _verdict: Verdict, _interrupts: Interrupts) -> None:
         content = {
@@ -219,6 +245,7 @@ class CellMessages:
         return self.reply()
 
     def reply(self, user_expressions: dict | None = None) -> dict:
+        self.release()
         self.active_output.finish()  # active-output policy: one notice for the cell, if any
         if self.error:
             if not self._error_published:

@@ -198,11 +198,11 @@ class HostComms(Kernel):
             await loop.run_in_executor(self._worker, sandbox.comm_received, text, cell)
         except CellStopped as stop:
             if stop.recovered:
-                self._worker.defer(sandbox.checkpoint)
+                self._worker.defer_checkpoint(sandbox)
             cell.fail(stop.ename, stop.evalue)
             return
         cell.reply()  # the policy's notice; an error past the output budget, in brief
-        self._worker.defer(sandbox.checkpoint)
+        self._worker.defer_checkpoint(sandbox)
 
     def set_parent(self, ident: Any, parent: dict, channel: str = "shell") -> None:
         """A run of comm messages begins, or ends with another request (see Backlog)."""

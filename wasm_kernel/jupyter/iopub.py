@@ -19,6 +19,12 @@ from typing import Any
 import zmq
 from jupyter_client.jsonutil import json_clean, json_default
 
+try:
+    import orjson
+except ModuleNotFoundError:  # jupyter_client packs with json then, and so does pack
+    orjson = None  # type: ignore[assignment]
+
+ORJSON_OPTIONS = 0 if orjson is None else orjson.OPT_NAIVE_UTC | orjson.OPT_UTC_Z  # as Session
 SENT_WAIT = 10.0  # seconds an input_request waits for earlier output (ipykernel's flush_timeout)
 
 
@@ -27,7 +33,16 @@ def _dumps(obj: Any) -> str:
 
 
 def pack(obj: Any) -> bytes:
-    """jupyter_client's JSON packing, except that text UTF-8 cannot hold is replaced."""
+    """jupyter_client's JSON packing, except that text UTF-8 cannot hold is replaced.
+
+    As jupyter_client's session does, orjson first where it is installed (a message packed
+    in ~5 us, not ~60: five messages a cell); what orjson refuses (lone surrogates, integers
+    past 64 bits, keys that are not text) goes the standard library's way."""
+    if orjson is not None:
+        try:
+            return orjson.dumps(obj, default=json_default, option=ORJSON_OPTIONS)
+        except TypeError:  # orjson.JSONEncodeError: the standard library's way, below
+            pass
     try:
         text = _dumps(obj)
     except (TypeError, ValueError):  # NaN, bytes...: what jupyter_client's own fallback cleans

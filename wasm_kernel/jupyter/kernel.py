@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
@@ -34,6 +35,7 @@ from ..images.image_folder import ImageFolder
 from ..network.network import Network, NetworkLimits
 from ..sandbox.guest_thread import GuestThread, InterruptRelay, RelayedInterrupts
 from ..sandbox.limits import Limits
+from ..sandbox.metrics import CellMetrics
 from ..sandbox.sandbox import Sandbox
 from ..sandbox.stops import CellStopped
 from ..settings.kernel_settings import KernelSettings, screened
@@ -241,24 +243,22 @@ class WasmKernel(
             return cell.fail("SandboxUnavailable", f"the sandbox could not start: {exc}")
         if not silent:  # a silent request shows no output: what is told waits for a cell
             self._tell_pending(cell)
-        if store_history and not silent:
-            self.history.store(self.execution_count, code)
         loop = asyncio.get_running_loop()
         debugged = self.debug_session.cell_started()  # the breakpoints it runs with
-        run = partial(sandbox.run_cell, store_history=store_history, silent=silent)
+        flags = (store_history, silent, debugged)  # run_cell's store_history, silent, breakpoints
+        run = partial(sandbox.run_cell, code, self.execution_count, cell, *flags)
+        turn = loop.run_in_executor(self._worker, _cell_then_files, self, sandbox, cell, run)
+        if store_history and not silent:  # while the guest thread runs the cell, not before
+            self.history.store(self.execution_count, code)  # (what reads it runs after it)
         try:
-            measured = await loop.run_in_executor(
-                self._worker, partial(run, breakpoints=debugged), code, self.execution_count, cell
-            )
+            measured = await turn
         except CellStopped as stop:
-            await _after_cell_files(self, sandbox, cell)
             self.cell_measured(request.parent, stop.metrics)
             if stop.recovered:  # the cell's changes stand: keep them
-                self._worker.defer(sandbox.checkpoint)
+                self._worker.defer_checkpoint(sandbox)
             return cell.fail(stop.ename, stop.evalue)
         finally:
             self.debug_session.cell_ended()
-        await _after_cell_files(self, sandbox, cell)
         self.cell_measured(request.parent, measured)
         if cell.asks_exit():
             self._end_process(hibernate=False, delay=0.1)
@@ -274,7 +274,7 @@ class WasmKernel(
             cell.stream("stdout", told + "\n")
         # Checkpoint once the client has the reply and the kernel is idle (see dispatch_shell),
         # while the user reads the output; the next cell queues behind it.
-        self._worker.defer(sandbox.checkpoint)
+        self._worker.defer_checkpoint(sandbox)
         if cell.error:
             return cell.reply()
         expressions = {}
@@ -325,9 +325,10 @@ class WasmKernel(
         finally:
             # The checkpoint once the idle status is on its way (the IOPub thread sends in
             # order): taken earlier, it would hold the thread back, and clients wait for idle.
-            if self.iopub_thread is not None:
+            # With none waiting (rollback off), no thread is woken for it.
+            if self._worker.deferring and self.iopub_thread is not None:
                 self.iopub_thread.schedule(self._worker.run_deferred)
-            else:
+            elif self._worker.deferring:
                 self._worker.run_deferred()
 
     async def execute_request(self, stream: Any, ident: Any, parent: dict) -> None:
@@ -401,13 +402,27 @@ class WasmKernel(
             self.grants.packages.close()
 
 
-async def _after_cell_files(kernel: WasmKernel, sandbox: Sandbox, cell: CellMessages) -> None:
+def _cell_then_files(
+    kernel: WasmKernel, sandbox: Sandbox, cell: CellMessages, run: Callable[[], CellMetrics]
+) -> CellMetrics:
+    """On the guest thread: the cell's turn, then its files (stopped or not), in one hand-off
+    from the event loop rather than two (each wakes a thread, on a machine of two cores)."""
+    try:
+        measured = run()
+    except CellStopped:
+        cell.release()
+        _after_cell_files(kernel, sandbox, cell)
+        raise
+    cell.release()
+    _after_cell_files(kernel, sandbox, cell)
+    return measured
+
+
+def _after_cell_files(kernel: WasmKernel, sandbox: Sandbox, cell: CellMessages) -> None:
     """New files beside the notebook written through, or the notice that a write stays private
     (files/write_through), before the reply: nbclient and papermill read the folder then."""
-    shown = not cell.request.silent
-    after = partial(kernel.write_through.after_cell, sandbox.scratch_folder, shown)
     try:
-        told = await asyncio.get_running_loop().run_in_executor(kernel._worker, after)
+        told = kernel.write_through.after_cell(sandbox.scratch_folder, not cell.request.silent)
     except Exception:  # a bug, not a refusal: the cell's own result stands
         kernel.log.exception("writing files through to the notebook's folder failed")
         return

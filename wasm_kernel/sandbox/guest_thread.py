@@ -11,15 +11,19 @@ import contextlib
 import logging
 import operator
 import os
+import select
 import signal
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ipykernel.kernelbase import Kernel
+
+if TYPE_CHECKING:
+    from .sandbox import Sandbox
 
 
 class GuestThread(ThreadPoolExecutor):
@@ -38,6 +42,16 @@ class GuestThread(ThreadPoolExecutor):
         with self._order:
             self._queue_deferred()
             self._deferred = job
+
+    def defer_checkpoint(self, sandbox: Sandbox) -> None:
+        """The checkpoint after a turn, deferred; a sandbox without rollback takes none."""
+        if sandbox.rollback:
+            self.defer(sandbox.checkpoint)
+
+    @property
+    def deferring(self) -> bool:
+        """A job waits for :meth:`run_deferred`."""
+        return self._deferred is not None
 
     def run_deferred(self) -> None:
         with self._order:
@@ -66,12 +80,15 @@ class InterruptRelay:
     nothing (no frame: nothing nests), and a thread reading the pipe interrupts the sandbox,
     once per burst. A full pipe drops the extra bytes: the interrupts merge.
 
-    The thread may read late (a loaded machine): when a request ends, a fence byte goes down
-    the pipe behind its signals, and the next request starts only once the thread has passed
-    it. Whatever it delivers meanwhile finds no turn running, so an interrupt reaches only
-    the request it arrived in. The wait is at the next request's start, not at the end of
+    The thread may read late (a loaded machine): when a request ends with signals not yet
+    delivered (in the pipe, or read and not yet handled), a fence byte goes down the pipe
+    behind them, and the next request starts only once the thread has passed it. Whatever
+    it delivers meanwhile finds no turn running, so an interrupt reaches only the request it
+    arrived in. The wait is at the next request's start, not at the end of
     this one: the idle status clients wait for does not wait for the thread to be scheduled,
-    and by the time the next request arrives the thread has long passed the fence.
+    and by the time the next request arrives the thread has long passed the fence. A request
+    that no signal reached sends no fence: nothing wakes the thread (on two cores, a thread
+    woken as the idle status goes out delays it).
 
     The do-nothing handler stays installed between requests too, where ipykernel would put
     SIG_IGN back: a signal that lands while the handler changes to SIG_IGN is left tripped
@@ -90,6 +107,9 @@ class InterruptRelay:
         self._passed = threading.Event()
         self._passed.set()  # no request has ended yet: no fence to pass
         self._fence_sent = 0.0  # when the last fence went down the pipe (monotonic seconds)
+        self._handling = False  # the thread has taken signals from the pipe, not yet delivered
+        self._unread = select.poll()  # the main thread's look into the pipe
+        self._unread.register(self._read, select.POLLIN)
         threading.Thread(target=self._run, name="wasm-kernel-interrupts", daemon=True).start()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, _DO_NOTHING)
@@ -102,7 +122,14 @@ class InterruptRelay:
 
     def uninstall(self, wakeup: int) -> None:
         signal.set_wakeup_fd(wakeup)
-        self._send_fence()
+        if self._undelivered():
+            self._send_fence()
+
+    def _undelivered(self) -> bool:
+        """Whether signals that arrived may not have reached the sandbox yet. The pipe is looked
+        into first: signals the thread takes after that look keep it handling until delivered."""
+        unread = bool(self._unread.poll(0))
+        return unread or self._handling
 
     def _send_fence(self) -> None:
         """A fence behind the signals that arrived before now (see ``_await_fence``)."""
@@ -130,7 +157,13 @@ class InterruptRelay:
             )
 
     def _run(self) -> None:
-        while data := os.read(self._read, 1 << 16):  # a whole pipe's worth: one per burst
+        readable = select.poll()
+        readable.register(self._read, select.POLLIN)
+        while readable.poll():
+            self._handling = True  # before the read: see _undelivered
+            data = os.read(self._read, 1 << 16)  # a whole pipe's worth: one per burst
+            if not data:
+                return
             if signal.SIGINT in data:  # the pipe carries every handled signal's number
                 try:
                     self._interrupt()
@@ -138,6 +171,7 @@ class InterruptRelay:
                     logging.getLogger(__name__).exception("could not interrupt the sandbox")
             if self.FENCE in data:
                 self._passed.set()
+            self._handling = False
 
 
 _DO_NOTHING = operator.is_  # a C function of two arguments: a signal handler with no frame

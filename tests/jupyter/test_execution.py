@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import KERNEL_NAME, CellRun, Kernel, ok, plain
+from conftest import KERNEL_NAME, NATIVE, CellRun, Kernel, ok, plain
 from jupyter_client.manager import KernelManager
 
 import wasm_kernel
@@ -674,3 +674,24 @@ def test_sys_version_reads_as_natively_formatted(start_kernel: Any) -> None:
     for version, compiler in (native, ours):
         assert VERSION_SHAPE.fullmatch(version), version
         assert version.endswith(f"[{compiler}]"), (version, compiler)
+
+
+@pytest.mark.parametrize("kernel_name", [NATIVE, KERNEL_NAME])
+def test_values_shown_as_statements_run_arrive_while_the_cell_runs(
+    start_kernel, kernel_name: str
+) -> None:
+    """Under ``ast_node_interactivity = 'all'`` each expression statement shows its value as it
+    runs: the first reaches the client while the cell is still busy (here until interrupted),
+    as on the native kernel, not when the cell sends its next message or ends."""
+    kernel = start_kernel(kernel_name=kernel_name)
+    ok(kernel.execute("%config InteractiveShell.ast_node_interactivity = 'all'"))
+    msg_id = kernel.client.execute("6 * 7\nwhile True:\n    pass")
+    while True:  # a missing result fails here, after the client's wait
+        msg = kernel.client.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_result":
+            break
+    assert msg["content"]["data"]["text/plain"] == "42"
+    kernel.manager.interrupt_kernel()
+    run = kernel.collect(msg_id)
+    assert run.reply["content"]["status"] == "error"
+    assert run.reply["content"]["ename"] == "KeyboardInterrupt"

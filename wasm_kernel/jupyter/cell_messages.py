@@ -82,8 +82,9 @@ class CellMessages:
         self.payload: list[dict] = []
         self._error_published = True
         self._told_backlog = False
-        # The cell's result waits for the next message or the turn's end: sent at once, it woke
-        # the IOPub thread while the guest still ran, which then waited for it (on two cores).
+        # A result from the cell's last statement waits for the next message or the turn's end:
+        # sent at once, it woke the IOPub thread while the guest still ran, which then waited
+        # for it (on two cores). Results shown as statements run (interactivity 'all') go out.
         self._held: tuple[str, dict] | None = None
         self._order = threading.Lock()  # the guest thread's messages and the output thread's
         self.network = doors.network()
@@ -136,7 +137,7 @@ class CellMessages:
         if not self.request.silent:
             content = {"execution_count": self.execution_count, "data": data}
             content["metadata"] = message["metadata"]
-            self._publish("execute_result", content, hold=True)  # the last expression's
+            self._publish("execute_result", content, hold=message["last"])
 
     def on_display(self, message: dict, _verdict: Verdict, _interrupts: Interrupts) -> None:
         content = {

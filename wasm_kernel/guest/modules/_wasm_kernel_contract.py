@@ -145,7 +145,7 @@ _DISPLAY_ID_FOR_UPDATE = (
 )
 
 
-def _shown(op, empty):
+def _shown(op, empty, *more):
     """A result or a display: a mime bundle with its metadata, perhaps a display_id."""
     return Message(
         op,
@@ -153,13 +153,16 @@ def _shown(op, empty):
         Field("metadata", OBJECT, default={}),
         Field("transient", OBJECT, default={}, keys={"display_id": TEXT}),
         Field("update", FLAG, default=False),
+        *more,
         rules=(_DISPLAY_ID_FOR_UPDATE,),
         output=True,
         droppable=True,
     )
 
 
-RESULT = _shown("result", empty=False)  # a cell's value: execute_result
+# a cell's value: execute_result. ``last``: it comes from the cell's last statement, after which
+# only the cell's post-run hooks run, so the kernel may send it with the turn's next message
+RESULT = _shown("result", False, Field("last", FLAG, default=False))
 # display_data, or update_display_data when update is true; ipykernel sends
 # display(display_id=...) with no data at all
 DISPLAY = _shown("display", empty=True)

@@ -26,6 +26,9 @@ DEFERRED_NAMES = {
     cls: tuple((base.__module__, base.__name__) for base in cls.__mro__)
     for cls in PLAIN_RESULT_TYPES
 }
+#: IPython's ``ast_node_interactivity`` values under which only a cell's last statement (an
+#: expression, or an assignment) shows its value, once.
+LAST_STATEMENT_ONLY = frozenset({"last_expr", "last_expr_or_assign"})
 #: Exact types whose pretty text is their repr while pretty's stock printer prints them.
 REPR_TYPES = frozenset({int, str, bool, type(None)})
 #: IPython's own formatters, whose answer for a value comes only from a registered printer or
@@ -221,7 +224,10 @@ class HostDisplayHook(DisplayHook, _ShellAsArgument):
     def finish_displayhook(self):
         bundle, self.bundle = self.bundle, None
         if bundle and bundle["data"]:
-            _kernel().call_host(contract.RESULT, **bundle)
+            # where only a cell's last statement shows its value; other modes show values as
+            # statements run, and each must reach the front end as it comes
+            last = self.shell.ast_node_interactivity in LAST_STATEMENT_ONLY
+            _kernel().call_host(contract.RESULT, last=last, **bundle)
 
 
 class HostDisplayPublisher(DisplayPublisher):

@@ -34,7 +34,6 @@ import platform
 import secrets
 import sys
 from bisect import bisect_right
-from collections.abc import Iterable
 from functools import cache
 
 import wasmtime
@@ -228,9 +227,7 @@ class CopyOnWriteMemory:
         return length
 
     def _written(self, base: int, start: int, end: int) -> Ranges:
-        return [
-            (low - base, high - base) for low, high in self._dirty.ranges(base + start, base + end)
-        ]
+        return self._dirty.ranges(base + start, base + end, offset=base) if start < end else []
 
     def take(self, base: int, size: int) -> int:
         """Make guest memory ``[0, size)`` (``size`` within its accessible part) the checkpoint;
@@ -244,10 +241,7 @@ class CopyOnWriteMemory:
         if tracker is None:
             written = self._written(base, 0, end)
         else:  # the tracked part, then the grown part, which is not tracked yet
-            written = [
-                (low - base, high - base)
-                for low, high in (tracker.written(base, base + self.mapped) if self.mapped else ())
-            ]
+            written = tracker.written(base, base + self.mapped, offset=base) if self.mapped else []
             written += self._written(base, self.mapped, end)
         old_foreign = self._foreign
         if len(old_foreign) + len(foreign) > MAX_FOREIGN_PARTS:  # too many mappings: copy
@@ -301,9 +295,9 @@ class CopyOnWriteMemory:
         for low, high in ranges:
             self._kept_pages[low // PAGE : high // PAGE] = b"\x01" * ((high - low) // PAGE)
 
-    def _collect(self, base: int) -> Iterable[tuple[int, int]]:
+    def _collect(self, base: int) -> Ranges:
         if self._tracker is None or not self.mapped:
-            return iter(())
+            return []
         return self._tracker.collect(base, base + self.mapped)
 
     def _drop_kept(self, base: int) -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import mmap
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 PAGE = mmap.PAGESIZE
 Ranges = list[tuple[int, int]]  # [start, end) pairs
+Bounds = tuple[list[int], list[int]]  # the starts of ordered ranges, and their ends
 MERGE_GAP = 8 * PAGE
 
 
@@ -72,17 +73,17 @@ def subtract(a: Ranges, b: Ranges) -> Ranges:
     return union([(low, high) for low, high, inside in pieces(union(a), union(b)) if not inside])
 
 
-def merged_across_gaps(ranges: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int]]:
-    """Ordered ranges, merged across gaps of up to ``MERGE_GAP``: saving or dropping pages that
-    equal the checkpoint's too is harmless, and one system call per range is most of a
-    checkpoint's cost."""
-    pending: tuple[int, int] | None = None
-    for low, high in ranges:
-        if pending is not None and low - pending[1] <= MERGE_GAP:
-            pending = (pending[0], high)
-            continue
-        if pending is not None:
-            yield pending
-        pending = (low, high)
-    if pending is not None:
-        yield pending
+def merged_across_gaps(bounds: Bounds, offset: int = 0) -> Ranges:
+    """Ordered ranges (their starts and ends), merged across gaps of up to ``MERGE_GAP``, each
+    less ``offset``: saving or dropping pages that equal the checkpoint's too is harmless, and
+    each range costs a checkpoint a system call or more. In list comprehensions: a loop over
+    the ranges in Python cost a checkpoint more than its scan."""
+    starts, ends = bounds
+    if not starts:
+        return []
+    pairs = list(zip(ends, starts[1:], strict=False))  # each range's end, the next one's start
+    lows = [starts[0] - offset]
+    lows += [start - offset for end, start in pairs if start - end > MERGE_GAP]
+    highs = [end - offset for end, start in pairs if start - end > MERGE_GAP]
+    highs.append(ends[-1] - offset)
+    return list(zip(lows, highs, strict=True))

@@ -38,7 +38,17 @@ from functools import cache
 
 import wasmtime
 
-from .page_ranges import PAGE, Ranges, cut_out, page_up, pieces, subtract, union
+from .page_ranges import (
+    PAGE,
+    Ranges,
+    cut_out,
+    page_parts,
+    page_slices,
+    page_up,
+    split_by,
+    subtract,
+    union,
+)
 from .written_pages import (
     MAP_FAILED,
     DirtyPages,
@@ -226,6 +236,16 @@ class CopyOnWriteMemory:
                 done += os.pwrite(self._file, pages[done:], start + done)
         return length
 
+    def _save_all(self, base: int, ranges: Ranges) -> int:
+        """``_save`` for each of ``ranges``, the small ones inline (a call per range showed)."""
+        view, move = self._view_address, ctypes.memmove
+        for low, high in ranges:
+            if high - low < WRITE_FROM:
+                move(view + low, base + low, high - low)
+            else:
+                self._save(base, low, high)
+        return sum(high - low for low, high in ranges)
+
     def _written(self, base: int, start: int, end: int) -> Ranges:
         return self._dirty.ranges(base + start, base + end, offset=base) if start < end else []
 
@@ -248,19 +268,21 @@ class CopyOnWriteMemory:
             written = union(written + old_foreign + foreign)
         if grown:
             os.ftruncate(self._file, end)
-        saved = sum(self._save(base, low, high) for low, high in written)
+        saved = self._save_all(base, written)
         # Written pages read from the file again: where it is mapped already, dropped (or, if
         # tracked, left in place, equal to the file now, and protected again); mapped where
         # another file was. The grown part is mapped whole, less what stays foreign (its
         # absent anonymous pages map the file's holes).
-        within = [(low, min(high, self.mapped)) for low, high in written if low < self.mapped]
-        cut = list(pieces(within, old_foreign))
-        remapped = [(low, high) for low, high, was_foreign in cut if was_foreign]
-        staying = [(low, high) for low, high, was_foreign in cut if not was_foreign]
-        self._foreign = cut_out(old_foreign, remapped)
+        within = written
+        if end > self.mapped:
+            within = [(low, min(high, self.mapped)) for low, high in written if low < self.mapped]
+        remapped, staying = split_by(within, old_foreign)
+        if remapped:
+            self._foreign = cut_out(old_foreign, remapped)
         if foreign:
             self._foreign = union(self._foreign + subtract(foreign, written))
-        keep = tracker is not None and self._kept + self._not_kept(staying) <= KEPT_LIMIT
+        pages = page_slices(staying)
+        keep = tracker is not None and self._kept + self._not_kept(pages) <= KEPT_LIMIT
         for low, high in remapped:
             map_file(base + low, high - low, self._file, low)
         if not keep:
@@ -272,8 +294,8 @@ class CopyOnWriteMemory:
             if remapped or grown:  # new mappings are tracked first: protecting any part of
                 tracker.watch(base, base + end)  # a mapping that is not tracked fails
             if keep:
-                self._mark_kept(staying)
-                cold = self._hot.settle(staying, end // PAGE)
+                self._mark_kept(pages)
+                cold = self._hot.settle(staying, end // PAGE, pages)
             else:
                 self._hot.forget()
                 cold = staying
@@ -285,15 +307,16 @@ class CopyOnWriteMemory:
         self._kept_pages.extend(bytes(end // PAGE - len(self._kept_pages)))
         return saved
 
-    def _not_kept(self, ranges: Ranges) -> int:
-        """Bytes of ``ranges`` (within ``[0, mapped)``) not left in place already."""
-        kept = self._kept_pages
-        return PAGE * sum(kept.count(0, low // PAGE, high // PAGE) for low, high in ranges)
+    def _not_kept(self, pages: list[slice]) -> int:
+        """Bytes of the pages ``pages`` (within ``[0, mapped)``) not left in place already."""
+        return PAGE * b"".join(page_parts(self._kept_pages, pages)).count(0)
 
-    def _mark_kept(self, ranges: Ranges) -> None:
-        self._kept += self._not_kept(ranges)
-        for low, high in ranges:
-            self._kept_pages[low // PAGE : high // PAGE] = b"\x01" * ((high - low) // PAGE)
+    def _mark_kept(self, pages: list[slice]) -> None:
+        kept = self._kept_pages
+        fresh = [part for part, was in zip(pages, page_parts(kept, pages), strict=True) if 0 in was]
+        self._kept += self._not_kept(fresh)
+        for part in fresh:
+            kept[part] = b"\x01" * (part.stop - part.start)
 
     def _collect(self, base: int) -> Ranges:
         if self._tracker is None or not self.mapped:

@@ -16,7 +16,16 @@ import platform
 import re
 from functools import cache
 
-from .page_ranges import PAGE, Bounds, Ranges, intersect, merged_across_gaps, page_up, subtract
+from .page_ranges import (
+    PAGE,
+    Bounds,
+    Ranges,
+    intersect,
+    merged_across_gaps,
+    page_parts,
+    page_up,
+    subtract,
+)
 
 MAP_FAILED = ctypes.c_void_p(-1).value
 # fs/proc PAGEMAP_SCAN (include/uapi/linux/fs.h): page categories and the ioctl number
@@ -273,9 +282,10 @@ class HotPages:
         self._cold_before: Ranges = []  # what the previous checkpoint protected again
         self._checkpoints = 0
 
-    def settle(self, found: Ranges, pages: int) -> Ranges:
-        """Of ``found`` (ordered, within ``pages`` pages), the written pages that stay in
-        place, the ranges to protect again; the rest stay writable."""
+    def settle(self, found: Ranges, pages: int, slices: list[slice]) -> Ranges:
+        """Of ``found`` (ordered, within ``pages`` pages; ``slices`` its ``page_slices``), the
+        written pages that stay in place, the ranges to protect again; the rest stay
+        writable."""
         self._checkpoints += 1
         if self._checkpoints % HOT_REVIEW == 0:
             self.forget()
@@ -283,7 +293,7 @@ class HotPages:
             return found
         if len(self._hot) < pages:
             self._hot.extend(bytes(pages - len(self._hot)))
-        cold = self._cold_parts(found)
+        cold = self._cold_parts(found, slices)
         rising = intersect(cold, self._cold_before)
         count = sum(high - low for low, high in rising) // PAGE
         if rising and (self._hot_pages + count) * PAGE <= HOT_LIMIT:
@@ -294,12 +304,14 @@ class HotPages:
         self._cold_before = cold
         return cold
 
-    def _cold_parts(self, ranges: Ranges) -> Ranges:
-        """The parts of ordered ``ranges`` not left writable (one search per range that has
-        none, as most have once the pages every cell writes are known)."""
+    def _cold_parts(self, ranges: Ranges, slices: list[slice]) -> Ranges:
+        """The parts of ordered ``ranges`` (``slices`` their pages) not left writable: the
+        ranges with any are found in C, then searched (few, once the pages every cell
+        writes are known)."""
         hot = self._hot
         cold = []
-        for low, high in ranges:
+        parts = page_parts(hot, slices)
+        for low, high in [r for r, part in zip(ranges, parts, strict=True) if 0 in part]:
             last = high // PAGE
             page = hot.find(0, low // PAGE, last)
             while page >= 0:

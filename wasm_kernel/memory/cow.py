@@ -29,12 +29,14 @@ import ctypes
 import fcntl
 import hashlib
 import mmap
+import operator
 import os
 import platform
 import secrets
 import sys
 from bisect import bisect_right
 from functools import cache
+from itertools import compress
 
 import wasmtime
 
@@ -45,7 +47,7 @@ from .page_ranges import (
     page_parts,
     page_slices,
     page_up,
-    split_by,
+    pieces,
     subtract,
     union,
 )
@@ -173,6 +175,7 @@ class CopyOnWriteMemory:
             check(-1, "mmap")
         self.mapped = 0  # bytes of guest memory that are a view of the checkpoint
         self._foreign: Ranges = []  # parts of it that are another file's view
+        self._foreign_pages = bytearray()  # the same, a byte per page of [0, mapped): 1 there
         self._tracker: WrittenPages | None = None  # on [0, mapped), where it works
         if track_writes and write_protect_works():
             self._tracker = WrittenPages()
@@ -276,12 +279,14 @@ class CopyOnWriteMemory:
         within = written
         if end > self.mapped:
             within = [(low, min(high, self.mapped)) for low, high in written if low < self.mapped]
-        remapped, staying = split_by(within, old_foreign)
+        remapped, staying, pages = self._split_foreign(within)
         if remapped:
             self._foreign = cut_out(old_foreign, remapped)
+            self._mark_foreign(remapped, 0)
+        self._foreign_pages.extend(bytes(end // PAGE - len(self._foreign_pages)))
         if foreign:
+            self._mark_foreign(subtract(foreign, written), 1)
             self._foreign = union(self._foreign + subtract(foreign, written))
-        pages = page_slices(staying)
         keep = tracker is not None and self._kept + self._not_kept(pages) <= KEPT_LIMIT
         for low, high in remapped:
             map_file(base + low, high - low, self._file, low)
@@ -291,8 +296,8 @@ class CopyOnWriteMemory:
         for low, high in subtract(grown, self._foreign) if grown else ():
             map_file(base + low, high - low, self._file, low)
         if tracker is not None and end > 0:
-            if remapped or grown:  # new mappings are tracked first: protecting any part of
-                tracker.watch(base, base + end)  # a mapping that is not tracked fails
+            for low, high in (*remapped, *grown):  # new mappings are tracked first:
+                tracker.watch(base + low, base + high)  # protecting untracked ones fails
             if keep:
                 self._mark_kept(pages)
                 cold = self._hot.settle(staying, end // PAGE, pages)
@@ -306,6 +311,26 @@ class CopyOnWriteMemory:
         self.mapped = end
         self._kept_pages.extend(bytes(end // PAGE - len(self._kept_pages)))
         return saved
+
+    def _split_foreign(self, ranges: Ranges) -> tuple[Ranges, Ranges, list[slice]]:
+        """Ordered ``ranges`` (within ``[0, mapped)``) cut into their parts that are another
+        file's view and those that are not, the latter with their ``page_slices``. Which
+        ranges touch another file's pages is found in C (``page_parts``); only those are cut:
+        a checkpoint asks with a hundred ranges, and few or none touch one."""
+        pages = page_slices(ranges)
+        touching = [1 in part for part in page_parts(self._foreign_pages, pages)]
+        if not any(touching):
+            return [], ranges, pages
+        inside: Ranges = []
+        outside = list(compress(ranges, map(operator.not_, touching)))
+        for low, high, within in pieces(list(compress(ranges, touching)), self._foreign):
+            (inside if within else outside).append((low, high))
+        outside.sort()
+        return inside, outside, page_slices(outside)
+
+    def _mark_foreign(self, ranges: Ranges, value: int) -> None:
+        for part in page_slices(ranges):
+            self._foreign_pages[part] = bytes([value]) * (part.stop - part.start)
 
     def _not_kept(self, pages: list[slice]) -> int:
         """Bytes of the pages ``pages`` (within ``[0, mapped)``) not left in place already."""

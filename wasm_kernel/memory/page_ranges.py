@@ -6,7 +6,6 @@ from __future__ import annotations
 import mmap
 from bisect import bisect_right
 from collections.abc import Iterator
-from itertools import repeat
 from operator import itemgetter
 
 PAGE = mmap.PAGESIZE
@@ -49,28 +48,6 @@ def pieces(a: Ranges, b: Ranges) -> Iterator[tuple[int, int, bool]]:
                 low = other_low
             yield low, min(high, other_high), True
             low = min(high, other_high)
-
-
-def split_by(ranges: Ranges, others: Ranges) -> tuple[Ranges, Ranges]:
-    """Merged ``ranges`` cut at the bounds of merged ``others``: the parts within them and the
-    parts outside, each ordered (``pieces``, less its cost: which ranges overlap any of
-    ``others`` is found for all at once by bisection in C, and only those are cut; a
-    checkpoint asks with a hundred ranges and the few that touch another file's pages)."""
-    if not ranges or not others:
-        return [], ranges
-    starts = [low for low, _ in others]
-    starts.append(1 << 64)  # past any address: no range overlaps it
-    # the first of ``others`` that ends after each range starts
-    firsts = list(map(bisect_right, repeat([high for _, high in others]), [r[0] for r in ranges]))
-    overlapping = [r for r, first in zip(ranges, firsts, strict=True) if starts[first] < r[1]]
-    if not overlapping:
-        return [], ranges
-    inside: Ranges = []
-    outside = [r for r, first in zip(ranges, firsts, strict=True) if starts[first] >= r[1]]
-    for low, high, within in pieces(overlapping, others):
-        (inside if within else outside).append((low, high))
-    outside.sort()
-    return inside, outside
 
 
 def page_slices(ranges: Ranges) -> list[slice]:

@@ -289,7 +289,9 @@ class CopyOnWriteMemory:
         if foreign:
             self._mark_foreign(subtract(foreign, written), 1)
             self._foreign = union(self._foreign + subtract(foreign, written))
-        keep = tracker is not None and self._kept + self._not_kept(pages) <= KEPT_LIMIT
+        fresh = self._not_kept(pages) if tracker is not None else []
+        added = PAGE * sum(self._kept_pages.count(0, part.start, part.stop) for part in fresh)
+        keep = tracker is not None and self._kept + added <= KEPT_LIMIT
         for low, high in remapped:
             map_file(base + low, high - low, self._file, low)
         if not keep:
@@ -301,7 +303,7 @@ class CopyOnWriteMemory:
             for low, high in (*remapped, *grown):  # new mappings are tracked first:
                 tracker.watch(base + low, base + high)  # protecting untracked ones fails
             if keep:
-                self._mark_kept(pages)
+                self._mark_kept(fresh, added)
                 cold = self._hot.settle(staying, end // PAGE, pages)
             else:
                 self._hot.forget()
@@ -334,16 +336,16 @@ class CopyOnWriteMemory:
         for part in page_slices(ranges):
             self._foreign_pages[part] = bytes([value]) * (part.stop - part.start)
 
-    def _not_kept(self, pages: list[slice]) -> int:
-        """Bytes of the pages ``pages`` (within ``[0, mapped)``) not left in place already."""
-        return PAGE * b"".join(page_parts(self._kept_pages, pages)).count(0)
-
-    def _mark_kept(self, pages: list[slice]) -> None:
+    def _not_kept(self, pages: list[slice]) -> list[slice]:
+        """Those of ``pages`` (within ``[0, mapped)``) with any page not left in place already."""
         kept = self._kept_pages
-        fresh = [part for part, was in zip(pages, page_parts(kept, pages), strict=True) if 0 in was]
-        self._kept += self._not_kept(fresh)
-        for part in fresh:
-            kept[part] = b"\x01" * (part.stop - part.start)
+        return [part for part, was in zip(pages, page_parts(kept, pages), strict=True) if 0 in was]
+
+    def _mark_kept(self, pages: list[slice], count: int) -> None:
+        """Count ``pages`` (``count`` bytes of them new) as left in place."""
+        self._kept += count
+        for part in pages:
+            self._kept_pages[part] = b"\x01" * (part.stop - part.start)
 
     def _collect(self, base: int) -> Ranges:
         if self._tracker is None or not self.mapped:

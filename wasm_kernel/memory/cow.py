@@ -164,9 +164,8 @@ class CopyOnWriteMemory:
             os.close(self._file)
             raise
         # The file shared over all the address space a guest can have (only its first
-        # ``mapped`` bytes exist): a checkpoint copies small runs of written pages in with no
-        # system call, and without the GIL (ctypes.memmove), so that the kernel answers
-        # messages meanwhile.
+        # ``mapped`` bytes exist): a checkpoint copies runs of written pages in with no system
+        # call (see _save).
         shared = mmap.MAP_SHARED | getattr(mmap, "MAP_NORESERVE", 0)
         prot = mmap.PROT_READ | mmap.PROT_WRITE
         self._view_address = libc.mmap(None, GUEST_SPAN, prot, shared, self._file, 0)

@@ -36,7 +36,7 @@ import secrets
 import sys
 from bisect import bisect_right
 from functools import cache
-from itertools import compress
+from itertools import compress, repeat
 
 import wasmtime
 
@@ -44,6 +44,7 @@ from .page_ranges import (
     PAGE,
     Ranges,
     cut_out,
+    merged_across_gaps,
     page_parts,
     page_slices,
     page_up,
@@ -262,17 +263,28 @@ class CopyOnWriteMemory:
         # read as zeros, like the file's holes) or where another file is mapped.
         foreign = file_mapped(base, self.mapped, end)
         tracker = self._tracker
+        exact: Ranges | None = None  # the pages written, unmerged (see below)
         if tracker is None:
             written = self._written(base, 0, end)
         else:  # the tracked part, then the grown part, which is not tracked yet
-            written = tracker.written(base, base + self.mapped, offset=base) if self.mapped else []
+            found = tracker.found(base, base + self.mapped) if self.mapped else ([], [])
+            written = merged_across_gaps(found, base)
+            starts, ends = found
+            exact = list(
+                zip(
+                    map(operator.sub, starts, repeat(base)),
+                    map(operator.sub, ends, repeat(base)),
+                    strict=True,
+                )
+            )
             written += self._written(base, self.mapped, end)
         old_foreign = self._foreign
         if len(old_foreign) + len(foreign) > MAX_FOREIGN_PARTS:  # too many mappings: copy
             written = union(written + old_foreign + foreign)
+            exact = None
         if grown:
             os.ftruncate(self._file, end)
-        saved = self._save(base, written)
+            exact = None
         # Written pages read from the file again: where it is mapped already, dropped (or, if
         # tracked, left in place, equal to the file now, and protected again); mapped where
         # another file was. The grown part is mapped whole, less what stays foreign (its
@@ -281,6 +293,10 @@ class CopyOnWriteMemory:
         if end > self.mapped:
             within = [(low, min(high, self.mapped)) for low, high in written if low < self.mapped]
         remapped, staying, pages = self._split_foreign(within)
+        # Tracked, a page in a gap that merging spans is unwritten since it was protected: the
+        # file's already, unless another file's (then it is mapped anew, and copied): so the
+        # pages written and those are all there is to copy (about half the merged ranges').
+        saved = self._save(base, written if exact is None else exact + remapped)
         if remapped:
             self._foreign = cut_out(old_foreign, remapped)
             self._mark_foreign(remapped, 0)

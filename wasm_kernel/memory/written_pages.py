@@ -250,7 +250,11 @@ class WrittenPages:
     def written(self, start: int, end: int, offset: int = 0) -> Ranges:
         """As ``collect``, but the pages stay marked written (``protect`` marks them); each
         range less ``offset``."""
-        return merged_across_gaps(self._scan(start, end, 0), offset)
+        return merged_across_gaps(self.found(start, end), offset)
+
+    def found(self, start: int, end: int) -> Bounds:
+        """As ``written``, unmerged: the runs of written pages as the kernel lists them."""
+        return self._scan(start, end, 0)
 
     def _scan(self, start: int, end: int, flags: int) -> Bounds:
         arguments = ScanArguments(

@@ -29,17 +29,29 @@ import ctypes
 import fcntl
 import hashlib
 import mmap
+import operator
 import os
 import platform
 import secrets
 import sys
 from bisect import bisect_right
-from collections.abc import Iterable
 from functools import cache
+from itertools import compress, repeat
 
 import wasmtime
 
-from .page_ranges import PAGE, Ranges, cut_out, page_up, pieces, subtract, union
+from .page_ranges import (
+    PAGE,
+    Ranges,
+    cut_out,
+    merged_across_gaps,
+    page_parts,
+    page_slices,
+    page_up,
+    pieces,
+    subtract,
+    union,
+)
 from .written_pages import (
     MAP_FAILED,
     DirtyPages,
@@ -63,6 +75,7 @@ MAX_FOREIGN_PARTS = 2048
 # allocator state) stay, bulk data a cell wrote once is dropped as without write-protection.
 KEPT_LIMIT = 64 << 20
 WRITE_FROM = 1 << 20  # bytes from which a checkpoint writes a range into its file (see _save)
+COPY_HOLDING_GIL = 64 << 10  # bytes up to which it copies a range holding the GIL (see _save)
 
 
 def map_file(address: int, length: int, fd: int, offset: int) -> None:
@@ -152,9 +165,8 @@ class CopyOnWriteMemory:
             os.close(self._file)
             raise
         # The file shared over all the address space a guest can have (only its first
-        # ``mapped`` bytes exist): a checkpoint copies small runs of written pages in with no
-        # system call, and without the GIL (ctypes.memmove), so that the kernel answers
-        # messages meanwhile.
+        # ``mapped`` bytes exist): a checkpoint copies runs of written pages in with no system
+        # call (see _save).
         shared = mmap.MAP_SHARED | getattr(mmap, "MAP_NORESERVE", 0)
         prot = mmap.PROT_READ | mmap.PROT_WRITE
         self._view_address = libc.mmap(None, GUEST_SPAN, prot, shared, self._file, 0)
@@ -164,6 +176,7 @@ class CopyOnWriteMemory:
             check(-1, "mmap")
         self.mapped = 0  # bytes of guest memory that are a view of the checkpoint
         self._foreign: Ranges = []  # parts of it that are another file's view
+        self._foreign_pages = bytearray()  # the same, a byte per page of [0, mapped): 1 there
         self._tracker: WrittenPages | None = None  # on [0, mapped), where it works
         if track_writes and write_protect_works():
             self._tracker = WrittenPages()
@@ -194,8 +207,7 @@ class CopyOnWriteMemory:
         """End this checkpoint for a fork (``live_memory``): the guest pages of ``copy`` go
         into the file, which is then sealed and returned open; this object is closed, and
         guest memory keeps mapping the file."""
-        for low, high in copy:
-            self._save(base, low, high)
+        self._save(base, copy)
         # pages left in place (equal to the file's) are dropped: they read the file again,
         # and the next checkpoint, in a new file, need not copy them
         for start, stop in list(self._dirty.ranges(base, base + self.mapped, present_only=True)):
@@ -209,28 +221,38 @@ class CopyOnWriteMemory:
             raise
         return file
 
-    def _save(self, base: int, start: int, end: int) -> int:
-        """Guest memory ``[start, end)`` (offsets from ``base``) into the file: through the
-        shared view, or, for a large range, by ``pwrite`` (both without the GIL). Copied
-        through the view, each page the file does not hold yet faults in, allocated and
-        zeroed, before it is filled: a cell's fresh 100 MiB took ~160-230 ms that way, against
-        ~85-95 ms written (measured 2026-11-28, 2 loaded cores); the first fork after such a
-        cell waits for that checkpoint."""
-        length = end - start
-        if length < WRITE_FROM:
-            ctypes.memmove(self._view_address + start, base + start, length)
-            return length
-        source = (ctypes.c_char * length).from_address(base + start)
-        with memoryview(source).cast("B") as pages:
-            done = 0
-            while done < length:
-                done += os.pwrite(self._file, pages[done:], start + done)
-        return length
+    def _save(self, base: int, ranges: Ranges) -> int:
+        """Guest memory ``ranges`` (offsets from ``base``) into the file; returns the
+        bytes saved. A small range is copied through the shared view by memoryview slices (a
+        fraction of a microsecond each, where a ctypes call cost half a microsecond: a
+        checkpoint copies a hundred small ranges or more), holding the GIL for no longer than
+        one copy of up to ``COPY_HOLDING_GIL`` bytes; a larger one by ``ctypes.memmove``, or,
+        from ``WRITE_FROM``, by ``pwrite`` (both without the GIL). Copied through the view,
+        each page the file does not hold yet faults in, allocated and zeroed, before it is
+        filled: a cell's fresh 100 MiB took ~160-230 ms that way, against ~85-95 ms written
+        (measured 2026-11-28, 2 loaded cores); the first fork after such a cell waits for that
+        checkpoint."""
+        if not ranges:
+            return 0
+        view = self._view_address
+        span = max(high for _, high in ranges)  # slices past a memoryview's end shrink
+        guest = memoryview((ctypes.c_char * span).from_address(base)).cast("B")
+        into = memoryview((ctypes.c_char * span).from_address(view)).cast("B")
+        with guest, into:
+            for low, high in ranges:
+                length = high - low
+                if length <= COPY_HOLDING_GIL:
+                    into[low:high] = guest[low:high]
+                elif length < WRITE_FROM:
+                    ctypes.memmove(view + low, base + low, length)
+                else:
+                    done = 0
+                    while done < length:
+                        done += os.pwrite(self._file, guest[low + done : high], low + done)
+        return sum(high - low for low, high in ranges)
 
     def _written(self, base: int, start: int, end: int) -> Ranges:
-        return [
-            (low - base, high - base) for low, high in self._dirty.ranges(base + start, base + end)
-        ]
+        return self._dirty.ranges(base + start, base + end, offset=base) if start < end else []
 
     def take(self, base: int, size: int) -> int:
         """Make guest memory ``[0, size)`` (``size`` within its accessible part) the checkpoint;
@@ -241,32 +263,50 @@ class CopyOnWriteMemory:
         # read as zeros, like the file's holes) or where another file is mapped.
         foreign = file_mapped(base, self.mapped, end)
         tracker = self._tracker
+        exact: Ranges | None = None  # the pages written, unmerged (see below)
         if tracker is None:
             written = self._written(base, 0, end)
         else:  # the tracked part, then the grown part, which is not tracked yet
-            written = [
-                (low - base, high - base)
-                for low, high in (tracker.written(base, base + self.mapped) if self.mapped else ())
-            ]
+            found = tracker.found(base, base + self.mapped) if self.mapped else ([], [])
+            written = merged_across_gaps(found, base)
+            starts, ends = found
+            exact = list(
+                zip(
+                    map(operator.sub, starts, repeat(base)),
+                    map(operator.sub, ends, repeat(base)),
+                    strict=True,
+                )
+            )
             written += self._written(base, self.mapped, end)
         old_foreign = self._foreign
         if len(old_foreign) + len(foreign) > MAX_FOREIGN_PARTS:  # too many mappings: copy
             written = union(written + old_foreign + foreign)
+            exact = None
         if grown:
             os.ftruncate(self._file, end)
-        saved = sum(self._save(base, low, high) for low, high in written)
+            exact = None
         # Written pages read from the file again: where it is mapped already, dropped (or, if
         # tracked, left in place, equal to the file now, and protected again); mapped where
         # another file was. The grown part is mapped whole, less what stays foreign (its
         # absent anonymous pages map the file's holes).
-        within = [(low, min(high, self.mapped)) for low, high in written if low < self.mapped]
-        cut = list(pieces(within, old_foreign))
-        remapped = [(low, high) for low, high, was_foreign in cut if was_foreign]
-        staying = [(low, high) for low, high, was_foreign in cut if not was_foreign]
-        self._foreign = cut_out(old_foreign, remapped)
+        within = written
+        if end > self.mapped:
+            within = [(low, min(high, self.mapped)) for low, high in written if low < self.mapped]
+        remapped, staying, pages = self._split_foreign(within)
+        # Tracked, a page in a gap that merging spans is unwritten since it was protected: the
+        # file's already, unless another file's (then it is mapped anew, and copied): so the
+        # pages written and those are all there is to copy (about half the merged ranges').
+        saved = self._save(base, written if exact is None else exact + remapped)
+        if remapped:
+            self._foreign = cut_out(old_foreign, remapped)
+            self._mark_foreign(remapped, 0)
+        self._foreign_pages.extend(bytes(end // PAGE - len(self._foreign_pages)))
         if foreign:
+            self._mark_foreign(subtract(foreign, written), 1)
             self._foreign = union(self._foreign + subtract(foreign, written))
-        keep = tracker is not None and self._kept + self._not_kept(staying) <= KEPT_LIMIT
+        fresh = self._not_kept(pages) if tracker is not None else []
+        added = PAGE * sum(self._kept_pages.count(0, part.start, part.stop) for part in fresh)
+        keep = tracker is not None and self._kept + added <= KEPT_LIMIT
         for low, high in remapped:
             map_file(base + low, high - low, self._file, low)
         if not keep:
@@ -275,11 +315,11 @@ class CopyOnWriteMemory:
         for low, high in subtract(grown, self._foreign) if grown else ():
             map_file(base + low, high - low, self._file, low)
         if tracker is not None and end > 0:
-            if remapped or grown:  # new mappings are tracked first: protecting any part of
-                tracker.watch(base, base + end)  # a mapping that is not tracked fails
+            for low, high in (*remapped, *grown):  # new mappings are tracked first:
+                tracker.watch(base + low, base + high)  # protecting untracked ones fails
             if keep:
-                self._mark_kept(staying)
-                cold = self._hot.settle(staying, end // PAGE)
+                self._mark_kept(fresh, added)
+                cold = self._hot.settle(staying, end // PAGE, pages)
             else:
                 self._hot.forget()
                 cold = staying
@@ -291,19 +331,40 @@ class CopyOnWriteMemory:
         self._kept_pages.extend(bytes(end // PAGE - len(self._kept_pages)))
         return saved
 
-    def _not_kept(self, ranges: Ranges) -> int:
-        """Bytes of ``ranges`` (within ``[0, mapped)``) not left in place already."""
+    def _split_foreign(self, ranges: Ranges) -> tuple[Ranges, Ranges, list[slice]]:
+        """Ordered ``ranges`` (within ``[0, mapped)``) cut into their parts that are another
+        file's view and those that are not, the latter with their ``page_slices``. Which
+        ranges touch another file's pages is found in C (``page_parts``); only those are cut:
+        a checkpoint asks with a hundred ranges, and few or none touch one."""
+        pages = page_slices(ranges)
+        touching = [1 in part for part in page_parts(self._foreign_pages, pages)]
+        if not any(touching):
+            return [], ranges, pages
+        inside: Ranges = []
+        outside = list(compress(ranges, map(operator.not_, touching)))
+        for low, high, within in pieces(list(compress(ranges, touching)), self._foreign):
+            (inside if within else outside).append((low, high))
+        outside.sort()
+        return inside, outside, page_slices(outside)
+
+    def _mark_foreign(self, ranges: Ranges, value: int) -> None:
+        for part in page_slices(ranges):
+            self._foreign_pages[part] = bytes([value]) * (part.stop - part.start)
+
+    def _not_kept(self, pages: list[slice]) -> list[slice]:
+        """Those of ``pages`` (within ``[0, mapped)``) with any page not left in place already."""
         kept = self._kept_pages
-        return PAGE * sum(kept.count(0, low // PAGE, high // PAGE) for low, high in ranges)
+        return [part for part, was in zip(pages, page_parts(kept, pages), strict=True) if 0 in was]
 
-    def _mark_kept(self, ranges: Ranges) -> None:
-        self._kept += self._not_kept(ranges)
-        for low, high in ranges:
-            self._kept_pages[low // PAGE : high // PAGE] = b"\x01" * ((high - low) // PAGE)
+    def _mark_kept(self, pages: list[slice], count: int) -> None:
+        """Count ``pages`` (``count`` bytes of them new) as left in place."""
+        self._kept += count
+        for part in pages:
+            self._kept_pages[part] = b"\x01" * (part.stop - part.start)
 
-    def _collect(self, base: int) -> Iterable[tuple[int, int]]:
+    def _collect(self, base: int) -> Ranges:
         if self._tracker is None or not self.mapped:
-            return iter(())
+            return []
         return self._tracker.collect(base, base + self.mapped)
 
     def _drop_kept(self, base: int) -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import mmap
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
+from operator import itemgetter
 
 PAGE = mmap.PAGESIZE
 Ranges = list[tuple[int, int]]  # [start, end) pairs
+Bounds = tuple[list[int], list[int]]  # the starts of ordered ranges, and their ends
 MERGE_GAP = 8 * PAGE
 
 
@@ -48,6 +50,18 @@ def pieces(a: Ranges, b: Ranges) -> Iterator[tuple[int, int, bool]]:
             low = min(high, other_high)
 
 
+def page_slices(ranges: Ranges) -> list[slice]:
+    """The page numbers of each of ``ranges`` (page-aligned), as slices of a byte-per-page map."""
+    return [slice(low // PAGE, high // PAGE) for low, high in ranges]
+
+
+def page_parts(pages: bytearray, slices: list[slice]) -> tuple[bytearray, ...]:
+    """The parts of a byte-per-page map that ``slices`` select, cut in C (``itemgetter``)."""
+    if len(slices) < 2:
+        return tuple(pages[part] for part in slices)
+    return itemgetter(*slices)(pages)
+
+
 def cut_out(ranges: Ranges, pieces: Ranges) -> Ranges:
     """Merged ``ranges`` less ordered ``pieces``, each within one of them (found by bisection:
     cheap for a few pieces)."""
@@ -72,17 +86,17 @@ def subtract(a: Ranges, b: Ranges) -> Ranges:
     return union([(low, high) for low, high, inside in pieces(union(a), union(b)) if not inside])
 
 
-def merged_across_gaps(ranges: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int]]:
-    """Ordered ranges, merged across gaps of up to ``MERGE_GAP``: saving or dropping pages that
-    equal the checkpoint's too is harmless, and one system call per range is most of a
-    checkpoint's cost."""
-    pending: tuple[int, int] | None = None
-    for low, high in ranges:
-        if pending is not None and low - pending[1] <= MERGE_GAP:
-            pending = (pending[0], high)
-            continue
-        if pending is not None:
-            yield pending
-        pending = (low, high)
-    if pending is not None:
-        yield pending
+def merged_across_gaps(bounds: Bounds, offset: int = 0) -> Ranges:
+    """Ordered ranges (their starts and ends), merged across gaps of up to ``MERGE_GAP``, each
+    less ``offset``: saving or dropping pages that equal the checkpoint's too is harmless, and
+    each range costs a checkpoint a system call or more. In list comprehensions: a loop over
+    the ranges in Python cost a checkpoint more than its scan."""
+    starts, ends = bounds
+    if not starts:
+        return []
+    pairs = list(zip(ends, starts[1:], strict=False))  # each range's end, the next one's start
+    lows = [starts[0] - offset]
+    lows += [start - offset for end, start in pairs if start - end > MERGE_GAP]
+    highs = [end - offset for end, start in pairs if start - end > MERGE_GAP]
+    highs.append(ends[-1] - offset)
+    return list(zip(lows, highs, strict=True))

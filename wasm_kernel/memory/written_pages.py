@@ -14,10 +14,18 @@ import mmap
 import os
 import platform
 import re
-from collections.abc import Iterable, Iterator
 from functools import cache
 
-from .page_ranges import PAGE, Ranges, intersect, merged_across_gaps, page_up, subtract
+from .page_ranges import (
+    PAGE,
+    Bounds,
+    Ranges,
+    intersect,
+    merged_across_gaps,
+    page_parts,
+    page_up,
+    subtract,
+)
 
 MAP_FAILED = ctypes.c_void_p(-1).value
 # fs/proc PAGEMAP_SCAN (include/uapi/linux/fs.h): page categories and the ioctl number
@@ -124,17 +132,21 @@ def check(result: int | None, what: str) -> int:
 
 def _scan_pages(
     pagemap: int, arguments: ScanArguments, regions: ctypes.Array, start: int, end: int
-) -> Iterator[tuple[int, int]]:
-    """The regions ``PAGEMAP_SCAN`` lists for ``arguments`` within ``[start, end)``, asked in
-    as many calls as ``regions`` needs."""
+) -> Bounds:
+    """The starts and ends of the regions ``PAGEMAP_SCAN`` lists for ``arguments`` within
+    ``[start, end)``, asked in as many calls as ``regions`` needs. Read as one array of
+    integers per call (start, end, categories for each region): field access per region was
+    most of a checkpoint's scan."""
+    fields = memoryview(regions).cast("B").cast("Q")
+    found_fields: list[int] = []
     while start < end:
         arguments.start, arguments.end = start, end
         found = check(libc.ioctl(pagemap, PAGEMAP_SCAN, ctypes.byref(arguments)), "PAGEMAP_SCAN")
-        for region in regions[:found]:
-            yield region.start, region.end
+        found_fields += fields[: 3 * found].tolist()
         if arguments.walk_end <= start:
             raise OSError("PAGEMAP_SCAN made no progress")
         start = arguments.walk_end
+    return found_fields[0::3], found_fields[1::3]
 
 
 def drop_pages(address: int, length: int) -> None:
@@ -157,20 +169,20 @@ class DirtyPages:
             os.close(self._pagemap)
             self._pagemap = -1
 
-    def ranges(self, start: int, end: int, present_only: bool = False) -> Iterable[tuple[int, int]]:
+    def ranges(self, start: int, end: int, present_only: bool = False, offset: int = 0) -> Ranges:
         """``(start, end)`` address ranges of the anonymous pages within ``[start, end)``,
         merged across small gaps (``merged_across_gaps``). ``present_only``: not those
         swapped out, nor (the same to the kernel) the marks userfaultfd write-protection
-        leaves on pages that are not present."""
-        return merged_across_gaps(self._scan(start, end, present_only))
+        leaves on pages that are not present. Each less ``offset``."""
+        return merged_across_gaps(self._scan(start, end, present_only), offset)
 
-    def _read_pagemap(self, start: int, end: int, present_only: bool) -> Iterator[tuple[int, int]]:
+    def _read_pagemap(self, start: int, end: int, present_only: bool) -> Bounds:
         entries = os.pread(self._pagemap, (end - start) // PAGE * 8, start // PAGE * 8)
         own = entries[7::8].translate(OWN_PRESENT_PAGE if present_only else OWN_PAGE)
-        for run in re.finditer(b"\x01+", own):
-            yield start + run.start() * PAGE, start + run.end() * PAGE
+        runs = [run.span() for run in re.finditer(b"\x01+", own)]
+        return [start + low * PAGE for low, _ in runs], [start + high * PAGE for _, high in runs]
 
-    def _ask_kernel(self, start: int, end: int, present_only: bool) -> Iterator[tuple[int, int]]:
+    def _ask_kernel(self, start: int, end: int, present_only: bool) -> Bounds:
         wanted = PAGE_IS_PRESENT if present_only else PAGE_IS_PRESENT | PAGE_IS_SWAPPED
         arguments = ScanArguments(
             size=ctypes.sizeof(ScanArguments),
@@ -182,7 +194,7 @@ class DirtyPages:
             category_anyof_mask=wanted,
             return_mask=wanted,
         )
-        yield from _scan_pages(self._pagemap, arguments, self._regions, start, end)
+        return _scan_pages(self._pagemap, arguments, self._regions, start, end)
 
 
 class WrittenPages:
@@ -230,16 +242,21 @@ class WrittenPages:
             "UFFDIO_WRITEPROTECT",
         )
 
-    def collect(self, start: int, end: int) -> Iterable[tuple[int, int]]:
+    def collect(self, start: int, end: int) -> Ranges:
         """``(start, end)`` ranges of the pages written within ``[start, end)``, each marked
         unwritten again as it is listed, merged across small gaps (``merged_across_gaps``)."""
         return merged_across_gaps(self._scan(start, end, PM_SCAN_WP_MATCHING))
 
-    def written(self, start: int, end: int) -> Iterable[tuple[int, int]]:
-        """As ``collect``, but the pages stay marked written (``protect`` marks them)."""
-        return merged_across_gaps(self._scan(start, end, 0))
+    def written(self, start: int, end: int, offset: int = 0) -> Ranges:
+        """As ``collect``, but the pages stay marked written (``protect`` marks them); each
+        range less ``offset``."""
+        return merged_across_gaps(self.found(start, end), offset)
 
-    def _scan(self, start: int, end: int, flags: int) -> Iterator[tuple[int, int]]:
+    def found(self, start: int, end: int) -> Bounds:
+        """As ``written``, unmerged: the runs of written pages as the kernel lists them."""
+        return self._scan(start, end, 0)
+
+    def _scan(self, start: int, end: int, flags: int) -> Bounds:
         arguments = ScanArguments(
             size=ctypes.sizeof(ScanArguments),
             flags=flags | PM_SCAN_CHECK_WPASYNC,
@@ -248,7 +265,7 @@ class WrittenPages:
             category_mask=PAGE_IS_WRITTEN,
             return_mask=PAGE_IS_WRITTEN,
         )
-        yield from _scan_pages(self._pagemap, arguments, self._regions, start, end)
+        return _scan_pages(self._pagemap, arguments, self._regions, start, end)
 
 
 class HotPages:
@@ -269,9 +286,10 @@ class HotPages:
         self._cold_before: Ranges = []  # what the previous checkpoint protected again
         self._checkpoints = 0
 
-    def settle(self, found: Ranges, pages: int) -> Ranges:
-        """Of ``found`` (ordered, within ``pages`` pages), the written pages that stay in
-        place, the ranges to protect again; the rest stay writable."""
+    def settle(self, found: Ranges, pages: int, slices: list[slice]) -> Ranges:
+        """Of ``found`` (ordered, within ``pages`` pages; ``slices`` its ``page_slices``), the
+        written pages that stay in place, the ranges to protect again; the rest stay
+        writable."""
         self._checkpoints += 1
         if self._checkpoints % HOT_REVIEW == 0:
             self.forget()
@@ -279,7 +297,7 @@ class HotPages:
             return found
         if len(self._hot) < pages:
             self._hot.extend(bytes(pages - len(self._hot)))
-        cold = self._cold_parts(found)
+        cold = self._cold_parts(found, slices)
         rising = intersect(cold, self._cold_before)
         count = sum(high - low for low, high in rising) // PAGE
         if rising and (self._hot_pages + count) * PAGE <= HOT_LIMIT:
@@ -290,12 +308,14 @@ class HotPages:
         self._cold_before = cold
         return cold
 
-    def _cold_parts(self, ranges: Ranges) -> Ranges:
-        """The parts of ordered ``ranges`` not left writable (one search per range that has
-        none, as most have once the pages every cell writes are known)."""
+    def _cold_parts(self, ranges: Ranges, slices: list[slice]) -> Ranges:
+        """The parts of ordered ``ranges`` (``slices`` their pages) not left writable: the
+        ranges with any are found in C, then searched (few, once the pages every cell
+        writes are known)."""
         hot = self._hot
         cold = []
-        for low, high in ranges:
+        parts = page_parts(hot, slices)
+        for low, high in [r for r, part in zip(ranges, parts, strict=True) if 0 in part]:
             last = high // PAGE
             page = hot.find(0, low // PAGE, last)
             while page >= 0:

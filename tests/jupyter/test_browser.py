@@ -125,6 +125,19 @@ def new_page(browser: Browser, height: int, width: int = 1280) -> Page:
     return page
 
 
+def page_failure(
+    page: Page, screenshot: str, error: Exception, console: list[str], lab: JupyterLab
+) -> AssertionError:
+    """What a failed step in the page says: the error, the browser console's last lines and
+    JupyterLab's log; the page's screenshot saved as ``screenshot``."""
+    _screenshot(page, screenshot)
+    recent = "\n".join(console[-20:])
+    return AssertionError(
+        f"{type(error).__name__}: {error}\n"
+        f"--- browser console (tail) ---\n{recent}\n{lab.log_tail()}"
+    )
+
+
 def _screenshot(page: Page, name: str) -> None:
     """Save a full-page PNG; a page that cannot be captured must not hide the real error."""
     try:
@@ -290,12 +303,7 @@ def test_notebook_renders_in_jupyterlab(tmp_path: Path) -> None:
                 page.on("request", lambda request: requests.append(request.url))
                 _run_allowed(page, lab, requests)
             except Exception as error:
-                _screenshot(page, "browser-failure.png")
-                recent = "\n".join(console[-20:])
-                raise AssertionError(
-                    f"{type(error).__name__}: {error}\n"
-                    f"--- browser console (tail) ---\n{recent}\n{lab.log_tail()}"
-                ) from error
+                raise page_failure(page, "browser-failure.png", error, console, lab) from error
             assert (ARTIFACTS / "browser-notebook.png").is_file(), "no screenshot was saved"
         finally:
             (ARTIFACTS / "browser-console.log").write_text("\n".join(console) + "\n")

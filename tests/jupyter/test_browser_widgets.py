@@ -28,6 +28,7 @@ from test_browser import (
     _write_notebook,
     jupyterlab_in_chromium,
     new_page,
+    page_failure,
 )
 
 pytestmark = pytest.mark.slow
@@ -144,12 +145,8 @@ def test_widgets_work_in_jupyterlab(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             page = new_page(browser, 900)
             _run_allowed(page, lab)
         except Exception as error:
-            _screenshot(page, "browser-widgets-failure.png")
-            recent = "\n".join(console[-20:])
-            raise AssertionError(
-                f"{type(error).__name__}: {error}\n--- browser console (tail) ---\n"
-                f"{recent}\n{lab.log_tail()}"
-            ) from error
+            failure = page_failure(page, "browser-widgets-failure.png", error, console, lab)
+            raise failure from error
     log = lab.log_path.read_text(errors="replace")
     assert "Unknown message type" not in log, log[-3000:]
     assert not lab.leftover_kernels

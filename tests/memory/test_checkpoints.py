@@ -29,6 +29,7 @@ from wasm_kernel.images import images
 from wasm_kernel.memory import cow, written_pages
 from wasm_kernel.memory.checkpoints import COPY, COPY_ON_WRITE, checkpoint_method, memory_address
 from wasm_kernel.memory.cow import copy_on_write_missing, map_copy_on_write, page_up
+from wasm_kernel.memory.page_ranges import merged_across_gaps
 from wasm_kernel.runtime.cache import RuntimeCache
 from wasm_kernel.runtime.rewrite import BRK_EXPORT
 from wasm_kernel.runtime.runtime import load_runtime
@@ -385,7 +386,7 @@ def test_pages_left_in_place_are_dropped_beside_pages_mapped_anew(
 def _writable_pages(memory: cow.CopyOnWriteMemory, base: int, pages: int) -> set[int]:
     """The pages userfaultfd reports written (not protected again), without changing that."""
     assert memory._tracker is not None
-    found = memory._tracker.written(base, base + pages * cow.PAGE)
+    found = merged_across_gaps(memory._tracker.found(base, base + pages * cow.PAGE))
     return {
         page
         for low, high in found

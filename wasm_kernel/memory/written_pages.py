@@ -247,13 +247,9 @@ class WrittenPages:
         unwritten again as it is listed, merged across small gaps (``merged_across_gaps``)."""
         return merged_across_gaps(self._scan(start, end, PM_SCAN_WP_MATCHING))
 
-    def written(self, start: int, end: int, offset: int = 0) -> Ranges:
-        """As ``collect``, but the pages stay marked written (``protect`` marks them); each
-        range less ``offset``."""
-        return merged_across_gaps(self.found(start, end), offset)
-
     def found(self, start: int, end: int) -> Bounds:
-        """As ``written``, unmerged: the runs of written pages as the kernel lists them."""
+        """The runs of pages written within ``[start, end)`` as the kernel lists them
+        (unmerged); unlike ``collect``, the pages stay marked written (``protect`` marks them)."""
         return self._scan(start, end, 0)
 
     def _scan(self, start: int, end: int, flags: int) -> Bounds:
